@@ -1,0 +1,139 @@
+"""BatchNorm folding and the parameter file of the custom engine.
+
+Inference-mode BatchNorm after a bias-free convolution is an affine map per
+output channel, so it folds into the convolution:
+
+    scale = gamma / sqrt(running_var + eps)
+    W'    = W * scale            (per output channel k)
+    b'    = beta - running_mean * scale
+
+The folded network is a list of convolutions with a bias, an optional
+residual add and an optional ReLU: exactly what one implicit-GEMM kernel with
+a fused epilogue computes. The parameter file stores, per convolution, the
+weight as fp16 in KRSC order (output channel, kernel row, kernel column, input
+channel: the filter layout of NHWC convolution) and the bias as fp32.
+
+The first convolution stays in normalised space: an engine that reads UINT8
+pixels folds the ImageNet normalisation in itself (see `stem_for_uint8`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .resnet import STAGE_CHANNELS, ResNet18
+from .spec import IMAGENET_MEAN, IMAGENET_STD
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """One folded convolution: conv + bias, then optional residual add, then optional ReLU."""
+
+    name: str
+    in_channels: int
+    out_channels: int
+    kernel: int
+    stride: int
+    padding: int
+    relu: bool
+    adds_residual: bool = False
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    conv1: ConvSpec
+    conv2: ConvSpec           # adds the residual, then ReLU
+    downsample: ConvSpec | None
+
+
+STEM = ConvSpec("conv1", 3, 64, 7, 2, 3, relu=True)
+MAXPOOL_KERNEL, MAXPOOL_STRIDE, MAXPOOL_PADDING = 3, 2, 1
+
+
+def resnet18_blocks() -> list[BlockSpec]:
+    """The eight BasicBlocks of ResNet-18 as folded convolutions, in execution order."""
+    blocks, in_channels = [], 64
+    for stage, channels in enumerate(STAGE_CHANNELS, start=1):
+        for index in range(2):
+            stride = 2 if (stage > 1 and index == 0) else 1
+            prefix = f"layer{stage}.{index}"
+            downsample = None
+            if stride != 1 or in_channels != channels:
+                downsample = ConvSpec(f"{prefix}.downsample", in_channels, channels, 1, stride, 0, relu=False)
+            blocks.append(BlockSpec(
+                ConvSpec(f"{prefix}.conv1", in_channels, channels, 3, stride, 1, relu=True),
+                ConvSpec(f"{prefix}.conv2", channels, channels, 3, 1, 1, relu=True, adds_residual=True),
+                downsample,
+            ))
+            in_channels = channels
+    return blocks
+
+
+def all_convs() -> list[ConvSpec]:
+    convs = [STEM]
+    for block in resnet18_blocks():
+        convs += [c for c in (block.downsample, block.conv1, block.conv2) if c is not None]
+    return convs
+
+
+def fold_batchnorm(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
+    """Folded (weight KCRS, bias K) in float64 for a bias-free conv followed by eval-mode BatchNorm."""
+    scale = bn.weight.double() / torch.sqrt(bn.running_var.double() + bn.eps)
+    weight = conv.weight.double() * scale[:, None, None, None]
+    bias = bn.bias.double() - bn.running_mean.double() * scale
+    return weight, bias
+
+
+def _conv_and_bn(model: ResNet18, name: str) -> tuple[nn.Conv2d, nn.BatchNorm2d]:
+    if name == STEM.name:
+        return model.conv1, model.bn1
+    block_name, conv_name = name.rsplit(".", 1)
+    block = model.get_submodule(block_name)
+    if conv_name == "downsample":
+        return block.downsample[0], block.downsample[1]
+    return getattr(block, conv_name), getattr(block, conv_name.replace("conv", "bn"))
+
+
+def fold_resnet18(model: ResNet18, source: str = "") -> dict:
+    """The custom engine's parameters: folded, NHWC (KRSC) fp16 weights and fp32 biases."""
+    convs = {}
+    with torch.no_grad():
+        for spec in all_convs():
+            weight, bias = fold_batchnorm(*_conv_and_bn(model, spec.name))
+            convs[spec.name] = {
+                "weight": weight.permute(0, 2, 3, 1).contiguous().half(),  # KCRS -> KRSC
+                "bias": bias.float(),
+            }
+        fc = {"weight": model.fc.weight.detach().half().contiguous(), "bias": model.fc.bias.detach().float()}
+    return {"format_version": FORMAT_VERSION, "source": source, "convs": convs, "fc": fc}
+
+
+def load_folded(path) -> dict:
+    params = torch.load(path, map_location="cpu", weights_only=True)
+    if params.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: parameter format {params.get('format_version')!r}, expected {FORMAT_VERSION}; "
+                         "run `make prepare` again")
+    return params
+
+
+def stem_for_uint8(weight_krsc: torch.Tensor, bias: torch.Tensor):
+    """Fold the ImageNet normalisation into the stem for UINT8 [0, 255] input.
+
+    conv(W, (x/255 - mean)/std) + b = conv(W / (255 std), x) + b - sum(W * mean/std)
+    holds only where the window lies inside the image: zero padding in
+    normalised space is the pixel value 255*mean in UINT8 space. So the engine
+    pads with `pad_value` (per input channel) instead of zero, and the result
+    is exact at the border too. Returns (weight KRSC float32, bias float32,
+    pad_value float32 [C]).
+    """
+    mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float64)
+    std = torch.tensor(IMAGENET_STD, dtype=torch.float64)
+    w = weight_krsc.double()
+    w_uint8 = w / (255.0 * std)  # broadcasts over the last (C) axis
+    b_uint8 = bias.double() - (w * (mean / std)).sum(dim=(1, 2, 3))
+    return w_uint8.float(), b_uint8.float(), (255.0 * mean).float()

@@ -1,0 +1,322 @@
+"""Start the real Triton Inference Server on the model repository.
+
+    python -m fusedresnet.backend.serve [--host 127.0.0.1] [--http-port 8000] ...
+
+Finds `tritonserver` ($TRITON_HOME, PATH, or the server bundled in the
+nvidia-pytriton wheel), prepares a private copy of its backend tree with the
+Python-backend stub that matches this interpreter, and starts it:
+
+- bound to 127.0.0.1 unless --host says otherwise;
+- model control mode none; Triton's admin APIs (model repository, shared
+  memory, statistics, trace, logging) require the admin token in the
+  `admin-key` header (gRPC metadata or HTTP header). The token comes from
+  $FUSEDRESNET_ADMIN_TOKEN, or --admin-token-file; if neither exists a random
+  token is written to build/admin-token (mode 0600). It is never printed;
+- `--pinned-memory-pool-byte-size=0` when the host has no GPU (without it this
+  Triton build returns empty outputs on CPU-only hosts);
+- waits for readiness with a timeout; on failure it says why and shows the
+  end of the server log. Ctrl-C stops the server cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .spec import (ADMIN_TOKEN_ENV, ADMIN_TOKEN_HEADER, DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT,
+                   DEFAULT_METRICS_PORT, MODEL_REPOSITORY, REPO_ROOT, RESTRICTED_APIS)
+
+BUILD_DIR = REPO_ROOT / "build"
+DEFAULT_TOKEN_FILE = BUILD_DIR / "admin-token"
+DEFAULT_READY_TIMEOUT_S = 300.0
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+@dataclass
+class TritonInstallation:
+    home: Path            # holds bin/tritonserver, backends/, caches/, python_backend_stubs/
+    library_dirs: list[Path]
+
+    @property
+    def binary(self) -> Path:
+        return self.home / "bin" / "tritonserver"
+
+
+def find_triton() -> TritonInstallation:
+    candidates = []
+    if os.environ.get("TRITON_HOME"):
+        candidates.append(Path(os.environ["TRITON_HOME"]))
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        candidates.append(Path(on_path).resolve().parent.parent)
+    try:
+        import pytriton  # the nvidia-pytriton wheel bundles a complete server
+        candidates.append(Path(pytriton.__file__).parent / "tritonserver")
+    except ImportError:
+        pass
+    for home in candidates:
+        if (home / "bin" / "tritonserver").is_file():
+            wheel_libs = home.parent.parent / "nvidia_pytriton.libs"
+            return TritonInstallation(home, [wheel_libs] if wheel_libs.is_dir() else [])
+    raise ServerError("tritonserver not found: install nvidia-pytriton (make setup), put tritonserver on PATH, "
+                      "or set TRITON_HOME to the folder holding bin/tritonserver")
+
+
+def python_stub_for_interpreter(triton: TritonInstallation) -> Path:
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = triton.home / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if stub.is_file():
+        return stub
+    if (triton.home / "backends" / "python" / "triton_python_backend_stub").is_file():
+        return triton.home / "backends" / "python" / "triton_python_backend_stub"
+    raise ServerError(f"no Python-backend stub for Python {version} in {triton.home}")
+
+
+def private_backend_tree(triton: TritonInstallation) -> Path:
+    """A copy of the backends folder with the stub for this interpreter placed in backends/python."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    tree = BUILD_DIR / f"triton-backends-py{version}"
+    stub = python_stub_for_interpreter(triton)
+    target = tree / "python" / "triton_python_backend_stub"
+    marker = tree / ".source"
+    source = f"{triton.home.resolve()}:{stub.stat().st_mtime_ns}"
+    if not (target.is_file() and marker.is_file() and marker.read_text() == source):
+        shutil.rmtree(tree, ignore_errors=True)
+        shutil.copytree(triton.home / "backends", tree)
+        shutil.copy2(stub, target)
+        target.chmod(0o755)
+        marker.write_text(source)
+    return tree
+
+
+def gpu_present() -> bool:
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def read_or_create_token(token_file: Path | None = None) -> str:
+    if os.environ.get(ADMIN_TOKEN_ENV):
+        return os.environ[ADMIN_TOKEN_ENV]
+    path = Path(token_file) if token_file else DEFAULT_TOKEN_FILE
+    if path.is_file():
+        token = path.read_text().strip()
+        if token:
+            return token
+    if token_file:
+        raise ServerError(f"admin token file {path} is missing or empty")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+    return path.read_text().strip()
+
+
+@dataclass
+class TritonServer:
+    """One tritonserver process; a context manager that starts it, waits for readiness and stops it."""
+
+    model_repository: Path = MODEL_REPOSITORY
+    host: str = DEFAULT_HOST
+    http_port: int = DEFAULT_HTTP_PORT
+    grpc_port: int = DEFAULT_GRPC_PORT
+    metrics_port: int = DEFAULT_METRICS_PORT
+    admin_token: str | None = None
+    log_file: Path | None = None       # None: the server's output goes to this terminal
+    exit_timeout_s: int = 30
+    extra_args: list[str] = field(default_factory=list)
+    use_gpu: bool | None = None        # None: detect
+    process: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self._client_host()}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self._client_host()}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self._client_host()}:{self.metrics_port}/metrics"
+
+    def _client_host(self) -> str:
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+
+    def command(self, triton: TritonInstallation, backends: Path) -> list[str]:
+        restricted = ",".join(RESTRICTED_APIS)
+        args = [
+            str(triton.binary),
+            f"--model-repository={Path(self.model_repository).resolve()}",
+            f"--backend-directory={backends}",
+            f"--cache-directory={triton.home / 'caches'}",
+            "--model-control-mode=none",
+            "--strict-readiness=true",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            f"--http-address={self.host}", f"--http-port={self.http_port}",
+            f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
+            f"--http-restricted-api={restricted}:{ADMIN_TOKEN_HEADER}={self.admin_token}",
+            f"--grpc-restricted-protocol={restricted}:{ADMIN_TOKEN_HEADER}={self.admin_token}",
+        ]
+        if not self.use_gpu:
+            args.append("--pinned-memory-pool-byte-size=0")
+        return args + list(self.extra_args)
+
+    def environment(self, triton: TritonInstallation) -> dict:
+        env = dict(os.environ)
+        # The stub embeds libpython and takes its packages from the first python3 on PATH:
+        # make that this interpreter (the project's virtual environment).
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        libdirs = [str(d) for d in triton.library_dirs]
+        libpython_dir = sysconfig.get_config_var("LIBDIR")
+        if libpython_dir:
+            libdirs.append(libpython_dir)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(libdirs + [env.get("LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
+        env.setdefault("CUPY_CACHE_DIR", str(BUILD_DIR / "cupy-cache"))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.pop(ADMIN_TOKEN_ENV, None)  # the models have no use for it
+        if not self.use_gpu:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        return env
+
+    def start(self, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> "TritonServer":
+        if self.use_gpu is None:
+            self.use_gpu = gpu_present()
+        if self.admin_token is None:
+            self.admin_token = read_or_create_token()
+        if not Path(self.model_repository, ".prepared.json").is_file():
+            raise ServerError(f"{self.model_repository} is not prepared: run `make prepare` "
+                              "(python -m fusedresnet.backend.prepare) first")
+        triton = find_triton()
+        backends = private_backend_tree(triton)
+        stdout = None
+        if self.log_file:
+            Path(self.log_file).parent.mkdir(parents=True, exist_ok=True)
+            stdout = open(self.log_file, "wb")
+        self.process = subprocess.Popen(self.command(triton, backends), env=self.environment(triton),
+                                        stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
+                                        start_new_session=True)
+        if stdout:
+            stdout.close()
+        try:
+            self.wait_ready(ready_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, timeout_s: float):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerError(f"tritonserver exited with code {self.process.returncode} before it was ready"
+                                  + self._log_tail())
+            if self.is_ready():
+                return
+            time.sleep(0.25)
+        raise ServerError(f"tritonserver was not ready after {timeout_s:.0f} s" + self._log_tail())
+
+    def _log_tail(self, lines: int = 40) -> str:
+        if not self.log_file or not Path(self.log_file).is_file():
+            return ""
+        text = Path(self.log_file).read_text(errors="replace").splitlines()[-lines:]
+        return f"\n--- last lines of {self.log_file} ---\n" + "\n".join(text)
+
+    def stop(self):
+        """SIGINT (Triton drains for up to --exit-timeout-secs), then SIGKILL if it still runs."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGINT)
+            self.process.wait(timeout=self.exit_timeout_s + 15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self):
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _raise_keyboard_interrupt(*_):
+    raise KeyboardInterrupt
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--host", default=DEFAULT_HOST,
+                        help="address to listen on (default 127.0.0.1; 0.0.0.0 exposes the service)")
+    parser.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT)
+    parser.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT)
+    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT)
+    parser.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
+    parser.add_argument("--admin-token-file", type=Path,
+                        help=f"file holding the admin token (default: ${ADMIN_TOKEN_ENV}, else {DEFAULT_TOKEN_FILE})")
+    parser.add_argument("--ready-timeout", type=float, default=DEFAULT_READY_TIMEOUT_S)
+    parser.add_argument("--exit-timeout", type=int, default=30, help="seconds to drain in-flight requests on stop")
+    parser.add_argument("--log-file", type=Path, help="write the server log here instead of the terminal")
+    parser.add_argument("triton_args", nargs="*", help="extra tritonserver flags, after --")
+    args = parser.parse_args(argv)
+    server = TritonServer(args.model_repository, args.host, args.http_port, args.grpc_port, args.metrics_port,
+                          read_or_create_token(args.admin_token_file), args.log_file, args.exit_timeout,
+                          args.triton_args)
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        server.start(args.ready_timeout)
+        print(f"fusedresnet: Triton ready on gRPC {server.grpc_url}, HTTP {server.http_url}, "
+              f"metrics {server.metrics_url} ({'GPU' if server.use_gpu else 'CPU only'}); Ctrl-C stops it",
+              flush=True)
+        server.process.wait()
+        return server.process.returncode
+    except KeyboardInterrupt:
+        print("fusedresnet: stopping Triton", flush=True)
+        return 0
+    except ServerError as error:
+        print(f"fusedresnet: {error}", file=sys.stderr)
+        return 1
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

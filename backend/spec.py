@@ -1,0 +1,51 @@
+"""Facts about the served network and its interface, defined once.
+
+Everything that a client, the server-side models, the tests and the load
+tests must agree on lives here. Pure Python: clients import it without torch.
+"""
+
+from pathlib import Path
+
+# ImageNet preprocessing, exactly as torchvision's reference transforms:
+# Resize(256) on the shorter side, CenterCrop(224), ToTensor, Normalize.
+RESIZE_SHORTER_SIDE = 256
+IMAGE_SIZE = 224
+CHANNELS = 3
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+NUM_CLASSES = 1000
+LABELS_FILE = Path(__file__).with_name("imagenet_classes.txt")
+
+# Triton model interface (identical for both models, so a client switches by name).
+MODEL_CUSTOM = "resnet18_custom"
+MODEL_CUDNN = "resnet18_cudnn"
+MODELS = (MODEL_CUSTOM, MODEL_CUDNN)
+INPUT_UINT8 = "IMAGE"                  # UINT8 [224, 224, 3], HWC, RGB, not normalised
+INPUT_FP32 = "IMAGE_NORMALIZED"        # FP32 [3, 224, 224], CHW, normalised by the client
+OUTPUT_LOGITS = "LOGITS"               # FP32 [1000]
+MAX_BATCH_SIZE = 128
+ENGINE_IN_USE_PARAMETER = "engine_in_use"  # model-config parameter naming the engine that runs
+
+# Files that `prepare` writes into each model's version folder.
+TORCHSCRIPT_FILE = "resnet18_traced.pt"
+FOLDED_PARAMS_FILE = "resnet18_folded.pt"
+LABELS_FILENAME = "labels.txt"         # the config.pbtxt `label_filename`
+
+# Server defaults: loopback only unless the user says otherwise.
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_HTTP_PORT = 8000
+DEFAULT_GRPC_PORT = 8001
+DEFAULT_METRICS_PORT = 8002
+ADMIN_TOKEN_ENV = "FUSEDRESNET_ADMIN_TOKEN"
+ADMIN_TOKEN_HEADER = "admin-key"
+# Triton endpoints that only the holder of the admin token may call.
+RESTRICTED_APIS = ("model-repository", "shared-memory", "statistics", "trace", "logging")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MODEL_REPOSITORY = REPO_ROOT / "model_repository"
+SAMPLES_DIR = REPO_ROOT / "client" / "samples"
+
+
+def load_labels():
+    """The 1000 ImageNet class names, in class-index order."""
+    return LABELS_FILE.read_text().splitlines()

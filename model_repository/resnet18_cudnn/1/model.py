@@ -1,0 +1,17 @@
+"""resnet18_cudnn: the TorchScript baseline (cuDNN on a GPU), fp32 or fp16 channels-last."""
+
+from fusedresnet.backend.engines import TorchScriptEngine
+from fusedresnet.backend.spec import TORCHSCRIPT_FILE
+from fusedresnet.backend.triton_model import ResNetTritonModel, config_parameter
+
+
+class TritonPythonModel(ResNetTritonModel):
+    @staticmethod
+    def engine_name(device, model_config):
+        return TorchScriptEngine.describe(device, config_parameter(model_config, "precision", "fp16"))
+
+    def create_engine(self, model_dir, device, model_config):
+        precision = config_parameter(model_config, "precision", "fp16")
+        engine = TorchScriptEngine(f"{model_dir}/{TORCHSCRIPT_FILE}", device, precision)
+        reason = "config precision" if engine.precision == precision else f"{precision} needs a GPU"
+        return engine, reason
