@@ -89,7 +89,7 @@ def fold_batchnorm(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> tuple[torch.Tensor, t
     return weight, bias
 
 
-def _conv_and_bn(model: ResNet18, name: str) -> tuple[nn.Conv2d, nn.BatchNorm2d]:
+def conv_and_batchnorm(model: ResNet18, name: str) -> tuple[nn.Conv2d, nn.BatchNorm2d]:
     if name == STEM.name:
         return model.conv1, model.bn1
     block_name, conv_name = name.rsplit(".", 1)
@@ -104,7 +104,7 @@ def fold_resnet18(model: ResNet18, source: str = "") -> dict:
     convs = {}
     with torch.no_grad():
         for spec in all_convs():
-            weight, bias = fold_batchnorm(*_conv_and_bn(model, spec.name))
+            weight, bias = fold_batchnorm(*conv_and_batchnorm(model, spec.name))
             convs[spec.name] = {
                 "weight": weight.permute(0, 2, 3, 1).contiguous().half(),  # KCRS -> KRSC
                 "bias": bias.float(),

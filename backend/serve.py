@@ -118,9 +118,19 @@ def gpu_present() -> bool:
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = DEFAULT_HOST) -> list[int]:
+    """`count` distinct ports that were free a moment ago (all held open together while chosen)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def read_or_create_token(token_file: Path | None = None) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from fusedresnet.backend.spec import IMAGE_SIZE, IMAGENET_MEAN, IMAGENET_STD, RESIZE_SHORTER_SIDE
+from fusedresnet.backend.spec import IMAGE_SIZE, IMAGENET_MEAN, IMAGENET_STD, RESIZE_SHORTER_SIDE, SAMPLES_DIR
 
 
 def load_rgb(path) -> Image.Image:
@@ -52,3 +52,11 @@ def normalize(crop: np.ndarray) -> np.ndarray:
 def preprocess_files(paths) -> np.ndarray:
     """uint8 [N, 224, 224, 3] for a list of image files."""
     return np.stack([center_crop_uint8(load_rgb(Path(p))) for p in paths])
+
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def sample_photo_paths() -> list[Path]:
+    """The real photographs shipped in client/samples (licences in its README.md)."""
+    return sorted(p for p in SAMPLES_DIR.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)

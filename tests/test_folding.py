@@ -1,0 +1,85 @@
+"""BatchNorm folding and the folded parameter file, against the unfolded network."""
+
+import torch
+import torch.nn.functional as F
+
+from fusedresnet.backend.engines import TorchFoldedEngine
+from fusedresnet.backend.folding import STEM, conv_and_batchnorm, all_convs, fold_batchnorm, fold_resnet18, stem_for_uint8
+from fusedresnet.backend.images import normalize_uint8, smooth_random_images
+from fusedresnet.backend.resnet import build_resnet18
+from fusedresnet.client.agreement import compare_logits
+
+TORCHVISION_KEYS_SAMPLE = [
+    "conv1.weight", "bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var", "bn1.num_batches_tracked",
+    "layer1.0.conv1.weight", "layer1.1.bn2.running_var", "layer2.0.downsample.0.weight",
+    "layer2.0.downsample.1.running_mean", "layer4.1.conv2.weight", "fc.weight", "fc.bias",
+]
+
+
+def test_state_dict_has_torchvision_keys_and_round_trips(tmp_path):
+    model = build_resnet18()
+    state = model.state_dict()
+    assert all(key in state for key in TORCHVISION_KEYS_SAMPLE)
+    assert len(state) == 122  # torchvision resnet18: 62 params + 60 BatchNorm buffers
+    path = tmp_path / "resnet18.pth"
+    torch.save(state, path)
+    reloaded = build_resnet18(str(path))
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(model(x), reloaded(x))
+
+
+def test_seeded_weights_are_deterministic_and_batchnorm_is_not_identity():
+    a, b = build_resnet18(seed=3), build_resnet18(seed=3)
+    assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
+    assert not torch.allclose(a.bn1.running_var, torch.ones(64))
+    assert not torch.allclose(a.bn1.running_mean, torch.zeros(64))
+
+
+def test_seeded_weights_predict_different_classes_for_different_images():
+    with torch.no_grad():
+        logits = build_resnet18()(normalize_uint8(smooth_random_images(32, seed=5)))
+    assert len(set(logits.argmax(1).tolist())) >= 10
+
+
+def test_fold_batchnorm_matches_conv_then_batchnorm_for_every_layer():
+    model = build_resnet18()
+    params = fold_resnet18(model)
+    for spec in all_convs():
+        conv, bn = conv_and_batchnorm(model, spec.name)
+        x = torch.randn(2, spec.in_channels, 20, 20, dtype=torch.float64)
+        expected = F.batch_norm(F.conv2d(x, conv.weight.double(), stride=spec.stride, padding=spec.padding),
+                                bn.running_mean.double(), bn.running_var.double(), bn.weight.double(),
+                                bn.bias.double(), eps=bn.eps)
+        weight, bias = fold_batchnorm(conv, bn)
+        folded = F.conv2d(x, weight, bias, stride=spec.stride, padding=spec.padding)
+        torch.testing.assert_close(folded, expected, rtol=1e-10, atol=1e-10)
+        stored = params["convs"][spec.name]
+        assert stored["weight"].dtype == torch.float16 and stored["bias"].dtype == torch.float32
+        assert stored["weight"].shape == (spec.out_channels, spec.kernel, spec.kernel, spec.in_channels)
+        torch.testing.assert_close(stored["weight"].double().permute(0, 3, 1, 2), weight, rtol=1e-3, atol=1e-4)
+
+
+def test_folded_engine_matches_unfolded_network():
+    model = build_resnet18()
+    engine = TorchFoldedEngine(fold_resnet18(model))
+    images = smooth_random_images(16, seed=9)
+    with torch.no_grad():
+        reference = model(normalize_uint8(images)).double().numpy()
+    stats = compare_logits(engine.classify_uint8(images).numpy(), reference)
+    assert stats["rel_l2"] < 5e-3, stats  # fp16 weights, fp32 compute
+    assert stats["clear_disagreements"] == 0, stats
+
+
+def test_uint8_stem_folding_is_exact_including_the_border():
+    weight_krsc = torch.randn(64, 7, 7, 3)
+    bias = torch.randn(64)
+    images = torch.randint(0, 256, (2, 31, 29, 3), dtype=torch.uint8)
+    expected = F.conv2d(normalize_uint8(images).double(), weight_krsc.permute(0, 3, 1, 2).double(),
+                        bias.double(), stride=STEM.stride, padding=STEM.padding)
+    w, b, pad_value = stem_for_uint8(weight_krsc, bias)
+    raw = images.permute(0, 3, 1, 2).double()
+    padded = pad_value.double().view(1, 3, 1, 1).expand(2, 3, 31 + 6, 29 + 6).clone()
+    padded[:, :, 3:-3, 3:-3] = raw
+    got = F.conv2d(padded, w.permute(0, 3, 1, 2).double(), b.double(), stride=STEM.stride)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
