@@ -24,7 +24,7 @@ INPUT_UINT8 = "IMAGE"                  # UINT8 [224, 224, 3], HWC, RGB, not norm
 INPUT_FP32 = "IMAGE_NORMALIZED"        # FP32 [3, 224, 224], CHW, normalised by the client
 OUTPUT_LOGITS = "LOGITS"               # FP32 [1000]
 MAX_BATCH_SIZE = 128
-ENGINE_IN_USE_PARAMETER = "engine_in_use"  # model-config parameter naming the engine that runs
+OUTPUT_ENGINE = "ENGINE"               # UINT8 [-1]: UTF-8 name of the engine that computed the response
 
 # Files that `prepare` writes into each model's version folder.
 TORCHSCRIPT_FILE = "resnet18_traced.pt"

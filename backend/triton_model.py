@@ -9,10 +9,11 @@ Both `model_repository/*/1/model.py` files are thin subclasses of
   is validated on its own; the valid ones are concatenated (one batch per
   input kind), run once, and the logits split back in order. A malformed
   request gets its own INVALID_ARG error; the others still get their answers.
-- the engine in use: this Python backend has no response parameters, so
-  `auto_complete_config` writes the engine name into the model configuration
-  (parameter `engine_in_use`, visible through the model-config API) and every
-  instance checks at load that it built exactly that engine.
+- the engine in use: this Python backend (Triton 2.51) has no response
+  parameters and keeps auto-completed config parameters out of the model
+  configuration, so every response carries the engine's name in the output
+  ENGINE (UTF-8 bytes as UINT8; only sent when asked for, or when a client
+  asks for no output in particular), and the load log names it too.
 - tensors cross the boundary only through DLPack: with NumPy 2 in the stub's
   environment `as_numpy()` and `pb_utils.Tensor(name, ndarray)` silently
   return zeros / empty outputs on this Triton build.
@@ -26,7 +27,7 @@ import time
 import torch
 import triton_python_backend_utils as pb_utils
 
-from .spec import (CHANNELS, ENGINE_IN_USE_PARAMETER, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8, MAX_BATCH_SIZE,
+from .spec import (CHANNELS, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8, MAX_BATCH_SIZE, OUTPUT_ENGINE,
                    OUTPUT_LOGITS)
 
 WARMUP_BATCH_SIZES = (1, 8)
@@ -38,13 +39,6 @@ class RequestError(ValueError):
 
 def config_parameter(model_config: dict, key: str, default: str) -> str:
     return model_config.get("parameters", {}).get(key, {}).get("string_value", default)
-
-
-def expected_device(model_config: dict) -> str:
-    """The device an instance of this config gets: KIND_AUTO/KIND_GPU mean the first GPU when there is one."""
-    kinds = {group.get("kind", "KIND_AUTO") for group in model_config.get("instance_group", [])} or {"KIND_AUTO"}
-    wants_gpu = bool(kinds & {"KIND_AUTO", "KIND_GPU"})
-    return "cuda:0" if wants_gpu and torch.cuda.is_available() else "cpu"
 
 
 def read_request(request) -> tuple[str, torch.Tensor]:
@@ -74,30 +68,19 @@ def read_request(request) -> tuple[str, torch.Tensor]:
 
 
 class ResNetTritonModel:
-    """Base of both models' `TritonPythonModel`; a subclass implements `engine_name` and `create_engine`."""
-
-    @staticmethod
-    def engine_name(device: str, model_config: dict) -> str:
-        """The name of the engine `create_engine` builds for this device, without building it."""
-        raise NotImplementedError
+    """Base of both models' `TritonPythonModel`; a subclass implements `create_engine`."""
 
     def create_engine(self, model_dir: str, device: str, model_config: dict):
         """Return (engine, reason the engine was chosen)."""
         raise NotImplementedError
 
-    @classmethod
-    def auto_complete_config(cls, auto_complete_model_config):
-        config = auto_complete_model_config.as_dict()
-        name = cls.engine_name(expected_device(config), config)
-        config.setdefault("parameters", {})[ENGINE_IN_USE_PARAMETER] = {"string_value": name}
-        return auto_complete_model_config
-
     def initialize(self, args):
         self.model_config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
         outputs = {o["name"] for o in self.model_config["output"]}
-        if OUTPUT_LOGITS not in outputs:
-            raise pb_utils.TritonModelException(f"{self.model_name}: config must declare output {OUTPUT_LOGITS}")
+        if not {OUTPUT_LOGITS, OUTPUT_ENGINE} <= outputs:
+            raise pb_utils.TritonModelException(
+                f"{self.model_name}: config must declare outputs {OUTPUT_LOGITS} and {OUTPUT_ENGINE}")
         if args["model_instance_kind"] == "GPU":
             device = f"cuda:{args['model_instance_device_id']}"
             torch.cuda.set_device(device)
@@ -107,11 +90,7 @@ class ResNetTritonModel:
         started = time.perf_counter()
         self.engine, reason = self.create_engine(model_dir, device, self.model_config)
         self.device = device
-        announced = config_parameter(self.model_config, ENGINE_IN_USE_PARAMETER, self.engine.name)
-        if self.engine.name != announced:
-            raise pb_utils.TritonModelException(
-                f"{self.model_name}: built engine {self.engine.name} on {device}, but the model configuration "
-                f"announces {announced}")
+        self.engine_name_bytes = torch.frombuffer(bytearray(self.engine.name.encode()), dtype=torch.uint8)
         self._warm_up()
         pb_utils.Logger.log_info(
             f"{self.model_name}: engine {self.engine.name} on {device} ({reason}); "
@@ -130,9 +109,10 @@ class ResNetTritonModel:
         run = self.engine.classify_uint8 if kind == INPUT_UINT8 else self.engine.classify_normalized
         return run(batch).float().cpu().contiguous()
 
-    @staticmethod
-    def _respond(logits: torch.Tensor):
-        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor.from_dlpack(OUTPUT_LOGITS, logits)])
+    def _respond(self, logits: torch.Tensor):
+        engine = self.engine_name_bytes.expand(logits.shape[0], -1).contiguous()
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor.from_dlpack(OUTPUT_LOGITS, logits),
+                                                          pb_utils.Tensor.from_dlpack(OUTPUT_ENGINE, engine)])
 
     def execute(self, requests):
         responses = [None] * len(requests)

@@ -1,7 +1,7 @@
 """A thin client for both ResNet-18 models over gRPC or HTTP (tritonclient).
 
     client = ResNetClient("resnet18_custom", protocol="grpc", url="127.0.0.1:8001")
-    result = client.infer(images_uint8)              # logits, engine, latency
+    result = client.infer(images_uint8)              # logits, engine name, latency
     top = client.classify(images_uint8, top_k=5)     # Triton's classification extension
 
 `images` is either uint8 [N, 224, 224, 3] (sent as IMAGE, normalised on the
@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from fusedresnet.backend.spec import (DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT, INPUT_FP32, INPUT_UINT8,
-                                      ENGINE_IN_USE_PARAMETER, OUTPUT_LOGITS)
+                                      OUTPUT_ENGINE, OUTPUT_LOGITS)
 
 PROTOCOLS = ("grpc", "http")
 DEFAULT_URLS = {"grpc": f"{DEFAULT_HOST}:{DEFAULT_GRPC_PORT}", "http": f"{DEFAULT_HOST}:{DEFAULT_HTTP_PORT}"}
@@ -28,6 +28,7 @@ DEFAULT_URLS = {"grpc": f"{DEFAULT_HOST}:{DEFAULT_GRPC_PORT}", "http": f"{DEFAUL
 class InferResult:
     logits: np.ndarray | None         # float32 [N, 1000] (None when classifying)
     top: list[list[tuple[float, int, str]]] | None  # per image: (score, class index, label)
+    engine: str                       # the engine that computed the answer (output ENGINE)
     latency_ms: float
 
 
@@ -78,29 +79,27 @@ class ResNetClient:
         tensor = self.lib.InferInput(name, list(images.shape), "UINT8" if name == INPUT_UINT8 else "FP32")
         tensor.set_data_from_numpy(np.ascontiguousarray(images))
         if self.protocol == "grpc":
-            output = grpcclient.InferRequestedOutput(OUTPUT_LOGITS, class_count=class_count)
+            outputs = [grpcclient.InferRequestedOutput(OUTPUT_LOGITS, class_count=class_count),
+                       grpcclient.InferRequestedOutput(OUTPUT_ENGINE)]
             kwargs = {"client_timeout": self.timeout_s}
         else:
-            output = httpclient.InferRequestedOutput(OUTPUT_LOGITS, binary_data=True, class_count=class_count)
+            outputs = [httpclient.InferRequestedOutput(OUTPUT_LOGITS, binary_data=True, class_count=class_count),
+                       httpclient.InferRequestedOutput(OUTPUT_ENGINE, binary_data=True)]
             kwargs = {}
         started = time.perf_counter()
-        result = self.client.infer(self.model, [tensor], outputs=[output], headers=self.headers, **kwargs)
+        result = self.client.infer(self.model, [tensor], outputs=outputs, headers=self.headers, **kwargs)
         latency_ms = (time.perf_counter() - started) * 1e3
         return result, latency_ms
 
-    def engine(self) -> str:
-        """The engine the model runs, as its configuration announces it (parameter engine_in_use)."""
-        if self.protocol == "grpc":
-            config = self.client.get_model_config(self.model, as_json=True)["config"]
-        else:
-            config = self.client.get_model_config(self.model)
-        return config.get("parameters", {}).get(ENGINE_IN_USE_PARAMETER, {}).get("string_value", "unknown")
+    @staticmethod
+    def _engine(result) -> str:
+        return result.as_numpy(OUTPUT_ENGINE)[0].tobytes().decode()
 
     def infer(self, images: np.ndarray) -> InferResult:
         result, latency_ms = self._request(images, class_count=0)
-        return InferResult(result.as_numpy(OUTPUT_LOGITS), None, latency_ms)
+        return InferResult(result.as_numpy(OUTPUT_LOGITS), None, self._engine(result), latency_ms)
 
     def classify(self, images: np.ndarray, top_k: int = 5) -> InferResult:
         result, latency_ms = self._request(images, class_count=top_k)
         entries = result.as_numpy(OUTPUT_LOGITS).reshape(images.shape[0], top_k)
-        return InferResult(None, [parse_classification(row) for row in entries], latency_ms)
+        return InferResult(None, [parse_classification(row) for row in entries], self._engine(result), latency_ms)

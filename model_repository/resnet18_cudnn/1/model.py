@@ -6,10 +6,6 @@ from fusedresnet.backend.triton_model import ResNetTritonModel, config_parameter
 
 
 class TritonPythonModel(ResNetTritonModel):
-    @staticmethod
-    def engine_name(device, model_config):
-        return TorchScriptEngine.describe(device, config_parameter(model_config, "precision", "fp16"))
-
     def create_engine(self, model_dir, device, model_config):
         precision = config_parameter(model_config, "precision", "fp16")
         engine = TorchScriptEngine(f"{model_dir}/{TORCHSCRIPT_FILE}", device, precision)

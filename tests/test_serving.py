@@ -1,0 +1,184 @@
+"""End-to-end: both models on the real Triton server, against the in-process PyTorch reference."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from fusedresnet.backend.spec import INPUT_FP32, INPUT_UINT8, MODELS, OUTPUT_LOGITS, load_labels
+from fusedresnet.client.agreement import compare_logits
+from fusedresnet.client.preprocess import normalize
+from fusedresnet.client.resnet_client import ResNetClient
+
+# fp16 weights (custom) or fp16 compute (GPU) keep the relative L2 error of the logits well under 1e-2;
+# one image's logits put on another image's row would be off by O(1).
+REL_L2_TOLERANCE = 1e-2
+
+
+def client_for(server, model, protocol="grpc"):
+    return ResNetClient(model, protocol, server.grpc_url if protocol == "grpc" else server.http_url)
+
+
+def assert_matches_reference(logits, reference):
+    stats = compare_logits(logits, reference)
+    assert stats["rel_l2"] <= REL_L2_TOLERANCE, stats
+    assert stats["max_row_rel_l2"] <= 2 * REL_L2_TOLERANCE, stats
+    assert stats["clear_disagreements"] == 0, stats
+    return stats
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_model_logits_match_pytorch_reference_on_varied_images(triton_server, model, varied_images,
+                                                               reference_logits):
+    reference = reference_logits(varied_images)
+    with client_for(triton_server, model) as client:
+        logits = np.concatenate([client.infer(varied_images[i:i + 8]).logits
+                                 for i in range(0, len(varied_images), 8)])
+    assert logits.shape == (len(varied_images), 1000) and logits.dtype == np.float32
+    stats = assert_matches_reference(logits, reference)
+    assert stats["inputs"] >= 32
+    assert stats["top1_agree"] >= stats["inputs"] - stats["near_tie_disagreements"]
+
+
+def test_fp32_cudnn_baseline_on_cpu_is_exact_to_float_rounding(triton_server, varied_images, reference_logits):
+    with client_for(triton_server, MODELS[1]) as client:
+        result = client.infer(varied_images[:8])
+    if "fp32" not in result.engine:
+        pytest.skip(f"baseline runs {result.engine}")
+    logits = result.logits
+    assert compare_logits(logits, reference_logits(varied_images[:8]))["rel_l2"] < 1e-4
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_normalized_fp32_input_gives_the_same_logits_as_uint8_input(triton_server, model, varied_images):
+    images = varied_images[:6]
+    with client_for(triton_server, model) as client:
+        from_uint8 = client.infer(images).logits
+        from_fp32 = client.infer(np.stack([normalize(image) for image in images])).logits
+    assert compare_logits(from_fp32, from_uint8)["rel_l2"] < 1e-3
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_http_and_grpc_return_the_same_logits(triton_server, model, varied_images):
+    images = varied_images[:4]
+    with client_for(triton_server, model, "grpc") as grpc_client, \
+            client_for(triton_server, model, "http") as http_client:
+        np.testing.assert_allclose(grpc_client.infer(images).logits, http_client.infer(images).logits,
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_classification_extension_returns_reference_top_labels(triton_server, model, protocol, varied_images,
+                                                               reference_logits):
+    images = varied_images[:5]  # the sample photos
+    reference = reference_logits(images)
+    labels = load_labels()
+    with client_for(triton_server, model, protocol) as client:
+        result = client.classify(images, top_k=3)
+    for row, top in zip(reference, result.top):
+        assert top[0][1] == int(np.argmax(row))
+        assert [label for _, _, label in top] == [labels[index] for _, index, _ in top]
+        assert top[0][0] == pytest.approx(float(row.max()), rel=1e-2, abs=5e-2)
+
+
+def nv_metric(server, name: str, model: str) -> float:
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    pattern = rf'^{name}{{[^}}]*model="{model}"[^}}]*}} ([0-9.e+]+)$'
+    return sum(float(v) for v in re.findall(pattern, text, flags=re.M))
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_concurrent_single_image_requests_are_batched_and_each_gets_its_own_answer(
+        triton_server, model, varied_images, reference_logits):
+    images = varied_images[:24]
+    reference = reference_logits(images)
+    executions_before = nv_metric(triton_server, "nv_inference_exec_count", model)
+    requests_before = nv_metric(triton_server, "nv_inference_request_success", model)
+
+    def infer_one(index):
+        with client_for(triton_server, model) as client:
+            return index, client.infer(images[index:index + 1]).logits[0]
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(images)) as pool:
+        answers = dict(pool.map(infer_one, range(len(images))))
+    logits = np.stack([answers[i] for i in range(len(images))])
+    assert_matches_reference(logits, reference)
+    # every row is its own image's: a swapped row would match another image better
+    for i, row in enumerate(logits):
+        distances = np.linalg.norm(reference - row, axis=1)
+        assert int(np.argmin(distances)) == i
+    executions = nv_metric(triton_server, "nv_inference_exec_count", model) - executions_before
+    requests = nv_metric(triton_server, "nv_inference_request_success", model) - requests_before
+    assert requests == len(images)
+    assert executions < requests, "dynamic batching never combined requests"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_malformed_request_gets_its_own_error_while_batched_good_requests_succeed(
+        triton_server, model, varied_images, reference_logits):
+    good = varied_images[:8]
+    reference = reference_logits(good)
+    bad = np.stack([normalize(image) for image in varied_images[8:16]])
+    bad[:, 0, 0, 0] = np.nan
+
+    def send(index):
+        with client_for(triton_server, model) as client:
+            images = good[index // 2:index // 2 + 1] if index % 2 == 0 else bad[index // 2:index // 2 + 1]
+            try:
+                return index, client.infer(images).logits[0]
+            except InferenceServerException as error:
+                return index, error
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        results = dict(pool.map(send, range(16)))
+    for index, result in results.items():
+        if index % 2 == 0:
+            assert isinstance(result, np.ndarray), result
+            assert compare_logits(result[None], reference[index // 2:index // 2 + 1])["rel_l2"] < REL_L2_TOLERANCE
+        else:
+            assert isinstance(result, InferenceServerException)
+            assert "NaN or Inf" in result.message()
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_request_with_both_inputs_or_none_is_rejected_clearly(triton_server, model, varied_images):
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    uint8 = grpcclient.InferInput(INPUT_UINT8, [1, 224, 224, 3], "UINT8")
+    uint8.set_data_from_numpy(varied_images[:1])
+    fp32 = grpcclient.InferInput(INPUT_FP32, [1, 3, 224, 224], "FP32")
+    fp32.set_data_from_numpy(normalize(varied_images[0])[None])
+    with pytest.raises(InferenceServerException, match="exactly one of the inputs"):
+        client.infer(model, [uint8, fp32], outputs=[grpcclient.InferRequestedOutput(OUTPUT_LOGITS)])
+    assert client.is_server_live() and client.is_model_ready(model)
+    client.close()
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_every_response_names_the_engine_that_computed_it(triton_server, model, protocol, varied_images):
+    with client_for(triton_server, model, protocol) as client:
+        engine = client.infer(varied_images[:3]).engine
+        assert client.classify(varied_images[:1], top_k=1).engine == engine
+    expected_prefix = "torch" if model == MODELS[1] else ("torch-folded" if not triton_server.use_gpu else "fused")
+    assert engine.startswith(expected_prefix), engine
+    log = triton_server.log_file.read_text(errors="replace")
+    assert f"{model}: engine {engine} on" in log
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", MODELS)
+def test_models_run_on_the_gpu_and_match_reference(triton_server, model, varied_images, reference_logits):
+    with client_for(triton_server, model) as client:
+        result = client.infer(varied_images[:32])
+    engine, logits = result.engine, result.logits
+    assert "cpu" not in engine, engine
+    assert f"{model}: engine {engine} on cuda:" in triton_server.log_file.read_text(errors="replace")
+    assert_matches_reference(logits, reference_logits(varied_images[:32]))
