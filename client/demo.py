@@ -1,0 +1,95 @@
+"""The main job: start Triton with both models, classify the sample photos through each over gRPC.
+
+    python -m fusedresnet.client.demo            # starts (and stops) its own server
+    python -m fusedresnet.client.demo --url 127.0.0.1:8001   # uses a running server
+
+Prints, per model, the engine it runs, the top-3 labels of every photo, the
+latency of one batched request and of single-image requests, and how closely
+the two models' logits agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import sys
+
+from fusedresnet.backend.serve import DEFAULT_HTTP_PORT, ServerError, TritonServer, free_ports
+from fusedresnet.backend.prepare import STAMP_FILE
+from fusedresnet.backend.spec import MODEL_REPOSITORY, MODELS
+from fusedresnet.client.agreement import compare_logits
+from fusedresnet.client.preprocess import preprocess_files, sample_photo_paths
+from fusedresnet.client.resnet_client import ResNetClient
+
+TIMED_REPEATS = 5
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def describe_weights() -> str:
+    stamp = MODEL_REPOSITORY / STAMP_FILE
+    source = json.loads(stamp.read_text())["weights"] if stamp.is_file() else "unknown"
+    if source.startswith("seeded:"):
+        return (f"{source}: untrained seeded weights, so the labels are arbitrary; "
+                "`make prepare WEIGHTS=resnet18-f37072fd.pth` serves torchvision's trained ones")
+    return source
+
+
+def run_demo(grpc_url: str) -> int:
+    print(f"weights: {describe_weights()}")
+    paths = sample_photo_paths()
+    images = preprocess_files(paths)
+    logits = {}
+    for model in MODELS:
+        with ResNetClient(model, "grpc", grpc_url) as client:
+            client.infer(images[:1])  # connection set-up stays out of the timings
+            batched = [client.infer(images).latency_ms for _ in range(TIMED_REPEATS)]
+            single = [client.infer(images[i:i + 1]).latency_ms for _ in range(TIMED_REPEATS)
+                      for i in range(len(images))]
+            result = client.classify(images, top_k=3)
+            logits[model] = client.infer(images).logits
+        print(f"\n== {model} (engine {result.engine}) over gRPC {grpc_url}")
+        for path, top in zip(paths, result.top):
+            print(f"  {path.name:24s} " + ", ".join(f"{label} ({score:.2f})" for score, _, label in top))
+        print(f"  median latency: {statistics.median(batched):.1f} ms per request of {len(images)} images, "
+              f"{statistics.median(single):.1f} ms per single-image request")
+    stats = compare_logits(logits[MODELS[0]], logits[MODELS[1]])
+    print(f"\n== agreement {MODELS[0]} vs {MODELS[1]} on {stats['inputs']} photos: "
+          f"top-1 {stats['top1_agree']}/{stats['inputs']}, top-5 sets {stats['top5_agree']}/{stats['inputs']}, "
+          f"max |diff| {stats['max_abs']:.3g}, relative L2 {stats['rel_l2']:.2e}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="gRPC address of a running server; default: start one")
+    args = parser.parse_args(argv)
+    if args.url:
+        return run_demo(args.url)
+    ports = [DEFAULT_HTTP_PORT, DEFAULT_HTTP_PORT + 1, DEFAULT_HTTP_PORT + 2]
+    if not all(port_is_free(p) for p in ports):
+        ports = free_ports(3)
+    server = TritonServer(http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
+                          log_file="build/demo-server.log")
+    print("starting Triton with both models; server log in build/demo-server.log ...", flush=True)
+    try:
+        with server:
+            print(f"ready: gRPC {server.grpc_url}, HTTP {server.http_url} "
+                  f"({'GPU' if server.use_gpu else 'CPU only'})")
+            return run_demo(server.grpc_url)
+    except ServerError as error:
+        print(f"demo: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
