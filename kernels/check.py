@@ -1,0 +1,270 @@
+"""Correctness of every kernel and of the whole network, against float32 PyTorch.
+
+    python -m fusedresnet.kernels.check [--json PATH] [--quick]
+
+Run on a GPU host. Each check draws fresh random inputs, poisons the output
+buffer (all-NaN fp16 / fp32) before the kernel runs, and compares with a
+float32 PyTorch reference computed on the same fp16-rounded operands, TF32
+off. Checks, in order:
+
+1. every convolution shape of ResNet-18 (the stem from uint8 and from fp32
+   input, every 3x3 and 1x1 conv with its real folded weights, the residual
+   add where the network has one) at batch 1, 7, 32, 128, with the tile shape
+   and split-K that the engine's planner picks; at batch 7 also every tile
+   shape with split-K 1 and 4 forced;
+2. the max-pool and the avgpool+fc head;
+3. the whole engine (uint8 path, CUDA graphs, batch buckets with padding)
+   against the unfolded float32 ResNet-18 on >= 500 varied inputs: seeded
+   smooth images, uniform noise, the sample photos and their mirror images:
+   relative L2 error of the logits, top-1 agreement, near-tie disagreements;
+   plus the fp32 NCHW input path and 64x64 inputs through `features`.
+
+Prints one line per check and a summary; exits non-zero on any failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import cupy as cp
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..backend.engine_cuda import FusedCudaEngine
+from ..backend.folding import STEM, all_convs, fold_resnet18
+from ..backend.images import normalize_uint8, smooth_random_images
+from ..backend.resnet import DEFAULT_SEED, build_resnet18
+from ..client.agreement import compare_logits
+from .configs import CONV_TILES, BK, ConvPlan
+from .launch import conv_out_size, library
+
+CONV_TOL = 5e-3        # relative L2, fp16 operands and output, fp32 accumulation
+HEAD_TOL = 1e-3
+NETWORK_TOL = 1e-2
+BATCHES = (1, 7, 32, 128)
+
+
+def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
+def to_torch(a) -> torch.Tensor:
+    return torch.from_dlpack(a)
+
+
+def poisoned(shape, dtype):
+    a = cp.empty(shape, dtype=dtype)
+    a.fill(cp.nan)
+    return a
+
+
+def layer_shapes(h: int = 224, w: int = 224):
+    """(spec, input H, W) of every convolution after the stem, in execution order."""
+    from ..backend.engine_cuda import stage_sizes
+    sizes = stage_sizes(h, w)
+    shapes, stage_in = [], {1: sizes[1], 2: sizes[2], 3: sizes[3], 4: sizes[4]}
+    for spec in all_convs()[1:]:
+        stage, index = int(spec.name[5]), int(spec.name[7])
+        first = index == 0 and spec.name.endswith(("conv1", "downsample"))
+        hh, ww = stage_in[stage] if first else sizes[stage + 1]
+        shapes.append((spec, hh, ww))
+    return shapes
+
+
+class Checker:
+    def __init__(self, quick: bool = False):
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        self.quick = quick
+        self.lib = library(0)
+        self.model = build_resnet18(None, DEFAULT_SEED)
+        self.params = fold_resnet18(self.model, "seeded")
+        self.results = []
+        self.failures = 0
+        self.gen = torch.Generator(device="cuda").manual_seed(int(time.time()))
+
+    def record(self, name, ok, **metrics):
+        self.results.append({"check": name, "ok": bool(ok), **metrics})
+        if not ok:
+            self.failures += 1
+        text = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
+        print(f"{'ok  ' if ok else 'FAIL'} {name} {text}", flush=True)
+
+    def randn(self, *shape, scale=1.0):
+        return torch.randn(*shape, device="cuda", generator=self.gen) * scale
+
+    # -- convolutions --------------------------------------------------------
+    def conv_case(self, spec, n, h, w, plan: ConvPlan | None = None, label: str = ""):
+        weight = self.params["convs"][spec.name]["weight"].cuda()        # fp16 KRSC
+        bias = self.params["convs"][spec.name]["bias"].cuda().float()
+        x = self.randn(n, h, w, spec.in_channels).relu().half()          # post-ReLU activations
+        p, q = conv_out_size(h, spec.kernel, spec.stride, spec.padding), conv_out_size(w, spec.kernel, spec.stride, spec.padding)
+        residual = self.randn(n, p, q, spec.out_channels).half() if spec.adds_residual else None
+        y = poisoned((n, p, q, spec.out_channels), cp.float16)
+        if plan is None:
+            plan = self.lib.plan(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.kernel, spec.stride, spec.padding)
+        workspace = cp.empty(plan.splits * n * p * q * spec.out_channels + 1, dtype=cp.float32) if plan.splits > 1 else None
+        self.lib.conv(cp.from_dlpack(x), cp.from_dlpack(weight), cp.from_dlpack(bias), y, stride=spec.stride,
+                      pad=spec.padding, relu=spec.relu, residual=None if residual is None else cp.from_dlpack(residual),
+                      plan=plan, workspace=workspace)
+        cp.cuda.Device().synchronize()
+        ref = F.conv2d(x.float().permute(0, 3, 1, 2), weight.float().permute(0, 3, 1, 2), bias,
+                       stride=spec.stride, padding=spec.padding).permute(0, 2, 3, 1)
+        if residual is not None:
+            ref = ref + residual.float()
+        if spec.relu:
+            ref = ref.relu()
+        out = to_torch(y).float()
+        unwritten = int(torch.isnan(out).sum())
+        err = rel_l2(out, ref) if not unwritten else float("nan")
+        self.record(f"conv {spec.name} N={n} {h}x{w} tile={plan.tile.label} splitk={plan.splits}{label}",
+                    unwritten == 0 and err <= CONV_TOL, rel_l2=err, unwritten=unwritten,
+                    max_abs=float((out - ref).abs().max()))
+
+    def stem_case(self, n, h, w, kind):
+        weight = self.params["convs"][STEM.name]["weight"].cuda()
+        bias = self.params["convs"][STEM.name]["bias"].cuda().float()
+        engine = self.engine
+        images = torch.randint(0, 256, (n, h, w, 3), device="cuda", dtype=torch.uint8, generator=self.gen)
+        normalized = normalize_uint8(images)
+        p, q = conv_out_size(h, 7, 2, 3), conv_out_size(w, 7, 2, 3)
+        y = poisoned((n, p, q, 64), cp.float16)
+        if kind == "uint8":
+            self.lib.stem(cp.from_dlpack(images), engine.stem_weight, engine.stem_bias, y, kind="uint8",
+                          in_scale=engine.in_scale, in_shift=engine.in_shift)
+        else:
+            self.lib.stem(cp.from_dlpack(normalized.contiguous()), engine.stem_weight, engine.stem_bias, y,
+                          kind="float32")
+        cp.cuda.Device().synchronize()
+        ref = F.conv2d(normalized, weight.float().permute(0, 3, 1, 2), bias, stride=2, padding=3).relu().permute(0, 2, 3, 1)
+        out = to_torch(y).float()
+        unwritten = int(torch.isnan(out).sum())
+        err = rel_l2(out, ref) if not unwritten else float("nan")
+        self.record(f"stem[{kind}] N={n} {h}x{w}", unwritten == 0 and err <= CONV_TOL, rel_l2=err,
+                    unwritten=unwritten, max_abs=float((out - ref).abs().max()))
+
+    def pool_head_cases(self, n):
+        x = self.randn(n, 112, 112, 64).relu().half()
+        y = poisoned((n, 56, 56, 64), cp.float16)
+        self.lib.maxpool_3x3s2(cp.from_dlpack(x), y)
+        cp.cuda.Device().synchronize()
+        ref = F.max_pool2d(x.float().permute(0, 3, 1, 2), 3, 2, 1).permute(0, 2, 3, 1)
+        out = to_torch(y).float()
+        self.record(f"maxpool N={n}", bool(torch.equal(out, ref)), max_abs=float((out - ref).abs().max()))
+        fc_w = self.params["fc"]["weight"].cuda()
+        fc_b = self.params["fc"]["bias"].cuda().float()
+        for hw in (7, 2, 1):
+            feats = self.randn(n, hw, hw, 512).relu().half()
+            logits = poisoned((n, 1000), cp.float32)
+            self.lib.avgpool_fc(cp.from_dlpack(feats), cp.from_dlpack(fc_w), cp.from_dlpack(fc_b), logits)
+            cp.cuda.Device().synchronize()
+            ref = F.linear(feats.float().mean(dim=(1, 2)), fc_w.float(), fc_b)
+            out = to_torch(logits)
+            unwritten = int(torch.isnan(out).sum())
+            err = rel_l2(out, ref) if not unwritten else float("nan")
+            self.record(f"avgpool_fc N={n} {hw}x{hw}", unwritten == 0 and err <= HEAD_TOL, rel_l2=err, unwritten=unwritten)
+
+    def kernels(self):
+        self.engine = FusedCudaEngine(self.params, "cuda:0")
+        batches = (1, 7) if self.quick else BATCHES
+        for n in batches:
+            for kind in ("uint8", "float32"):
+                self.stem_case(n, 224, 224, kind)
+        self.stem_case(3, 64, 80, "uint8")
+        for n in batches:
+            for spec, h, w in layer_shapes():
+                self.conv_case(spec, n, h, w)
+        for spec, h, w in layer_shapes():
+            k_tiles = spec.kernel * spec.kernel * spec.in_channels // BK
+            m = 7 * conv_out_size(h, spec.kernel, spec.stride, spec.padding) * conv_out_size(w, spec.kernel, spec.stride, spec.padding)
+            for tile in CONV_TILES:
+                for splits in (1, 4):
+                    per = math.ceil(k_tiles / splits)
+                    real = math.ceil(k_tiles / per)
+                    plan = ConvPlan(tile, real, per, (math.ceil(m / tile.bm), math.ceil(spec.out_channels / tile.bn), real))
+                    self.conv_case(spec, 7, h, w, plan, " (forced)")
+        for n in (1, 7, 33):
+            self.pool_head_cases(n)
+
+    # -- whole network -------------------------------------------------------
+    def network(self):
+        from ..client.preprocess import preprocess_files, sample_photo_paths
+        engine = self.engine
+        model = self.model.cuda().float().eval()
+        seed = int(time.time()) % 100000
+        photos = torch.from_numpy(preprocess_files(sample_photo_paths()))
+        parts = [smooth_random_images(256, seed),
+                 torch.randint(0, 256, (240, 224, 224, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)),
+                 photos, photos.flip(2)]
+        images = torch.cat(parts)
+        logits, refs = [], []
+        # Uneven batches: exercise every bucket with padding rows.
+        sizes, start = [1, 7, 32, 128, 3, 64, 100, 5, 17], 0
+        while start < len(images):
+            size = sizes[len(logits) % len(sizes)]
+            batch = images[start:start + size]
+            logits.append(engine.classify_uint8(batch).float().cpu())
+            with torch.inference_mode():
+                refs.append(model(normalize_uint8(batch.cuda())).float().cpu())
+            start += size
+        stats = compare_logits(torch.cat(logits).numpy(), torch.cat(refs).numpy())
+        ok = (stats["rel_l2"] <= NETWORK_TOL and stats["top1_agree"] >= 0.99 * stats["inputs"]
+              and stats["clear_disagreements"] == 0)
+        self.record("network uint8 224x224 vs float32 ResNet-18", ok, **stats)
+        self.network_stats = stats
+
+        batch = images[:37].cuda()
+        with torch.inference_mode():
+            normalized = normalize_uint8(batch)
+            ref = model(normalized).float()
+        out = engine.classify_normalized(normalized)
+        err = rel_l2(out, ref)
+        self.record("network fp32 NCHW input N=37", err <= NETWORK_TOL, rel_l2=err)
+
+        small = torch.randint(0, 256, (9, 64, 64, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+        feats = engine.features(small)
+        with torch.inference_mode():
+            ref = self.model.features(normalize_uint8(small.cuda())).float()
+        ok = tuple(feats.shape) == (9, 512, 2, 2) and rel_l2(feats, ref) <= NETWORK_TOL
+        self.record("features uint8 64x64 N=9", ok, shape=str(tuple(feats.shape)), rel_l2=rel_l2(feats, ref))
+        odd = torch.randint(0, 256, (5, 97, 130, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed + 1))
+        out = engine.classify_uint8(odd)
+        with torch.inference_mode():
+            ref = model(normalize_uint8(odd.cuda())).float()
+        self.record("network uint8 97x130 N=5", rel_l2(out, ref) <= NETWORK_TOL, rel_l2=rel_l2(out, ref))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write all results here")
+    parser.add_argument("--quick", action="store_true", help="batches 1 and 7 only for the per-layer checks")
+    args = parser.parse_args(argv)
+    checker = Checker(args.quick)
+    started = time.time()
+    try:
+        checker.kernels()
+        checker.network()
+    finally:
+        summary = {
+            "device": torch.cuda.get_device_name(0),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "checks": len(checker.results),
+            "failures": checker.failures,
+            "network": getattr(checker, "network_stats", None),
+            "seconds": round(time.time() - started, 1),
+            "results": checker.results,
+        }
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(summary, f, indent=1)
+        print(f"SUMMARY {summary['checks']} checks, {summary['failures']} failures, network={summary['network']}")
+    return 1 if checker.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+// Small PTX wrappers shared by the kernels of fusedresnet.
+//
+// The kernels include no CUDA headers at all: fp16 values travel as raw
+// 16-bit patterns (unsigned short) or packed pairs (unsigned int), and the few
+// conversions and the tensor-core instructions are inline PTX. That keeps the
+// sources identical under NVRTC (what CuPy compiles with at run time) and nvcc
+// (what the CPU compile test and the SASS inspection use), with no include
+// paths to get wrong. The Python launcher pastes this file in place of the
+// #include line, so CuPy's kernel cache (keyed on the source text) sees every
+// change.
+#ifndef FUSEDRESNET_COMMON_CUH
+#define FUSEDRESNET_COMMON_CUH
+
+typedef unsigned long long u64;      // 64-bit index arithmetic (NVRTC has no size_t without headers)
+typedef unsigned short half_bits;   // one IEEE fp16 value, as bits
+typedef unsigned int half2_bits;    // two fp16 values: low 16 bits = first (lower address)
+
+struct alignas(16) vec16 { unsigned int x, y, z, w; };  // 16 bytes = 8 fp16
+
+__device__ __forceinline__ half2_bits pack_half2(float lo, float hi) {
+    half2_bits r;
+    // cvt.rn.f16x2.f32 d, a, b puts a in the upper half, b in the lower half.
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ half_bits float_to_half(float v) {
+    half_bits r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(v));
+    return r;
+}
+
+__device__ __forceinline__ float half_to_float(half_bits h) {
+    float r;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
+    return r;
+}
+
+__device__ __forceinline__ void unpack_half2(half2_bits v, float &lo, float &hi) {
+    lo = half_to_float((half_bits)(v & 0xffffu));
+    hi = half_to_float((half_bits)(v >> 16));
+}
+
+__device__ __forceinline__ half2_bits hmax2(half2_bits a, half2_bits b) {
+    half2_bits r;
+    asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+__device__ __forceinline__ unsigned int smem_addr(const void *p) {
+    return (unsigned int)__cvta_generic_to_shared(p);
+}
+
+// 16-byte asynchronous global->shared copy. src_bytes = 0 writes 16 zero bytes
+// without reading global memory: that is how the implicit-GEMM loader pads.
+__device__ __forceinline__ void cp_async_16(unsigned int dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned int addr, unsigned int &r0, unsigned int &r1,
+                                            unsigned int &r2, unsigned int &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+// D = A * B + D, m16n8k16, fp16 inputs, fp32 accumulators (row.col: A is M x K
+// row-major, B is given as N x K "K-major", which is exactly a KRSC filter).
+__device__ __forceinline__ void mma_16816(float *d, const unsigned int *a, const unsigned int *b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif  // FUSEDRESNET_COMMON_CUH

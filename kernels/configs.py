@@ -1,0 +1,116 @@
+"""Kernel variants, compile options and the per-layer launch plan (pure Python).
+
+Nothing here needs CuPy or a GPU: the CPU compile test and the launcher both
+import it, so the kernels compiled in CI are exactly those the engine launches.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+KERNEL_DIR = Path(__file__).resolve().parent
+SOURCES = ("conv_implicit_gemm.cu", "pool_head.cu")
+
+# Options passed to CuPy's RawModule (NVRTC). CuPy adds the architecture
+# (-arch=sm_XY for the current device) itself; the compile test adds it too.
+COMPILE_OPTIONS = ("-std=c++17",)
+
+BK = 64                 # reduction slice per pipeline stage (see conv_implicit_gemm.cu)
+STEM_KG_PADDED = 192    # 7*7*3 = 147 reduction values, padded to whole k-tiles
+HEAD_IMGS = 8           # images per avgpool_fc block
+HEAD_BLOCKS_X = 4       # class slices per avgpool_fc grid row
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One instantiation of conv_implicit_gemm."""
+
+    bm: int
+    bn: int
+    warps_m: int
+    warps_n: int
+    stages: int
+    mode: int = 0        # 0: fp16 NHWC input; 1: stem, uint8 NHWC; 2: stem, fp32 NCHW
+    efficiency: float = 1.0   # relative tensor-core efficiency per SM (cost model)
+    blocks_per_sm: int = 1    # resident blocks per SM (from smem/threads/registers)
+
+    @property
+    def threads(self) -> int:
+        return self.warps_m * self.warps_n * 32
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.stages * (self.bm + self.bn) * BK * 2
+
+    @property
+    def name_expression(self) -> str:
+        return (f"conv_implicit_gemm<{self.bm},{self.bn},{self.warps_m},{self.warps_n},"
+                f"{self.stages},{self.mode}>")
+
+    @property
+    def label(self) -> str:
+        return f"{self.bm}x{self.bn}w{self.warps_m}x{self.warps_n}s{self.stages}"
+
+
+CONV_TILES = (
+    TileConfig(128, 128, 2, 4, 3, efficiency=1.00, blocks_per_sm=2),
+    TileConfig(128, 64, 4, 2, 4, efficiency=0.90, blocks_per_sm=2),
+    TileConfig(64, 128, 2, 4, 4, efficiency=0.90, blocks_per_sm=2),
+    TileConfig(64, 64, 2, 2, 4, efficiency=0.75, blocks_per_sm=3),
+)
+STEM_TILES = {
+    "uint8": TileConfig(128, 64, 4, 2, 3, mode=1),
+    "float32": TileConfig(128, 64, 4, 2, 3, mode=2),
+}
+OTHER_KERNELS = ("splitk_epilogue", "maxpool_3x3s2", f"avgpool_fc<{HEAD_IMGS}>")
+
+
+def name_expressions() -> list[str]:
+    return [t.name_expression for t in CONV_TILES + tuple(STEM_TILES.values())] + list(OTHER_KERNELS)
+
+
+def source_text() -> str:
+    """All kernel sources as one translation unit, with `#include "common.cuh"` pasted in once."""
+    common = (KERNEL_DIR / "common.cuh").read_text()
+    parts = [common]
+    for name in SOURCES:
+        text = (KERNEL_DIR / name).read_text()
+        parts.append(f"// ---- {name} ----\n" + text.replace('#include "common.cuh"', ""))
+    return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    tile: TileConfig
+    splits: int
+    k_tiles_per_split: int
+    grid: tuple[int, int, int]
+
+
+def plan_conv(m: int, k: int, k_tiles: int, sms: int, tiles=CONV_TILES, max_splits: int = 16) -> ConvPlan:
+    """Tile shape and split-K factor for a GEMM of M x K with k_tiles reduction tiles.
+
+    Cost model: blocks run in waves of sms*blocks_per_sm; a wave costs the
+    tile's MACs over its efficiency; split-K adds one fp32 write and read of
+    the output per slice (at ~2.5 TB/s) and a launch (~2 us).
+    """
+    best = None
+    for tile in tiles:
+        tiles_mn = math.ceil(m / tile.bm) * math.ceil(k / tile.bn)
+        for splits in range(1, max_splits + 1):
+            per = math.ceil(k_tiles / splits)
+            if splits > 1 and per < 3:
+                break
+            real_splits = math.ceil(k_tiles / per)
+            blocks = tiles_mn * real_splits
+            waves = math.ceil(blocks / (sms * tile.blocks_per_sm))
+            # time units: one 128x128x64 k-tile at efficiency 1 on one SM alone = 1
+            per_block = tile.bm * tile.bn * per / (128 * 128) / tile.efficiency
+            t = waves * tile.blocks_per_sm * per_block * 0.55  # ~0.55 us per unit
+            if real_splits > 1:
+                t += 2.0 + 2 * real_splits * m * k * 4 / 2.5e6
+            if best is None or t < best[0] - 1e-9:
+                best = (t, ConvPlan(tile, real_splits, per, (math.ceil(m / tile.bm), math.ceil(k / tile.bn), real_splits)))
+    return best[1]

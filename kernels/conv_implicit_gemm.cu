@@ -1,0 +1,296 @@
+// Convolution as implicit GEMM on tensor cores, with a fused epilogue.
+//
+// IMPLICIT GEMM. An NHWC convolution y[n,p,q,k] = sum_{r,s,c} x[n, p*st-pad+r,
+// q*st-pad+s, c] * w[k,r,s,c] is a matrix product D = A * B^T with
+//     M  = N*P*Q   rows of A and D: one per output pixel (n,p,q)
+//     Nk = K       rows of B, columns of D: one per output channel
+//     Kg = R*S*C   the reduction: one per filter tap (r,s) and input channel c
+// B is the KRSC filter itself (K rows, Kg contiguous values each). A is the
+// im2col matrix, never written out: row m, column kg=(r*S+s)*C+c is input pixel
+// (p*st-pad+r, q*st-pad+s) of image n, channel c, or 0 outside the image. With
+// C a multiple of 64, a BK=64 slice of the reduction lies inside one filter tap,
+// so each A row of a k-tile is 64 contiguous channels of one input pixel: 128
+// bytes that eight 16-byte cp.async copies fetch, zero-filled (src-size 0) where
+// the tap falls on the padding. The output D is row-major [M, K]: NHWC again.
+//
+// TILING. A thread block computes a BM x BN tile of D; its WARPS_M x WARPS_N
+// warps each own a (BM/WARPS_M) x (BN/WARPS_N) sub-tile held in fp32 registers
+// and updated by mma.sync m16n8k16 (fp16 in, fp32 accumulate). The reduction
+// runs over k-tiles of BK=64 through a STAGES-deep ring of shared-memory
+// buffers filled by cp.async, so the copies of the next STAGES-1 tiles overlap
+// the tensor-core work on the current one. Fragments come out of shared
+// memory with ldmatrix.x4. Each 128-byte row of a tile stores its 16-byte chunk j
+// at position j ^ (row & 7): the eight rows an ldmatrix phase reads then hit
+// eight different bank groups (no conflicts), and the cp.async writes stay
+// 16-byte aligned.
+//
+// SPLIT-K. Layers with few output tiles (layer3/layer4 at small batch) would
+// leave most of the 132 SMs idle, so gridDim.z slices the reduction: slice z
+// writes its fp32 partial sums to `partial[z]` and `splitk_epilogue` (below)
+// adds the slices and applies the epilogue. With gridDim.z == 1 the epilogue
+// runs here.
+//
+// EPILOGUE (fused, per output element, fp32):  v = acc + bias[k]  (folded
+// BatchNorm);  v += residual[m,k] (the block's identity, when given);  v =
+// max(v, 0) (when relu);  y[m,k] = fp16(v).
+//
+// STEM. The first convolution (7x7/2, C=3) has a reduction of only 147 values,
+// not a multiple of 64, and its input is either UINT8 NHWC pixels or fp32 NCHW
+// normalised values. MODE 1/2 replace the cp.async A loader by a gather that
+// converts each value on the way into shared memory: MODE 1 computes the
+// ImageNet-normalised value x*in_scale[c] + in_shift[c] (in_scale = 1/(255 std),
+// in_shift = -mean/std), so the convolution sees exactly the normalised image
+// and its zero padding is zero in normalised space, as in PyTorch. The filter is
+// stored with its rows padded to 192 (three k-tiles) with zeros.
+//
+// Versions (measurements in NOTES.md):
+//   v1  mma.sync m16n8k16 + ldmatrix + cp.async ring, direct fragment stores,
+//       split-K through an fp32 workspace.
+
+#include "common.cuh"
+
+#define BK 64
+
+template <int BM, int BN>
+struct TileSmem {
+    static constexpr int A_HALFS = BM * BK;
+    static constexpr int B_HALFS = BN * BK;
+    static constexpr int STAGE_HALFS = A_HALFS + B_HALFS;
+};
+
+// Offset (in halfs) of element (row, k) in a swizzled [rows][64] tile.
+__device__ __forceinline__ int swz(int row, int chunk) { return row * BK + ((chunk ^ (row & 7)) << 3); }
+
+template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MODE>
+__global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
+conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w, const float *__restrict__ bias,
+                   const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
+                   const float *__restrict__ in_scale, const float *__restrict__ in_shift,
+                   int N, int H, int W, int C, int K, int P, int Q, int R, int S, int stride, int pad,
+                   int ldw, int num_k_tiles, int k_tiles_per_split, int relu) {
+    constexpr int THREADS = WARPS_M * WARPS_N * 32;
+    constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;   // warp tile
+    constexpr int MI = WTM / 16, NI = WTN / 8;              // mma tiles per warp
+    static_assert(NI % 2 == 0, "B fragments are loaded two n8 tiles at a time");
+    static_assert((BM * 8) % THREADS == 0 && (BN * 8) % THREADS == 0, "loader mapping");
+    constexpr int A_ITERS = BM * 8 / THREADS, B_ITERS = BN * 8 / THREADS;
+    constexpr int ROW_STEP = THREADS / 8;
+
+    extern __shared__ vec16 smem_vec[];
+    half_bits *smem = reinterpret_cast<half_bits *>(smem_vec);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
+    const int M = N * P * Q;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int kt_begin = blockIdx.z * k_tiles_per_split;
+    const int kt_end = min(num_k_tiles, kt_begin + k_tiles_per_split);
+    const int nkt = kt_end - kt_begin;
+
+    // Per-thread loader state: which output pixels (A rows) this thread copies.
+    const int chunk = tid & 7;
+    int a_base[A_ITERS], a_ih[A_ITERS], a_iw[A_ITERS];
+#pragma unroll
+    for (int i = 0; i < A_ITERS; ++i) {
+        int m = m0 + tid / 8 + i * ROW_STEP;
+        if (m < M) {
+            int n = m / (P * Q), pq = m - n * (P * Q);
+            int p = pq / Q, q = pq - p * Q;
+            a_base[i] = n * H * W * C;
+            a_ih[i] = p * stride - pad;
+            a_iw[i] = q * stride - pad;
+        } else {
+            a_base[i] = 0; a_ih[i] = -(1 << 20); a_iw[i] = 0;   // always out of bounds: zero rows
+        }
+    }
+    const int c_tiles = C / BK;   // MODE 0 only
+
+    auto load_tile = [&](int stage, int kt) {
+        half_bits *sA = smem + stage * TileSmem<BM, BN>::STAGE_HALFS;
+        half_bits *sB = sA + TileSmem<BM, BN>::A_HALFS;
+        // B: BN filter rows, 64 reduction values each.
+#pragma unroll
+        for (int i = 0; i < B_ITERS; ++i) {
+            int row = tid / 8 + i * ROW_STEP;
+            int k = n0 + row;
+            const half_bits *src = w + (u64)min(k, K - 1) * ldw + kt * BK + chunk * 8;
+            cp_async_16(smem_addr(sB + swz(row, chunk)), src, k < K ? 16 : 0);
+        }
+        if constexpr (MODE == 0) {
+            int tap = kt / c_tiles, c0 = (kt - tap * c_tiles) * BK;
+            int r = tap / S, s = tap - r * S;
+            const half_bits *x = reinterpret_cast<const half_bits *>(x_);
+#pragma unroll
+            for (int i = 0; i < A_ITERS; ++i) {
+                int row = tid / 8 + i * ROW_STEP;
+                int ih = a_ih[i] + r, iw = a_iw[i] + s;
+                bool ok = (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
+                const half_bits *src = ok ? x + a_base[i] + (ih * W + iw) * C + c0 + chunk * 8 : x;
+                cp_async_16(smem_addr(sA + swz(row, chunk)), src, ok ? 16 : 0);
+            }
+        } else {
+            // Stem gather: THREADS/BM threads per A row, each converting a
+            // contiguous run of the 64 reduction values of this k-tile. The
+            // run index is warp-uniform, so the (r,s,c) decomposition is too.
+            static_assert(THREADS % BM == 0 && BM % 32 == 0, "stem loader mapping");
+            constexpr int PER_ROW = THREADS / BM, RUN = BK / PER_ROW;
+            static_assert(RUN % 8 == 0, "stem run must be whole 16-byte chunks");
+            const int row = tid % BM, part = tid / BM;
+            const int m = m0 + row;
+            int n = 0, ih0 = -(1 << 20), iw0 = 0;
+            if (m < M) {
+                n = m / (P * Q);
+                int pq = m - n * (P * Q), p = pq / Q, q = pq - p * Q;
+                ih0 = p * stride - pad; iw0 = q * stride - pad;
+            }
+            const int SC = S * C, kg_total = R * S * C;
+#pragma unroll
+            for (int j8 = 0; j8 < RUN / 8; ++j8) {
+                unsigned int packed[4];
+#pragma unroll
+                for (int j = 0; j < 8; j += 2) {
+                    float v[2];
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        int kg = kt * BK + part * RUN + j8 * 8 + j + e;
+                        int r = kg / SC, rem = kg - r * SC, s = rem / C, c = rem - s * C;
+                        int ih = ih0 + r, iw = iw0 + s;
+                        float val = 0.f;
+                        if (kg < kg_total && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W) {
+                            if constexpr (MODE == 1) {
+                                const unsigned char *x = reinterpret_cast<const unsigned char *>(x_);
+                                val = (float)x[((u64)(n * H + ih) * W + iw) * C + c] * in_scale[c] + in_shift[c];
+                            } else {
+                                const float *x = reinterpret_cast<const float *>(x_);
+                                val = x[((u64)(n * C + c) * H + ih) * W + iw];
+                            }
+                        }
+                        v[e] = val;
+                    }
+                    packed[j / 2] = pack_half2(v[0], v[1]);
+                }
+                vec16 out; out.x = packed[0]; out.y = packed[1]; out.z = packed[2]; out.w = packed[3];
+                *reinterpret_cast<vec16 *>(sA + swz(row, part * (RUN / 8) + j8)) = out;
+            }
+        }
+    };
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < nkt) load_tile(s, kt_begin + s);
+        cp_async_commit();
+    }
+
+    for (int i = 0; i < nkt; ++i) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        int next = i + STAGES - 1;
+        if (next < nkt) load_tile(next % STAGES, kt_begin + next);
+        cp_async_commit();
+
+        const half_bits *sA = smem + (i % STAGES) * TileSmem<BM, BN>::STAGE_HALFS;
+        const half_bits *sB = sA + TileSmem<BM, BN>::A_HALFS;
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+            unsigned int a[MI][4], b[NI][2];
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi) {
+                int row = warp_m * WTM + mi * 16 + (lane & 15);
+                int ch = kk * 2 + (lane >> 4);
+                ldmatrix_x4(smem_addr(sA + swz(row, ch)), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+            }
+#pragma unroll
+            for (int nj = 0; nj < NI / 2; ++nj) {
+                int row = warp_n * WTN + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+                int ch = kk * 2 + ((lane >> 3) & 1);
+                ldmatrix_x4(smem_addr(sB + swz(row, ch)), b[2 * nj][0], b[2 * nj][1], b[2 * nj + 1][0],
+                            b[2 * nj + 1][1]);
+            }
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < NI; ++ni) mma_16816(acc[mi][ni], a[mi], b[ni]);
+        }
+    }
+    cp_async_wait<0>();
+
+    // Epilogue straight from the accumulator fragments: thread (g = lane/4,
+    // t = lane%4) holds rows g and g+8, columns 2t and 2t+1 of each m16n8 tile.
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+        for (int half_row = 0; half_row < 2; ++half_row) {
+            int m = m0 + warp_m * WTM + mi * 16 + g + half_row * 8;
+            if (m >= M) continue;
+#pragma unroll
+            for (int ni = 0; ni < NI; ++ni) {
+                int k = n0 + warp_n * WTN + ni * 8 + 2 * t4;
+                if (k >= K) continue;
+                float v0 = acc[mi][ni][half_row * 2], v1 = acc[mi][ni][half_row * 2 + 1];
+                u64 off = (u64)m * K + k;
+                if (partial != nullptr) {
+                    float2 pv; pv.x = v0; pv.y = v1;
+                    *reinterpret_cast<float2 *>(partial + (u64)blockIdx.z * M * K + off) = pv;
+                    continue;
+                }
+                v0 += bias[k]; v1 += bias[k + 1];
+                if (residual != nullptr) {
+                    float r0, r1;
+                    unpack_half2(*reinterpret_cast<const half2_bits *>(residual + off), r0, r1);
+                    v0 += r0; v1 += r1;
+                }
+                if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
+                *reinterpret_cast<half2_bits *>(y + off) = pack_half2(v0, v1);
+            }
+        }
+    }
+}
+
+// Sum of the split-K slices + the same epilogue, 8 channels (16 bytes of
+// output) per thread. K must be a multiple of 8.
+__global__ void __launch_bounds__(256)
+splitk_epilogue(const float *__restrict__ partial, int splits, const float *__restrict__ bias,
+                const half_bits *__restrict__ residual, half_bits *__restrict__ y, int M, int K, int relu) {
+    const int groups = K / 8;
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)M * groups) return;
+    const int m = (int)(idx / groups), k = (int)(idx - (long long)m * groups) * 8;
+    const u64 off = (u64)m * K + k;
+    float v[8];
+    {
+        const float4 b0 = *reinterpret_cast<const float4 *>(bias + k);
+        const float4 b1 = *reinterpret_cast<const float4 *>(bias + k + 4);
+        v[0] = b0.x; v[1] = b0.y; v[2] = b0.z; v[3] = b0.w; v[4] = b1.x; v[5] = b1.y; v[6] = b1.z; v[7] = b1.w;
+    }
+    for (int s = 0; s < splits; ++s) {
+        const float *p = partial + (u64)s * M * K + off;
+        const float4 p0 = *reinterpret_cast<const float4 *>(p);
+        const float4 p1 = *reinterpret_cast<const float4 *>(p + 4);
+        v[0] += p0.x; v[1] += p0.y; v[2] += p0.z; v[3] += p0.w; v[4] += p1.x; v[5] += p1.y; v[6] += p1.z; v[7] += p1.w;
+    }
+    if (residual != nullptr) {
+        const vec16 r = *reinterpret_cast<const vec16 *>(residual + off);
+        float lo, hi;
+        unpack_half2(r.x, lo, hi); v[0] += lo; v[1] += hi;
+        unpack_half2(r.y, lo, hi); v[2] += lo; v[3] += hi;
+        unpack_half2(r.z, lo, hi); v[4] += lo; v[5] += hi;
+        unpack_half2(r.w, lo, hi); v[6] += lo; v[7] += hi;
+    }
+    if (relu) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = fmaxf(v[j], 0.f);
+    }
+    vec16 out;
+    out.x = pack_half2(v[0], v[1]); out.y = pack_half2(v[2], v[3]);
+    out.z = pack_half2(v[4], v[5]); out.w = pack_half2(v[6], v[7]);
+    *reinterpret_cast<vec16 *>(y + off) = out;
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One call on the GPU host: install, correctness checks, benchmark.
+#   bash kernels/gpu_check.sh [check|bench|all|pytest] [extra bench args]
+# Logs and results go to $OUT (the device tool brings them back) or ./gpu-out.
+set -o pipefail
+what=${1:-all}; shift || true
+OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT/results"
+export PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/cupy-cache
+if ! pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>&1; then
+  mkdir -p /tmp/ns/fusedresnet && cp fusedresnet/__init__.py /tmp/ns/fusedresnet/
+  for d in backend kernels client loadtest; do ln -sfn "$PWD/$d" /tmp/ns/fusedresnet/$d; done
+  export PYTHONPATH=/tmp/ns
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
+t0=$(date +%s)
+python3 -c "from fusedresnet.kernels.launch import library; import time; t=time.time(); library(0); print(f'compile+load {time.time()-t:.1f}s')" 2>&1 | tail -5
+rc=0
+if [[ $what == check || $what == all ]]; then
+  python3 -m fusedresnet.kernels.check --json "$OUT/check.json" 2>&1 | tee "$OUT/check.log" | grep -v "^ok " ; rc=$?
+  echo "check exit $rc after $(( $(date +%s) - t0 ))s"
+fi
+if [[ $what == pytest ]]; then
+  python3 -m pytest -q -m gpu tests/test_kernels_gpu.py 2>&1 | tail -15
+fi
+if [[ $what == bench || $what == all ]]; then
+  python3 -m fusedresnet.kernels.bench --accuracy "$OUT/check.json" --out "$OUT/results" "$@" 2>&1 | tee "$OUT/bench.log" | tail -25
+  echo "bench exit $? after $(( $(date +%s) - t0 ))s"
+fi
+exit $rc

@@ -1,0 +1,135 @@
+"""Thin CuPy launchers for the kernels in this folder.
+
+`KernelLibrary(device_id)` compiles every kernel once per device through
+CuPy's RawModule (NVRTC; CuPy caches the binary on disk) and launches them on
+the current CuPy stream (the engine enters its own with `with stream:`). Shapes are checked here, with messages that say which rule a
+tensor broke, because the kernels themselves assume aligned, well-formed input.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import cupy as cp
+import numpy as np
+
+from .configs import (BK, COMPILE_OPTIONS, CONV_TILES, HEAD_BLOCKS_X, HEAD_IMGS, STEM_KG_PADDED, STEM_TILES,
+                      ConvPlan, TileConfig, name_expressions, plan_conv, source_text)
+
+
+def _ptr(a) -> np.uint64:
+    return np.uint64(0 if a is None else a.data.ptr)
+
+
+def _i(v) -> np.int32:
+    return np.int32(v)
+
+
+def conv_out_size(size: int, kernel: int, stride: int, padding: int) -> int:
+    return (size + 2 * padding - kernel) // stride + 1
+
+
+class KernelLibrary:
+    """The compiled kernels on one device."""
+
+    def __init__(self, device_id: int):
+        self.device_id = device_id
+        with cp.cuda.Device(device_id):
+            self.module = cp.RawModule(code=source_text(), options=COMPILE_OPTIONS,
+                                       name_expressions=name_expressions())
+            self.sms = cp.cuda.Device(device_id).attributes["MultiProcessorCount"]
+            self.kernels = {}
+            for tile in CONV_TILES + tuple(STEM_TILES.values()):
+                kernel = self.module.get_function(tile.name_expression)
+                kernel.max_dynamic_shared_size_bytes = tile.smem_bytes
+                self.kernels[tile.name_expression] = kernel
+            self.splitk_epilogue = self.module.get_function("splitk_epilogue")
+            self.maxpool = self.module.get_function("maxpool_3x3s2")
+            self.avgpool_fc = self.module.get_function(f"avgpool_fc<{HEAD_IMGS}>")
+
+    # -- convolution ---------------------------------------------------------
+    def plan(self, n, h, w, c, k, r, s, stride, pad) -> ConvPlan:
+        p, q = conv_out_size(h, r, stride, pad), conv_out_size(w, s, stride, pad)
+        if c % BK:
+            raise ValueError(f"conv_implicit_gemm needs input channels divisible by {BK}, got C={c}")
+        return plan_conv(n * p * q, k, r * s * c // BK, self.sms)
+
+    def conv(self, x, weight, bias, y, *, stride, pad, relu, residual=None, plan: ConvPlan | None = None,
+             workspace=None):
+        """y[N,P,Q,K] = epilogue(conv(x[N,H,W,C] fp16, weight[K,R,S,C] fp16)); see conv_implicit_gemm.cu."""
+        n, h, w, c = x.shape
+        k, r, s, c2 = weight.shape
+        if c2 != c:
+            raise ValueError(f"weight has C={c2}, input has C={c}")
+        p, q = conv_out_size(h, r, stride, pad), conv_out_size(w, s, stride, pad)
+        if y.shape != (n, p, q, k):
+            raise ValueError(f"output buffer {y.shape}, expected {(n, p, q, k)}")
+        if residual is not None and residual.shape != y.shape:
+            raise ValueError(f"residual {residual.shape}, expected {y.shape}")
+        plan = plan or self.plan(n, h, w, c, k, r, s, stride, pad)
+        self._launch_conv(plan, x, weight, bias, residual, y, workspace, None, None,
+                          (n, h, w, c, k, p, q, r, s, stride, pad, r * s * c, r * s * c // BK), relu)
+
+    def stem(self, x, weight_padded, bias, y, *, kind: str, in_scale=None, in_shift=None):
+        """Stem conv 7x7/2 pad 3 + bias + ReLU from uint8 NHWC ("uint8") or fp32 NCHW ("float32") input."""
+        tile = STEM_TILES[kind]
+        if kind == "uint8":
+            n, h, w, c = x.shape
+        else:
+            n, c, h, w = x.shape
+        k = weight_padded.shape[0]
+        p, q = conv_out_size(h, 7, 2, 3), conv_out_size(w, 7, 2, 3)
+        if y.shape != (n, p, q, k):
+            raise ValueError(f"stem output buffer {y.shape}, expected {(n, p, q, k)}")
+        m = n * p * q
+        k_tiles = STEM_KG_PADDED // BK
+        plan = ConvPlan(tile, 1, k_tiles, ((m + tile.bm - 1) // tile.bm, (k + tile.bn - 1) // tile.bn, 1))
+        self._launch_conv(plan, x, weight_padded, bias, None, y, None, in_scale, in_shift,
+                          (n, h, w, c, k, p, q, 7, 7, 2, 3, STEM_KG_PADDED, k_tiles), True)
+
+    def _launch_conv(self, plan: ConvPlan, x, weight, bias, residual, y, workspace, in_scale, in_shift, dims,
+                     relu):
+        n, h, w, c, k, p, q, r, s, stride, pad, ldw, k_tiles = dims
+        tile: TileConfig = plan.tile
+        kernel = self.kernels[tile.name_expression]
+        partial = None
+        if plan.splits > 1:
+            need = plan.splits * n * p * q * k
+            if workspace is None or workspace.size < need:
+                raise ValueError(f"split-K x{plan.splits} needs a float32 workspace of {need} elements")
+            partial = workspace
+        args = (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _ptr(partial), _ptr(in_scale),
+                _ptr(in_shift), _i(n), _i(h), _i(w), _i(c), _i(k), _i(p), _i(q), _i(r), _i(s), _i(stride),
+                _i(pad), _i(ldw), _i(k_tiles), _i(plan.k_tiles_per_split), _i(1 if relu else 0))
+        kernel(plan.grid, (tile.threads,), args, shared_mem=tile.smem_bytes)
+        if partial is not None:
+            m = n * p * q
+            total = m * (k // 8)
+            self.splitk_epilogue(((total + 255) // 256,), (256,),
+                                 (_ptr(partial), _i(plan.splits), _ptr(bias), _ptr(residual), _ptr(y), _i(m),
+                                  _i(k), _i(1 if relu else 0)))
+
+    # -- pool and head -------------------------------------------------------
+    def maxpool_3x3s2(self, x, y):
+        n, h, w, c = x.shape
+        p, q = conv_out_size(h, 3, 2, 1), conv_out_size(w, 3, 2, 1)
+        if y.shape != (n, p, q, c) or c % 8:
+            raise ValueError(f"maxpool: input {x.shape}, output {y.shape}")
+        total = n * p * q * (c // 8)
+        self.maxpool(((total + 255) // 256,), (256,), (_ptr(x), _ptr(y), _i(n), _i(h), _i(w), _i(c), _i(p), _i(q)))
+
+    def avgpool_fc(self, x, weight, bias, logits):
+        n, h, w, c = x.shape
+        classes = weight.shape[0]
+        if c != 512 or weight.shape[1] != 512 or logits.shape != (n, classes):
+            raise ValueError(f"avgpool_fc: features {x.shape}, weight {weight.shape}, logits {logits.shape}")
+        per_block = -(-classes // HEAD_BLOCKS_X)
+        grid = (HEAD_BLOCKS_X, -(-n // HEAD_IMGS))
+        self.avgpool_fc(grid, (256,), (_ptr(x), _ptr(weight), _ptr(bias), _ptr(logits), _i(n), _i(h * w),
+                                       _i(classes), _i(per_block)))
+
+
+@functools.lru_cache(maxsize=None)
+def library(device_id: int) -> KernelLibrary:
+    """The kernels compiled for one device, built once per process."""
+    return KernelLibrary(device_id)

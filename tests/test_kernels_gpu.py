@@ -1,0 +1,58 @@
+"""The fused kernels and engine against float32 PyTorch, on a GPU (skipped elsewhere).
+
+Each test draws fresh random inputs and poisons the outputs first (see
+`fusedresnet.kernels.check`, which also runs as a script with the full matrix
+of layer shapes and batch sizes).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+cupy = pytest.importorskip("cupy", reason="CuPy not installed: the fused engine cannot run here")
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def checker():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from fusedresnet.kernels.check import Checker
+    checker = Checker(quick=True)
+    return checker
+
+
+def failures(checker, start):
+    return [r for r in checker.results[start:] if not r["ok"]]
+
+
+def test_every_layer_kernel_matches_float32_pytorch_at_batch_1_and_7(checker):
+    start = len(checker.results)
+    checker.kernels()
+    assert not failures(checker, start)
+    assert len(checker.results) - start > 150
+
+
+def test_whole_network_agrees_with_float32_resnet18_on_500_inputs(checker):
+    if not hasattr(checker, "engine"):
+        checker.kernels()
+    start = len(checker.results)
+    checker.network()
+    assert not failures(checker, start)
+    stats = checker.network_stats
+    assert stats["inputs"] >= 500
+    assert stats["rel_l2"] <= 1e-2
+    assert stats["top1_agree"] >= 0.99 * stats["inputs"]
+    assert stats["clear_disagreements"] == 0
+
+
+def test_engine_serves_through_create_custom_engine(checker, tmp_path):
+    from fusedresnet.backend.engines import create_custom_engine
+    torch.save(checker.params, tmp_path / "folded.pt")
+    engine, reason = create_custom_engine(tmp_path / "folded.pt", "cuda:0")
+    assert engine.name == "fused-cuda-fp16", reason
+    images = torch.randint(0, 256, (3, 224, 224, 3), dtype=torch.uint8)
+    logits = engine.classify_uint8(images)
+    assert logits.shape == (3, 1000) and logits.dtype == torch.float32 and torch.isfinite(logits).all()
