@@ -8,6 +8,7 @@ OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT/results"
 export PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/cupy-cache
 # The namespace mapping (fusedresnet.kernels = kernels/) through symlinks: works
 # whether or not an editable install of the package is importable here.
+pip uninstall -y -q fusedresnet >/dev/null 2>&1 || true   # an editable install may shadow the mapping
 mkdir -p /tmp/ns/fusedresnet && cp fusedresnet/__init__.py /tmp/ns/fusedresnet/
 for d in backend kernels client loadtest; do ln -sfn "$PWD/$d" /tmp/ns/fusedresnet/$d; done
 export PYTHONPATH=/tmp/ns
