@@ -45,7 +45,7 @@ class KernelLibrary:
                 self.kernels[tile.name_expression] = kernel
             self.splitk_epilogue = self.module.get_function("splitk_epilogue")
             self.maxpool = self.module.get_function("maxpool_3x3s2")
-            self.avgpool_fc = self.module.get_function(f"avgpool_fc<{HEAD_IMGS}>")
+            self.avgpool_fc_kernel = self.module.get_function(f"avgpool_fc<{HEAD_IMGS}>")
 
     # -- convolution ---------------------------------------------------------
     def plan(self, n, h, w, c, k, r, s, stride, pad) -> ConvPlan:
@@ -125,7 +125,7 @@ class KernelLibrary:
             raise ValueError(f"avgpool_fc: features {x.shape}, weight {weight.shape}, logits {logits.shape}")
         per_block = -(-classes // HEAD_BLOCKS_X)
         grid = (HEAD_BLOCKS_X, -(-n // HEAD_IMGS))
-        self.avgpool_fc(grid, (256,), (_ptr(x), _ptr(weight), _ptr(bias), _ptr(logits), _i(n), _i(h * w),
+        self.avgpool_fc_kernel(grid, (256,), (_ptr(x), _ptr(weight), _ptr(bias), _ptr(logits), _i(n), _i(h * w),
                                        _i(classes), _i(per_block)))
 
 
