@@ -37,7 +37,8 @@ DEFAULT_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 8001
 DEFAULT_METRICS_PORT = 8002
 ADMIN_TOKEN_ENV = "FUSEDRESNET_ADMIN_TOKEN"
-ADMIN_TOKEN_HEADER = "admin-key"
+ADMIN_TOKEN_HEADER = "admin-key"      # HTTP header; gRPC metadata key is GRPC_ADMIN_TOKEN_HEADER
+GRPC_ADMIN_TOKEN_HEADER = "triton-grpc-protocol-" + ADMIN_TOKEN_HEADER  # Triton's gRPC frontend prefixes it
 # Triton endpoints that only the holder of the admin token may call.
 RESTRICTED_APIS = ("model-repository", "shared-memory", "statistics", "trace", "logging")
 

@@ -15,7 +15,7 @@ from fusedresnet.backend.images import normalize_uint8, smooth_random_images
 from fusedresnet.backend.prepare import STAMP_FILE, prepare
 from fusedresnet.backend.resnet import DEFAULT_SEED, build_resnet18
 from fusedresnet.backend.serve import TritonServer, free_ports, gpu_present
-from fusedresnet.backend.spec import ADMIN_TOKEN_HEADER, MODEL_REPOSITORY
+from fusedresnet.backend.spec import ADMIN_TOKEN_HEADER, GRPC_ADMIN_TOKEN_HEADER, MODEL_REPOSITORY
 from fusedresnet.client.preprocess import preprocess_files, sample_photo_paths
 
 
@@ -70,7 +70,14 @@ def admin_token() -> str:
 
 @pytest.fixture(scope="session")
 def admin_headers(admin_token) -> dict:
+    """HTTP headers that unlock Triton's admin APIs."""
     return {ADMIN_TOKEN_HEADER: admin_token}
+
+
+@pytest.fixture(scope="session")
+def grpc_admin_headers(admin_token) -> dict:
+    """gRPC metadata that unlocks Triton's admin APIs (the key carries Triton's gRPC prefix)."""
+    return {GRPC_ADMIN_TOKEN_HEADER: admin_token}
 
 
 @pytest.fixture(scope="session")
