@@ -1,0 +1,107 @@
+"""What the locust processes of one step recorded, read back and summarised.
+
+Each locust process writes every request it sent (start time, latency,
+success) to `requests-<pid>.npz` in the step's folder; the master writes the
+epoch times the measurement window opened and closed; `--json-file` writes
+locust's own totals. Latency percentiles come from the exact per-request
+times (locust's own percentiles are rounded to 2 significant digits, too
+coarse at a few milliseconds); locust's totals are kept to cross-check counts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fusedresnet.loadtest.step_files import MEASURE_END_MARKER, MEASURE_START_MARKER, REQUEST_LOG_PATTERN, WARMUP_SUFFIX
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class RequestRecords:
+    """All requests of one step, over all locust processes."""
+    sent: int
+    started_at: np.ndarray      # epoch seconds
+    latency_ms: np.ndarray
+    succeeded: np.ndarray       # bool
+
+    @property
+    def finished_at(self) -> np.ndarray:
+        return self.started_at + self.latency_ms / 1e3
+
+
+def read_request_records(folder: Path) -> RequestRecords:
+    logs = [np.load(path) for path in sorted(Path(folder).glob(REQUEST_LOG_PATTERN))]
+    if not logs:
+        return RequestRecords(0, np.zeros(0), np.zeros(0), np.zeros(0, bool))
+    return RequestRecords(sum(int(log["sent"]) for log in logs),
+                          np.concatenate([log["started_at"] for log in logs]),
+                          np.concatenate([log["latency_ms"] for log in logs]),
+                          np.concatenate([log["succeeded"] for log in logs]))
+
+
+def read_marker(folder: Path, marker: str) -> float | None:
+    path = Path(folder) / marker
+    return float(path.read_text()) if path.is_file() else None
+
+
+def read_window(folder: Path) -> tuple[float, float] | None:
+    start, end = read_marker(folder, MEASURE_START_MARKER), read_marker(folder, MEASURE_END_MARKER)
+    return (start, end) if start is not None and end is not None else None
+
+
+def read_locust_totals(json_path: Path) -> dict:
+    """Locust's request and failure counts (all entries, warm-up included) and its measured-entry percentiles."""
+    entries = json.loads(Path(json_path).read_text())
+    totals = {"locust_requests": sum(e["num_requests"] for e in entries),
+              "locust_failures": sum(e["num_failures"] for e in entries)}
+    measured = [e for e in entries if not e["name"].endswith(WARMUP_SUFFIX)]
+    buckets: dict[float, int] = {}
+    for entry in measured:
+        for bucket, count in entry["response_times"].items():
+            buckets[float(bucket)] = buckets.get(float(bucket), 0) + count
+    for p in (50, 99):
+        totals[f"locust_p{p}_ms"] = bucket_percentile(buckets, p)
+    return totals
+
+
+def bucket_percentile(buckets: dict[float, int], percent: float) -> float | None:
+    """Percentile of locust's rounded response-time histogram {rounded ms: count}."""
+    total = sum(buckets.values())
+    if not total:
+        return None
+    needed, seen = total * percent / 100.0, 0
+    for value in sorted(buckets):
+        seen += buckets[value]
+        if seen >= needed:
+            return value
+    return max(buckets)
+
+
+def client_side_summary(records: RequestRecords, window: tuple[float, float], images_per_request: int) -> dict:
+    """Throughput and latency of the requests that finished inside the measurement window."""
+    start, end = window
+    seconds = end - start
+    inside = (records.finished_at >= start) & (records.finished_at < end)
+    ok = inside & records.succeeded
+    latencies = records.latency_ms[ok]
+    summary = {
+        "window_s": seconds,
+        "measured_requests": int(ok.sum()),
+        "measured_failures": int((inside & ~records.succeeded).sum()),
+        "req_per_s": ok.sum() / seconds,
+        "img_per_s": ok.sum() * images_per_request / seconds,
+        "mean_ms": float(latencies.mean()) if latencies.size else None,
+    }
+    for p in PERCENTILES:
+        summary[f"p{p}_ms"] = float(np.percentile(latencies, p)) if latencies.size else None
+    return summary
+
+
+def all_request_counts(records: RequestRecords) -> dict:
+    return {"sent": records.sent, "completed": int(records.succeeded.size),
+            "succeeded": int(records.succeeded.sum()), "failures": int((~records.succeeded).sum())}

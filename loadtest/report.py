@@ -1,0 +1,299 @@
+"""The A/B report of a sweep: JSON, CSV, markdown and PNG plots.
+
+    python -m fusedresnet.loadtest.report results/loadtest_ab.json     # redraw from a saved sweep
+
+Reads the result dictionary of `loadtest.sweep` ({"device", "date", "command",
+"steps": [...], ...}) and writes, next to each other:
+
+    <name>.json                        the sweep, machine-readable (steps with every field)
+    <name>.csv                         one row per step (the raw figures)
+    <name>.md                          the report: sanity, a table per series with custom / cuDNN ratios,
+                                       the server-side time breakdown, the agreement summary
+    <name>_latency_vs_throughput.png   p50 and p99 latency against images/s, both models, per series
+    <name>_throughput_by_users.png     images/s against concurrency, per series
+    <name>_server_time.png             queue / compute input / infer / output time per request
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM  # noqa: E402
+from fusedresnet.loadtest.triton_metrics import TIME_BREAKDOWN  # noqa: E402
+
+MODEL_COLORS = {MODEL_CUSTOM: "tab:red", MODEL_CUDNN: "tab:blue"}
+MODEL_SHORT = {MODEL_CUSTOM: "custom", MODEL_CUDNN: "cuDNN"}
+BREAKDOWN_LABELS = {"queue_us": "queue", "compute_input_us": "compute input",
+                    "compute_infer_us": "compute infer", "compute_output_us": "compute output"}
+# Fields averaged over rounds when a sweep repeats itself.
+AVERAGED = ("img_per_s", "req_per_s", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "avg_batch", "gpu_utilization",
+            "request_us", *TIME_BREAKDOWN)
+SUMMED = ("sent", "failures", "measured_requests")
+
+
+def series_key(step: dict) -> tuple:
+    return step["protocol"], step["images_per_request"], step["input_format"]
+
+
+def series_label(key: tuple) -> str:
+    protocol, images, input_format = key
+    return f"{'gRPC' if protocol == 'grpc' else 'HTTP'}, {images} image{'s' if images > 1 else ''}/request, {input_format}"
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def grouped(steps: list[dict]) -> dict:
+    """{series key: {users: {model: step}}}, steps of repeated rounds averaged into one."""
+    buckets = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for step in steps:
+        buckets[series_key(step)][step["users"]][step["model"]].append(step)
+    table = {}
+    for key, by_users in buckets.items():
+        table[key] = {}
+        for users in sorted(by_users):
+            table[key][users] = {}
+            for model, runs in by_users[users].items():
+                merged = dict(runs[0])
+                merged.update({f: _mean([r.get(f) for r in runs]) for f in AVERAGED})
+                merged.update({f: sum(r[f] for r in runs) for f in SUMMED})
+                merged["rounds"] = len(runs)
+                table[key][users][model] = merged
+    return table
+
+
+def ratio(a, b) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def fmt(value, digits: int = 1) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:,.{digits}f}"
+
+
+# ---------------------------------------------------------------- plots
+
+def _series_axes(count: int, title: str):
+    figure, axes = plt.subplots(1, count, figsize=(5.2 * count, 4.2), squeeze=False)
+    figure.suptitle(title)
+    return figure, axes[0]
+
+
+def plot_latency_vs_throughput(table: dict, path: Path):
+    figure, axes = _series_axes(len(table), "Latency against throughput (each point: one concurrency level)")
+    for ax, (key, by_users) in zip(axes, table.items()):
+        for model, color in MODEL_COLORS.items():
+            points = [(users, by_users[users][model]) for users in by_users if model in by_users[users]]
+            throughput = [s["img_per_s"] for _, s in points]
+            for percentile, style in (("p50_ms", "-o"), ("p99_ms", "--s")):
+                ax.plot(throughput, [s[percentile] for _, s in points], style, color=color, markersize=4,
+                        label=f"{MODEL_SHORT[model]} {percentile[:3]}")
+            for users, step in points:
+                ax.annotate(str(users), (step["img_per_s"], step["p50_ms"]), fontsize=7, color=color,
+                            xytext=(3, 3), textcoords="offset points")
+        ax.set_title(series_label(key), fontsize=10)
+        ax.set_xlabel("images/s")
+        ax.set_ylabel("latency per request (ms)")
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_throughput_by_users(table: dict, path: Path):
+    figure, axes = _series_axes(len(table), "Throughput against concurrency (users, one request in flight each)")
+    for ax, (key, by_users) in zip(axes, table.items()):
+        for model, color in MODEL_COLORS.items():
+            users = [u for u in by_users if model in by_users[u]]
+            ax.plot(users, [by_users[u][model]["img_per_s"] for u in users], "-o", color=color, markersize=4,
+                    label=MODEL_SHORT[model])
+        ax.set_xscale("log", base=2)
+        ax.set_title(series_label(key), fontsize=10)
+        ax.set_xlabel("concurrent users")
+        ax.set_ylabel("images/s")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_server_time(table: dict, path: Path):
+    figure, axes = _series_axes(len(table), "Server-side time per request (Triton metrics), left bar custom, right cuDNN")
+    colors = plt.get_cmap("tab10").colors
+    for ax, (key, by_users) in zip(axes, table.items()):
+        levels = list(by_users)
+        for offset, model in ((-0.2, MODEL_CUSTOM), (0.2, MODEL_CUDNN)):
+            bottoms = [0.0] * len(levels)
+            for part_index, part in enumerate(TIME_BREAKDOWN):
+                heights = [(by_users[u].get(model, {}).get(part) or 0.0) / 1e3 for u in levels]
+                ax.bar([i + offset for i in range(len(levels))], heights, width=0.38, bottom=bottoms,
+                       color=colors[part_index], alpha=1.0 if model == MODEL_CUSTOM else 0.55,
+                       edgecolor="black", linewidth=0.4,
+                       label=f"{BREAKDOWN_LABELS[part]}" if model == MODEL_CUSTOM else None)
+                bottoms = [b + h for b, h in zip(bottoms, heights)]
+        ax.set_xticks(range(len(levels)), [str(u) for u in levels])
+        ax.set_title(series_label(key), fontsize=10)
+        ax.set_xlabel("concurrent users")
+        ax.set_ylabel("ms per request")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+# ---------------------------------------------------------------- markdown
+
+def sanity_section(results: dict) -> list[str]:
+    steps = results["steps"]
+    problems = [(s, p) for s in steps for p in s["problems"]]
+    sent = sum(s["sent"] for s in steps)
+    lines = ["## Sanity: every request accounted for", ""]
+    if not problems:
+        lines.append(f"All {len(steps)} steps add up: {sent:,} requests sent by the users == succeeded + failed "
+                     "as counted by locust == success + failure as counted by Triton's metrics "
+                     f"({sum(s['failures'] for s in steps)} failures in all).")
+    else:
+        lines += [f"**SANITY MISMATCH in {len(problems)} check(s): the figures below are not trustworthy.**", "",
+                  "| step | model | series | users | problem |", "|---|---|---|---|---|"]
+        lines += [f"| {s['index']} | {s['model']} | {series_label(series_key(s))} | {s['users']} | {p} |"
+                  for s, p in problems]
+    if results.get("skipped"):
+        lines += ["", f"Skipped for lack of time: {', '.join(results['skipped'])}."]
+    return lines + [""]
+
+
+def series_table(key: tuple, by_users: dict) -> list[str]:
+    lines = [f"### {series_label(key)}", "",
+             "| users | custom img/s | cuDNN img/s | ratio | custom p50 ms | cuDNN p50 ms | ratio "
+             "| custom p99 ms | cuDNN p99 ms | ratio | avg batch custom / cuDNN | failures custom / cuDNN |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    for users, models in by_users.items():
+        c, n = models.get(MODEL_CUSTOM, {}), models.get(MODEL_CUDNN, {})
+        lines.append(" | ".join([
+            f"| {users}", fmt(c.get("img_per_s")), fmt(n.get("img_per_s")),
+            fmt(ratio(c.get("img_per_s"), n.get("img_per_s")), 2),
+            fmt(c.get("p50_ms"), 2), fmt(n.get("p50_ms"), 2), fmt(ratio(c.get("p50_ms"), n.get("p50_ms")), 2),
+            fmt(c.get("p99_ms"), 2), fmt(n.get("p99_ms"), 2), fmt(ratio(c.get("p99_ms"), n.get("p99_ms")), 2),
+            f"{fmt(c.get('avg_batch'), 2)} / {fmt(n.get('avg_batch'), 2)}",
+            f"{c.get('failures', 'n/a')} / {n.get('failures', 'n/a')} |"]))
+    return lines + [""]
+
+
+def server_time_table(table: dict) -> list[str]:
+    lines = ["## Server-side time per request (Triton metrics, measurement window)", "",
+             "Microseconds per request. Queue: waiting for the dynamic batcher and a free model instance; "
+             "compute: the model's execution of the batch the request was in.", "",
+             "| series | users | model | queue | compute input | compute infer | compute output | avg batch | GPU util |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for key, by_users in table.items():
+        for users, models in by_users.items():
+            for model in (MODEL_CUSTOM, MODEL_CUDNN):
+                s = models.get(model)
+                if s is None:
+                    continue
+                gpu = s.get("gpu_utilization")
+                lines.append(f"| {series_label(key)} | {users} | {MODEL_SHORT[model]} | "
+                             + " | ".join(fmt(s.get(part), 0) for part in TIME_BREAKDOWN)
+                             + f" | {fmt(s.get('avg_batch'), 2)} | {'n/a' if gpu is None else f'{gpu:.0%}'} |")
+    return lines + [""]
+
+
+def agreement_section(agreement: dict | None) -> list[str]:
+    if not agreement:
+        return []
+    lines = ["## Agreement on the same images", "",
+             f"Custom against cuDNN logits (details: [ab_agreement.md](ab_agreement.md)).", "",
+             "| images | count | top-1 agree | top-5 agree | max abs diff | rel. L2 diff | min cosine |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, s in agreement["sets"].items():
+        lines.append(f"| {name} | {s['inputs']} | {s['top1_agree']}/{s['inputs']} | {s['top5_agree']}/{s['inputs']} "
+                     f"| {s['max_abs']:.3g} | {s['rel_l2']:.3g} | {s['min_cosine']:.6f} |")
+    return lines + [""]
+
+
+def markdown(results: dict, table: dict, name: str) -> str:
+    settings = results.get("settings", {})
+    engines = results.get("engines", {})
+    lines = [f"# A/B load test: {MODEL_CUSTOM} against {MODEL_CUDNN}", "",
+             f"- Device: {results['device']}",
+             f"- Date: {results['date']}" + (f", commit {results['git_commit']}" if results.get("git_commit") else ""),
+             f"- Command: `{results['command']}`",
+             "- Engines: " + ", ".join(f"{model} = {engine}" for model, engine in engines.items()),
+             f"- Each step: {settings.get('warmup_s')} s warm-up, then {settings.get('measure_s')} s measured; "
+             f"locust users each keep one request in flight; up to {settings.get('processes')} locust process(es); "
+             f"{settings.get('pool_size')} distinct images; the two models run back to back at every level, "
+             "in alternating order. Server: " + str(settings.get("server")) + ".",
+             "- Ratios are custom / cuDNN: above 1 for images/s means custom serves more, "
+             "below 1 for latency means custom answers sooner.", ""]
+    lines += sanity_section(results)
+    lines += ["## Throughput and latency", "",
+              f"![latency against throughput]({name}_latency_vs_throughput.png)", "",
+              f"![throughput by concurrency]({name}_throughput_by_users.png)", ""]
+    for key, by_users in table.items():
+        lines += series_table(key, by_users)
+    lines += server_time_table(table)
+    lines += [f"![server-side time per request]({name}_server_time.png)", ""]
+    lines += agreement_section(results.get("agreement"))
+    lines += [f"Raw figures: [{name}.csv]({name}.csv) (one row per step), [{name}.json]({name}.json).", ""]
+    return "\n".join(lines)
+
+
+def write_csv(steps: list[dict], path: Path):
+    fields = []
+    for step in steps:
+        fields += [k for k in step if k not in fields]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for step in steps:
+            writer.writerow({k: "; ".join(v) if isinstance(v, list) else v for k, v in step.items()})
+
+
+def write_report(results: dict, out_dir: Path, name: str) -> list[Path]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {kind: out_dir / f"{name}{suffix}" for kind, suffix in (
+        ("json", ".json"), ("csv", ".csv"), ("md", ".md"), ("curves", "_latency_vs_throughput.png"),
+        ("throughput", "_throughput_by_users.png"), ("server", "_server_time.png"))}
+    paths["json"].write_text(json.dumps(results, indent=1) + "\n")
+    write_csv(results["steps"], paths["csv"])
+    table = grouped(results["steps"])
+    if table:
+        plot_latency_vs_throughput(table, paths["curves"])
+        plot_throughput_by_users(table, paths["throughput"])
+        plot_server_time(table, paths["server"])
+    paths["md"].write_text(markdown(results, table, name))
+    return [p for p in paths.values() if p.exists()]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep_json", type=Path)
+    parser.add_argument("--out", type=Path, help="folder (default: the JSON file's folder)")
+    args = parser.parse_args(argv)
+    results = json.loads(args.sweep_json.read_text())
+    name = args.sweep_json.stem
+    written = write_report(results, args.out or args.sweep_json.parent, name)
+    print("wrote " + ", ".join(map(str, written)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Triton's Prometheus metrics endpoint: scrape, parse, and difference two snapshots.
+
+Triton's per-model counters are cumulative, so what happened during a load
+step is the difference of a snapshot taken after it and one taken before it:
+
+    nv_inference_request_success / _failure   requests answered / failed (failures summed over `reason`)
+    nv_inference_count / nv_inference_exec_count
+                                              images inferred / model executions: their ratio is the
+                                              average batch the dynamic batcher formed
+    nv_inference_request_duration_us          end-to-end time inside the server, summed over requests
+    nv_inference_queue_duration_us            waiting in the scheduler queue
+    nv_inference_compute_{input,infer,output}_duration_us
+                                              copying inputs in, running the model, copying outputs out
+
+GPU utilisation (`nv_gpu_utilization`, a 0..1 gauge per GPU, refreshed every
+--metrics-interval-ms) only exists on a GPU host; it is sampled, not differenced.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from dataclasses import dataclass
+
+SUCCESS = "nv_inference_request_success"
+FAILURE = "nv_inference_request_failure"
+INFERENCES = "nv_inference_count"
+EXECUTIONS = "nv_inference_exec_count"
+REQUEST_US = "nv_inference_request_duration_us"
+QUEUE_US = "nv_inference_queue_duration_us"
+COMPUTE_INPUT_US = "nv_inference_compute_input_duration_us"
+COMPUTE_INFER_US = "nv_inference_compute_infer_duration_us"
+COMPUTE_OUTPUT_US = "nv_inference_compute_output_duration_us"
+GPU_UTILIZATION = "nv_gpu_utilization"
+CPU_UTILIZATION = "nv_cpu_utilization"
+
+# Server-side time per request, in the order a request spends it.
+TIME_BREAKDOWN = {"queue_us": QUEUE_US, "compute_input_us": COMPUTE_INPUT_US,
+                  "compute_infer_us": COMPUTE_INFER_US, "compute_output_us": COMPUTE_OUTPUT_US}
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: dict
+    value: float
+
+
+def parse_prometheus_text(text: str) -> list[Sample]:
+    samples = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if match:
+            name, labels, value = match.groups()
+            samples.append(Sample(name, dict(_LABEL.findall(labels or "")), float(value)))
+    return samples
+
+
+@dataclass
+class MetricsSnapshot:
+    taken_at: float           # epoch seconds
+    samples: list[Sample]
+
+    def total(self, name: str, model: str | None = None) -> float:
+        """Sum of `name` over all its label sets (of one model when given)."""
+        return sum(s.value for s in self.samples
+                   if s.name == name and (model is None or s.labels.get("model") == model))
+
+    def values(self, name: str) -> list[float]:
+        return [s.value for s in self.samples if s.name == name]
+
+
+def scrape(metrics_url: str, timeout_s: float = 5.0) -> MetricsSnapshot:
+    with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:
+        text = response.read().decode()
+    return MetricsSnapshot(time.time(), parse_prometheus_text(text))
+
+
+def requests_seen(snapshot: MetricsSnapshot, model: str) -> float:
+    """Requests Triton has finished for `model`, successfully or not."""
+    return snapshot.total(SUCCESS, model) + snapshot.total(FAILURE, model)
+
+
+def model_delta(before: MetricsSnapshot, after: MetricsSnapshot, model: str) -> dict:
+    """What Triton did for `model` between two snapshots: counts, average batch, time per request."""
+    def delta(name):
+        return after.total(name, model) - before.total(name, model)
+
+    succeeded, failed = delta(SUCCESS), delta(FAILURE)
+    executions = delta(EXECUTIONS)
+    seconds = max(after.taken_at - before.taken_at, 1e-9)
+    summary = {
+        "triton_success": int(round(succeeded)),
+        "triton_failure": int(round(failed)),
+        "triton_inferences": int(round(delta(INFERENCES))),
+        "triton_executions": int(round(executions)),
+        "avg_batch": delta(INFERENCES) / executions if executions else None,
+        "server_img_per_s": delta(INFERENCES) / seconds,
+        "request_us": delta(REQUEST_US) / succeeded if succeeded else None,
+    }
+    for key, name in TIME_BREAKDOWN.items():
+        summary[key] = delta(name) / succeeded if succeeded else None
+    return summary
+
+
+def mean_gauge(snapshots: list[MetricsSnapshot], name: str) -> float | None:
+    """Mean of a gauge over snapshots and over its label sets (e.g. all GPUs); None when absent."""
+    values = [v for snapshot in snapshots for v in snapshot.values(name)]
+    return sum(values) / len(values) if values else None
