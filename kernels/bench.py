@@ -10,7 +10,8 @@
     CUDA graph (fp16 normalised input already on the device); with --compile also
     torch.compile(mode="max-autotune") fp16 channels-last (minutes of compiling).
 (b) Per-layer table: each convolution of ResNet-18 run alone with the tile
-    shape and split-K the engine uses (split-K reduction included), ms,
+    shape and split-K the engine uses (split-K reduction included), timed from
+    replays of a CUDA graph of 10 launches (no launch gaps), ms,
     TFLOP/s and % of the tensor-core peak measured here with a large fp16
     matrix product (cuBLAS), written as CSV.
 (c) A bar plot of latency and throughput, custom against the baselines.
@@ -37,6 +38,7 @@ from ..backend.folding import STEM, fold_resnet18
 from ..backend.resnet import DEFAULT_SEED, build_resnet18
 from .check import layer_shapes
 from .launch import conv_out_size, library
+from .tune import time_graph
 
 GFLOP_PER_IMAGE = 3.63
 
@@ -145,20 +147,7 @@ def layer_table(engine: FusedCudaEngine, batches, peak: float) -> list[dict]:
                 run = lambda: lib.conv(x, weight, bias, y, stride=spec.stride, pad=spec.padding,   # noqa: E731
                                        relu=spec.relu, residual=residual, plan=plan, workspace=ws)
                 label, splits = plan.tile.label, plan.splits
-            for _ in range(3):
-                run()
-            cp.cuda.Device().synchronize()
-            reps = 20
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            samples = []
-            for _ in range(5):
-                start.record()
-                for _ in range(reps):
-                    run()
-                end.record()
-                end.synchronize()
-                samples.append(cp.cuda.get_elapsed_time(start, end) / reps)
-            ms = statistics.median(samples)
+            ms = time_graph(run)
             tflops = flops / ms / 1e9
             rows.append({"layer": spec.name, "N": n, "H": h, "W": w, "C": spec.in_channels, "K": spec.out_channels,
                          "R": spec.kernel, "S": spec.kernel, "stride": spec.stride, "tile": label, "splitk": splits,

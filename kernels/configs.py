@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parent
+TUNED_PLANS = KERNEL_DIR / "tuned_plans.json"   # written by `python -m fusedresnet.kernels.tune`
 SOURCES = ("conv_implicit_gemm.cu", "pool_head.cu")
 
 # Options passed to CuPy's RawModule (NVRTC). CuPy adds the architecture
@@ -59,6 +60,10 @@ CONV_TILES = (
     TileConfig(128, 64, 4, 2, 4, efficiency=0.90, blocks_per_sm=2),
     TileConfig(64, 128, 2, 4, 4, efficiency=0.90, blocks_per_sm=2),
     TileConfig(64, 64, 2, 2, 4, efficiency=0.75, blocks_per_sm=3),
+    # 64x64 / 64x32 warp tiles: fewer shared-memory bytes per MAC (see NOTES.md).
+    TileConfig(128, 128, 2, 2, 3, efficiency=1.05, blocks_per_sm=2),
+    TileConfig(128, 64, 2, 2, 4, efficiency=0.95, blocks_per_sm=2),
+    TileConfig(256, 64, 4, 1, 3, efficiency=1.05, blocks_per_sm=1),
 )
 STEM_TILES = {
     "uint8": TileConfig(128, 64, 4, 2, 3, mode=1),
@@ -114,3 +119,30 @@ def plan_conv(m: int, k: int, k_tiles: int, sms: int, tiles=CONV_TILES, max_spli
             if best is None or t < best[0] - 1e-9:
                 best = (t, ConvPlan(tile, real_splits, per, (math.ceil(m / tile.bm), math.ceil(k / tile.bn), real_splits)))
     return best[1]
+
+
+def plan_key(n: int, h: int, w: int, c: int, k: int, r: int, stride: int) -> str:
+    return f"n{n}_h{h}_w{w}_c{c}_k{k}_r{r}_s{stride}"
+
+
+def tile_by_label(label: str) -> TileConfig | None:
+    return next((t for t in CONV_TILES if t.label == label), None)
+
+
+def load_tuned_plans(path: Path = TUNED_PLANS) -> dict:
+    """{plan_key: (TileConfig, splits)} from the tuning table, {} if there is none."""
+    import json
+    if not path.is_file():
+        return {}
+    table = {}
+    for key, entry in json.loads(path.read_text())["plans"].items():
+        tile = tile_by_label(entry["tile"])
+        if tile is not None:
+            table[key] = (tile, int(entry["splits"]))
+    return table
+
+
+def make_plan(tile: TileConfig, splits: int, m: int, k: int, k_tiles: int) -> ConvPlan:
+    per = math.ceil(k_tiles / splits)
+    real = math.ceil(k_tiles / per)
+    return ConvPlan(tile, real, per, (math.ceil(m / tile.bm), math.ceil(k / tile.bn), real))

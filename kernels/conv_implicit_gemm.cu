@@ -40,12 +40,16 @@
 // converts each value on the way into shared memory: MODE 1 computes the
 // ImageNet-normalised value x*in_scale[c] + in_shift[c] (in_scale = 1/(255 std),
 // in_shift = -mean/std), so the convolution sees exactly the normalised image
-// and its zero padding is zero in normalised space, as in PyTorch. The filter is
-// stored with its rows padded to 192 (three k-tiles) with zeros.
+// and its zero padding is zero in normalised space, as in PyTorch. The 7x7x3
+// filter is stored as [K][8 rows r][24 = 7 s x 3 c + 3 zeros] (192 values, three
+// k-tiles; row 7 zero) so that each 8-value chunk of A is a run of contiguous
+// input values.
 //
 // Versions (measurements in NOTES.md):
 //   v1  mma.sync m16n8k16 + ldmatrix + cp.async ring, direct fragment stores,
 //       split-K through an fp32 workspace.
+//   v2  stem loader gathers runs of 8 contiguous input values per chunk (index
+//       arithmetic once per chunk, not per value).
 
 #include "common.cuh"
 
@@ -105,6 +109,19 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
     }
     const int c_tiles = C / BK;   // MODE 0 only
 
+    // Stem loader state (MODE 1/2): the output pixel of A row tid % BM.
+    u64 stem_base = 0;
+    int stem_ih0 = -(1 << 20), stem_iw0 = 0;
+    if constexpr (MODE != 0) {
+        const int m = m0 + tid % BM;
+        if (m < M) {
+            const int n = m / (P * Q), pq = m - n * (P * Q), p = pq / Q, q = pq - p * Q;
+            stem_base = (u64)n * H * W * 3;
+            stem_ih0 = p * stride - pad;
+            stem_iw0 = q * stride - pad;
+        }
+    }
+
     auto load_tile = [&](int stage, int kt) {
         half_bits *sA = smem + stage * TileSmem<BM, BN>::STAGE_HALFS;
         half_bits *sB = sA + TileSmem<BM, BN>::A_HALFS;
@@ -129,48 +146,46 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
                 cp_async_16(smem_addr(sA + swz(row, chunk)), src, ok ? 16 : 0);
             }
         } else {
-            // Stem gather: THREADS/BM threads per A row, each converting a
-            // contiguous run of the 64 reduction values of this k-tile. The
-            // run index is warp-uniform, so the (r,s,c) decomposition is too.
+            // Stem gather. The reduction is laid out as 8 filter rows r (the
+            // last all zero) x 24 values j = s*3 + c (21 real, 3 zero): for a
+            // fixed output pixel and r, those 21 values are 7 consecutive
+            // input pixels x 3 channels, 21 contiguous bytes of a UINT8 NHWC
+            // image. A 16-byte chunk of the tile is 8 of them: chunk g of the
+            // reduction is filter row g/3, values (g%3)*8 ... +7. Each thread
+            // converts CHUNKS chunks of one A row; the chunk index is
+            // warp-uniform, so r and the channel pattern are too.
             static_assert(THREADS % BM == 0 && BM % 32 == 0, "stem loader mapping");
-            constexpr int PER_ROW = THREADS / BM, RUN = BK / PER_ROW;
-            static_assert(RUN % 8 == 0, "stem run must be whole 16-byte chunks");
-            const int row = tid % BM, part = tid / BM;
-            const int m = m0 + row;
-            int n = 0, ih0 = -(1 << 20), iw0 = 0;
-            if (m < M) {
-                n = m / (P * Q);
-                int pq = m - n * (P * Q), p = pq / Q, q = pq - p * Q;
-                ih0 = p * stride - pad; iw0 = q * stride - pad;
-            }
-            const int SC = S * C, kg_total = R * S * C;
+            constexpr int CHUNKS = 8 * BM / THREADS;
+            const int row = tid % BM, group = tid / BM;
 #pragma unroll
-            for (int j8 = 0; j8 < RUN / 8; ++j8) {
-                unsigned int packed[4];
+            for (int ci = 0; ci < CHUNKS; ++ci) {
+                const int chunk_in_tile = group * CHUNKS + ci;
+                const int g = kt * 8 + chunk_in_tile;
+                const int r = g / 3, part = g - r * 3;
+                const int ih = stem_ih0 + r;
+                const bool row_ok = r < 7 && (unsigned)ih < (unsigned)H;
+                float v[8];
 #pragma unroll
-                for (int j = 0; j < 8; j += 2) {
-                    float v[2];
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        int kg = kt * BK + part * RUN + j8 * 8 + j + e;
-                        int r = kg / SC, rem = kg - r * SC, s = rem / C, c = rem - s * C;
-                        int ih = ih0 + r, iw = iw0 + s;
-                        float val = 0.f;
-                        if (kg < kg_total && (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W) {
-                            if constexpr (MODE == 1) {
-                                const unsigned char *x = reinterpret_cast<const unsigned char *>(x_);
-                                val = (float)x[((u64)(n * H + ih) * W + iw) * C + c] * in_scale[c] + in_shift[c];
-                            } else {
-                                const float *x = reinterpret_cast<const float *>(x_);
-                                val = x[((u64)(n * C + c) * H + ih) * W + iw];
-                            }
+                for (int e = 0; e < 8; ++e) {
+                    const int j = part * 8 + e;
+                    const int sx = j / 3, c = j - sx * 3;
+                    const int iw = stem_iw0 + sx;
+                    float val = 0.f;
+                    if (row_ok && j < 21 && (unsigned)iw < (unsigned)W) {
+                        if constexpr (MODE == 1) {
+                            const unsigned char *x = reinterpret_cast<const unsigned char *>(x_);
+                            val = (float)x[stem_base + ((u64)ih * W + iw) * 3 + c] * in_scale[c] + in_shift[c];
+                        } else {
+                            const float *x = reinterpret_cast<const float *>(x_);
+                            val = x[stem_base + ((u64)c * H + ih) * W + iw];
                         }
-                        v[e] = val;
                     }
-                    packed[j / 2] = pack_half2(v[0], v[1]);
+                    v[e] = val;
                 }
-                vec16 out; out.x = packed[0]; out.y = packed[1]; out.z = packed[2]; out.w = packed[3];
-                *reinterpret_cast<vec16 *>(sA + swz(row, part * (RUN / 8) + j8)) = out;
+                vec16 out;
+                out.x = pack_half2(v[0], v[1]); out.y = pack_half2(v[2], v[3]);
+                out.z = pack_half2(v[4], v[5]); out.w = pack_half2(v[6], v[7]);
+                *reinterpret_cast<vec16 *>(sA + swz(row, chunk_in_tile)) = out;
             }
         }
     };

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU host: install, correctness checks, benchmark.
-#   bash kernels/gpu_check.sh [check|bench|all|pytest] [extra bench args]
+#   bash kernels/gpu_check.sh [check|bench|all|full|pytest] [extra bench args]
+# all = check + bench; full = tune (writes kernels/tuned_plans.json here and
+# $OUT/tuned_plans.json) + check + bench.
 # Logs and results go to $OUT (the device tool brings them back) or ./gpu-out.
 set -o pipefail
 what=${1:-all}; shift || true
@@ -17,14 +19,19 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 t0=$(date +%s)
 python3 -c "from fusedresnet.kernels.launch import library; import time; t=time.time(); library(0); print(f'compile+load {time.time()-t:.1f}s')" 2>&1 | tail -5
 rc=0
-if [[ $what == check || $what == all ]]; then
+if [[ $what == full || $what == tune ]]; then
+  python3 -m fusedresnet.kernels.tune --out "$OUT/tuned_plans.json" 2>&1 | tail -12
+  cp "$OUT/tuned_plans.json" "$REPO/kernels/tuned_plans.json"
+  echo "tune done after $(( $(date +%s) - t0 ))s"
+fi
+if [[ $what == check || $what == all || $what == full ]]; then
   python3 -m fusedresnet.kernels.check --json "$OUT/check.json" 2>&1 | tee "$OUT/check.log" | grep -v "^ok " ; rc=$?
   echo "check exit $rc after $(( $(date +%s) - t0 ))s"
 fi
 if [[ $what == pytest ]]; then
   python3 -m pytest -q -m gpu "$REPO/tests/test_kernels_gpu.py" 2>&1 | tail -15
 fi
-if [[ $what == bench || $what == all ]]; then
+if [[ $what == bench || $what == all || $what == full ]]; then
   python3 -m fusedresnet.kernels.bench --accuracy "$OUT/check.json" --out "$OUT/results" "$@" 2>&1 | tee "$OUT/bench.log" | tail -25
   echo "bench exit $? after $(( $(date +%s) - t0 ))s"
 fi

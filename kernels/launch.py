@@ -2,8 +2,9 @@
 
 `KernelLibrary(device_id)` compiles every kernel once per device through
 CuPy's RawModule (NVRTC; CuPy caches the binary on disk) and launches them on
-the current CuPy stream (the engine enters its own with `with stream:`). Shapes are checked here, with messages that say which rule a
-tensor broke, because the kernels themselves assume aligned, well-formed input.
+the current CuPy stream (the engine enters its own with `with stream:`).
+Shapes are checked here, with messages that say which rule a tensor broke,
+because the kernels themselves assume aligned, well-formed input.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import cupy as cp
 import numpy as np
 
 from .configs import (BK, COMPILE_OPTIONS, CONV_TILES, HEAD_BLOCKS_X, HEAD_IMGS, STEM_KG_PADDED, STEM_TILES,
-                      ConvPlan, TileConfig, name_expressions, plan_conv, source_text)
+                      ConvPlan, TileConfig, load_tuned_plans, make_plan, name_expressions, plan_conv, plan_key,
+                      source_text)
 
 
 def _ptr(a) -> np.uint64:
@@ -38,6 +40,8 @@ class KernelLibrary:
             self.module = cp.RawModule(code=source_text(), options=COMPILE_OPTIONS,
                                        name_expressions=name_expressions())
             self.sms = cp.cuda.Device(device_id).attributes["MultiProcessorCount"]
+            # Measured best tile/split-K per layer shape (224x224 buckets); other shapes use the cost model.
+            self.tuned = load_tuned_plans()
             self.kernels = {}
             for tile in CONV_TILES + tuple(STEM_TILES.values()):
                 kernel = self.module.get_function(tile.name_expression)
@@ -52,7 +56,11 @@ class KernelLibrary:
         p, q = conv_out_size(h, r, stride, pad), conv_out_size(w, s, stride, pad)
         if c % BK:
             raise ValueError(f"conv_implicit_gemm needs input channels divisible by {BK}, got C={c}")
-        return plan_conv(n * p * q, k, r * s * c // BK, self.sms)
+        m, k_tiles = n * p * q, r * s * c // BK
+        tuned = self.tuned.get(plan_key(n, h, w, c, k, r, stride)) if r == s else None
+        if tuned is not None:
+            return make_plan(tuned[0], tuned[1], m, k, k_tiles)
+        return plan_conv(m, k, k_tiles, self.sms)
 
     def conv(self, x, weight, bias, y, *, stride, pad, relu, residual=None, plan: ConvPlan | None = None,
              workspace=None):
