@@ -1,0 +1,157 @@
+"""The load-test sweep for real on the CPU: locust traffic to the real Triton server, its metrics, the report.
+
+One tiny sweep (both models; gRPC at two levels, HTTP with 2-image requests through
+two locust processes; a few seconds per step) runs once for the module; the
+tests read what it wrote.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, MODELS
+from fusedresnet.loadtest import report, sweep, triton_metrics
+from fusedresnet.loadtest.image_pool import RequestWindows, as_model_input, build_image_pool
+
+TINY_SERIES = ("grpc/1@1,2", "http/2@2")
+STEP_FIELDS = ("model", "protocol", "users", "images_per_request", "img_per_s", "p50_ms", "p99_ms", "sent",
+               "failures", "avg_batch")
+REPORT_SUFFIXES = (".json", ".csv", ".md", "_latency_vs_throughput.png", "_throughput_by_users.png",
+                   "_server_time.png")
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(triton_server, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    argv = ["--host", "127.0.0.1", "--grpc-port", str(triton_server.grpc_port),
+            "--http-port", str(triton_server.http_port), "--metrics-port", str(triton_server.metrics_port),
+            "--warmup-s", "1", "--measure-s", "2", "--processes", "2", "--pool-size", "24",
+            "--agreement-images", "0", "--out", str(out), "--raw-dir", str(out / "raw")]
+    for series in TINY_SERIES:
+        argv += ["--series", series]
+    exit_code = sweep.main(argv)
+    results = json.loads((out / f"{sweep.DEFAULT_NAME}.json").read_text())
+    return exit_code, results, out
+
+
+def test_tiny_sweep_runs_both_models_at_every_level_of_every_series(tiny_sweep):
+    exit_code, results, _ = tiny_sweep
+    assert exit_code == 0
+    ran = {(s["model"], s["protocol"], s["images_per_request"], s["users"]) for s in results["steps"]}
+    assert ran == {(m, "grpc", 1, 1) for m in MODELS} | {(m, "grpc", 1, 2) for m in MODELS} \
+        | {(m, "http", 2, 2) for m in MODELS}
+    for step in results["steps"]:
+        assert all(step[field] is not None for field in STEP_FIELDS), step
+        assert step["img_per_s"] > 0 and step["measured_requests"] > 0
+        assert step["failures"] == 0
+
+
+def test_every_request_sent_is_counted_by_locust_and_by_triton(tiny_sweep):
+    _, results, _ = tiny_sweep
+    for step in results["steps"]:
+        assert step["problems"] == [], step
+        assert step["sent"] > 0
+        assert step["sent"] == step["completed"] == step["locust_requests"]
+        assert step["sent"] == step["triton_success_run"] + step["triton_failure_run"]
+        assert step["triton_inferences_run"] == step["triton_success_run"] * step["images_per_request"]
+        assert step["other_models_requests_run"] == 0
+
+
+def test_two_locust_processes_each_record_their_requests(tiny_sweep):
+    _, results, out = tiny_sweep
+    http_steps = [s for s in results["steps"] if s["protocol"] == "http"]
+    assert http_steps and all(s["processes"] == 2 for s in http_steps)
+    for step in http_steps:
+        step_dir = next((out / "raw").glob(f"{step['index']:02d}-*"))
+        assert len(list(step_dir.glob("requests-*.npz"))) == 2
+
+
+def test_models_alternate_which_goes_first_from_level_to_level(tiny_sweep):
+    _, results, _ = tiny_sweep
+    steps = sorted(results["steps"], key=lambda s: s["index"])
+    pairs = [(steps[i]["model"], steps[i + 1]["model"]) for i in range(0, len(steps), 2)]
+    assert pairs == [(MODEL_CUSTOM, MODEL_CUDNN), (MODEL_CUDNN, MODEL_CUSTOM), (MODEL_CUSTOM, MODEL_CUDNN)]
+    for first, second in zip(steps[::2], steps[1::2]):
+        assert (first["protocol"], first["users"]) == (second["protocol"], second["users"])
+
+
+def test_latency_and_server_time_figures_are_consistent(tiny_sweep):
+    _, results, _ = tiny_sweep
+    for step in results["steps"]:
+        assert 0 < step["p50_ms"] <= step["p90_ms"] <= step["p99_ms"]
+        assert step["img_per_s"] == pytest.approx(step["req_per_s"] * step["images_per_request"])
+        assert step["avg_batch"] >= 1
+        assert step["avg_batch"] <= step["users"] * step["images_per_request"]
+        parts = [step[key] for key in triton_metrics.TIME_BREAKDOWN]
+        assert all(part >= 0 for part in parts)
+        # Server time per request covers queueing and computing; a client waits at least that long.
+        assert sum(parts) <= step["request_us"] * 1.01
+        assert step["request_us"] / 1e3 <= step["mean_ms"] * 1.25
+        assert step["gpu_utilization"] is None or 0 <= step["gpu_utilization"] <= 1
+
+
+def test_report_files_are_written_and_the_markdown_ratios_match_the_json(tiny_sweep):
+    _, results, out = tiny_sweep
+    for suffix in REPORT_SUFFIXES:
+        path = out / f"{sweep.DEFAULT_NAME}{suffix}"
+        assert path.is_file() and path.stat().st_size > 0, path
+        if suffix.endswith(".png"):
+            assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {"device", "date", "command", "steps"} <= set(results)
+    assert "CPU" in results["device"] and "--series" in results["command"]
+    rows = list(csv.DictReader(open(out / f"{sweep.DEFAULT_NAME}.csv")))
+    assert len(rows) == len(results["steps"])
+    assert [float(r["img_per_s"]) for r in rows] == pytest.approx([s["img_per_s"] for s in results["steps"]])
+    text = (out / f"{sweep.DEFAULT_NAME}.md").read_text()
+    by_key = {(s["protocol"], s["users"], s["model"]): s for s in results["steps"]}
+    custom, cudnn = by_key[("grpc", 1, MODEL_CUSTOM)], by_key[("grpc", 1, MODEL_CUDNN)]
+    row = (f"| 1 | {report.fmt(custom['img_per_s'])} | {report.fmt(cudnn['img_per_s'])} | "
+           f"{report.fmt(custom['img_per_s'] / cudnn['img_per_s'], 2)} |")
+    assert row in text
+    assert "All 6 steps add up" in text and "SANITY MISMATCH" not in text
+
+
+def test_report_redraws_from_the_saved_json(tiny_sweep, tmp_path):
+    _, _, out = tiny_sweep
+    assert report.main([str(out / f"{sweep.DEFAULT_NAME}.json"), "--out", str(tmp_path)]) == 0
+    for suffix in REPORT_SUFFIXES:
+        assert (tmp_path / f"{sweep.DEFAULT_NAME}{suffix}").is_file()
+
+
+def test_a_count_mismatch_is_reported_loudly(tiny_sweep, tmp_path):
+    _, results, _ = tiny_sweep
+    step = dict(results["steps"][0])
+    step["triton_success_run"] -= 1           # as if Triton never saw one request the users sent
+    problems = sweep.sanity_problems(step)
+    assert any("Triton counted" in problem for problem in problems)
+    broken = dict(results, steps=[dict(step, problems=problems)] + results["steps"][1:])
+    report.write_report(broken, tmp_path, "broken")
+    assert "SANITY MISMATCH" in (tmp_path / "broken.md").read_text()
+
+
+def test_metrics_endpoint_parses_into_per_model_counters(triton_server):
+    snapshot = triton_metrics.scrape(triton_server.metrics_url)
+    for model in MODELS:
+        assert any(s.name == triton_metrics.SUCCESS and s.labels.get("model") == model for s in snapshot.samples)
+        assert snapshot.total(triton_metrics.INFERENCES, model) >= snapshot.total(triton_metrics.EXECUTIONS, model)
+
+
+def test_request_windows_give_distinct_consecutive_batches_from_distinct_images():
+    pool = build_image_pool(12, seed=3)
+    flat = pool.reshape(len(pool), -1)
+    assert len({row.tobytes() for row in flat}) == len(pool)
+    windows = RequestWindows(as_model_input(pool, "fp32"), images_per_request=4, offset=7)
+    batches = [windows.next() for _ in range(windows.starts)]
+    assert all(b.shape == (4, 3, 224, 224) and b.dtype == np.float32 for b in batches)
+    assert len({b.tobytes() for b in batches}) == windows.starts
+
+
+def test_series_syntax_names_protocol_images_format_and_levels():
+    series = sweep.Series.parse("http/8/fp32@4,16")
+    assert (series.protocol, series.images_per_request, series.input_format, series.levels) == \
+        ("http", 8, "fp32", (4, 16))
+    assert sweep.Series.parse("grpc/1@1").input_format == "uint8"
