@@ -78,6 +78,7 @@ class RequestLog:
         self.started_at: list[float] = []
         self.latency_ms: list[float] = []
         self.succeeded: list[bool] = []
+        self.cpu_warnings = 0          # locust's samples of this process above 90% CPU: the client may be the limit
         self.test_started_at = time.time()
 
     def add(self, started_at: float, latency_ms: float, succeeded: bool):
@@ -90,7 +91,7 @@ class RequestLog:
         np.savez(folder / request_log_name(os.getpid()), sent=np.int64(self.sent),
                  started_at=np.asarray(self.started_at, np.float64),
                  latency_ms=np.asarray(self.latency_ms, np.float64),
-                 succeeded=np.asarray(self.succeeded, bool))
+                 succeeded=np.asarray(self.succeeded, bool), cpu_warnings=np.int64(self.cpu_warnings))
 
 
 REQUEST_LOG = RequestLog()
@@ -142,6 +143,11 @@ def on_test_stop(environment, **_):
         # Report the last requests now, before this worker tells the master it has stopped:
         # otherwise they wait for the next periodic report, which may come after the master's summary.
         environment.runner._send_stats()
+
+
+@events.cpu_warning.add_listener
+def on_cpu_warning(**_):
+    REQUEST_LOG.cpu_warnings += 1
 
 
 RUNNERS = []   # this process's runner, kept from the init event

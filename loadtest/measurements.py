@@ -28,6 +28,7 @@ class RequestRecords:
     started_at: np.ndarray      # epoch seconds
     latency_ms: np.ndarray
     succeeded: np.ndarray       # bool
+    cpu_warnings: int = 0       # times a locust process ran above 90% CPU (the client, not the server, may limit)
 
     @property
     def finished_at(self) -> np.ndarray:
@@ -41,7 +42,8 @@ def read_request_records(folder: Path) -> RequestRecords:
     return RequestRecords(sum(int(log["sent"]) for log in logs),
                           np.concatenate([log["started_at"] for log in logs]),
                           np.concatenate([log["latency_ms"] for log in logs]),
-                          np.concatenate([log["succeeded"] for log in logs]))
+                          np.concatenate([log["succeeded"] for log in logs]),
+                          sum(int(log["cpu_warnings"]) for log in logs))
 
 
 def read_marker(folder: Path, marker: str) -> float | None:
@@ -104,4 +106,5 @@ def client_side_summary(records: RequestRecords, window: tuple[float, float], im
 
 def all_request_counts(records: RequestRecords) -> dict:
     return {"sent": records.sent, "completed": int(records.succeeded.size),
-            "succeeded": int(records.succeeded.sum()), "failures": int((~records.succeeded).sum())}
+            "succeeded": int(records.succeeded.sum()), "failures": int((~records.succeeded).sum()),
+            "client_cpu_saturated": records.cpu_warnings > 0}

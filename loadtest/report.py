@@ -39,6 +39,7 @@ BREAKDOWN_LABELS = {"queue_us": "queue", "compute_input_us": "compute input",
 AVERAGED = ("img_per_s", "req_per_s", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "avg_batch", "gpu_utilization",
             "request_us", *TIME_BREAKDOWN)
 SUMMED = ("sent", "failures", "measured_requests")
+CLIENT_BOUND_MARK = " (client CPU)"
 
 
 def series_key(step: dict) -> tuple:
@@ -70,6 +71,7 @@ def grouped(steps: list[dict]) -> dict:
                 merged.update({f: _mean([r.get(f) for r in runs]) for f in AVERAGED})
                 merged.update({f: sum(r[f] for r in runs) for f in SUMMED})
                 merged["rounds"] = len(runs)
+                merged["client_cpu_saturated"] = any(r.get("client_cpu_saturated") for r in runs)
                 table[key][users][model] = merged
     return table
 
@@ -186,13 +188,17 @@ def series_table(key: tuple, by_users: dict) -> list[str]:
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for users, models in by_users.items():
         c, n = models.get(MODEL_CUSTOM, {}), models.get(MODEL_CUDNN, {})
+        saturated = any(m.get("client_cpu_saturated") for m in (c, n))
         lines.append(" | ".join([
-            f"| {users}", fmt(c.get("img_per_s")), fmt(n.get("img_per_s")),
+            f"| {users}{CLIENT_BOUND_MARK if saturated else ''}", fmt(c.get("img_per_s")), fmt(n.get("img_per_s")),
             fmt(ratio(c.get("img_per_s"), n.get("img_per_s")), 2),
             fmt(c.get("p50_ms"), 2), fmt(n.get("p50_ms"), 2), fmt(ratio(c.get("p50_ms"), n.get("p50_ms")), 2),
             fmt(c.get("p99_ms"), 2), fmt(n.get("p99_ms"), 2), fmt(ratio(c.get("p99_ms"), n.get("p99_ms")), 2),
             f"{fmt(c.get('avg_batch'), 2)} / {fmt(n.get('avg_batch'), 2)}",
             f"{c.get('failures', 'n/a')} / {n.get('failures', 'n/a')} |"]))
+    if any(m.get("client_cpu_saturated") for models in by_users.values() for m in models.values()):
+        lines += ["", f"{CLIENT_BOUND_MARK} a locust process ran above 90% CPU during this level: the load "
+                  "generator, not the server, may have limited it (raise --processes)."]
     return lines + [""]
 
 

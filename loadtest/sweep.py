@@ -44,9 +44,10 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fusedresnet.backend.serve import BUILD_DIR, TritonServer, free_ports
+from fusedresnet.backend.prepare import STAMP_FILE, prepare
+from fusedresnet.backend.serve import BUILD_DIR, TritonServer, free_ports, gpu_present
 from fusedresnet.backend.spec import (DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT,
-                                      MODELS, REPO_ROOT)
+                                      MAX_BATCH_SIZE, MODEL_REPOSITORY, MODELS, REPO_ROOT)
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.loadtest import measurements, report, triton_metrics
 from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, INPUT_FORMATS, build_image_pool, save_image_pool
@@ -305,10 +306,20 @@ def engines_in_use(endpoints: Endpoints, pool) -> dict:
     return engines
 
 
+def prewarm(endpoints: Endpoints, pool, batch_sizes) -> None:
+    """One request of every batch size to each model, so that no step pays for a first-time
+    compilation or tuning of a batch shape that the dynamic batcher happens to form there."""
+    for model in MODELS:
+        with ResNetClient(model, "grpc", endpoints.grpc_url) as client:
+            for size in batch_sizes:
+                client.infer(pool[:size])
+
+
 def run_sweep(args, endpoints: Endpoints, command: str) -> dict:
     raw_dir = args.raw_dir or BUILD_DIR / "loadtest" / args.name
     raw_dir.mkdir(parents=True, exist_ok=True)
-    pool = build_image_pool(args.pool_size)
+    pool = build_image_pool(max(args.pool_size, *args.prewarm_sizes))
+    prewarm(endpoints, pool, args.prewarm_sizes)
     settings = SweepSettings(args.warmup_s, args.measure_s, args.processes,
                              save_image_pool(pool, raw_dir / "image_pool.npy"), raw_dir)
     results = {"device": args.device or describe_device(),
@@ -316,7 +327,7 @@ def run_sweep(args, endpoints: Endpoints, command: str) -> dict:
                "command": command, "git_commit": git_commit(),
                "engines": engines_in_use(endpoints, pool),
                "settings": {"warmup_s": args.warmup_s, "measure_s": args.measure_s, "processes": args.processes,
-                            "pool_size": args.pool_size, "rounds": args.rounds,
+                            "pool_size": len(pool), "rounds": args.rounds, "prewarm_sizes": args.prewarm_sizes,
                             "series": [asdict(s) for s in args.series], "models": list(MODELS),
                             "server": "started by the sweep" if args.start_server else "already running"},
                "steps": [], "skipped": []}
@@ -357,7 +368,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     server = parser.add_argument_group("server")
     server.add_argument("--start-server", action="store_true",
-                        help="start Triton on free loopback ports for the sweep and stop it afterwards")
+                        help="start Triton on free loopback ports for the sweep and stop it afterwards "
+                             "(preparing the model repository first if it is not)")
     server.add_argument("--host", default=DEFAULT_HOST, help="host of an already running server")
     server.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT)
     server.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT)
@@ -366,11 +378,15 @@ def parse_args(argv=None):
     load.add_argument("--series", type=Series.parse, action="append",
                       help=f"PROTOCOL/IMAGES[/FORMAT]@LEVELS, repeatable (default: {' '.join(DEFAULT_SERIES)})")
     load.add_argument("--warmup-s", type=float, default=2.0, help="seconds of each step not measured (default 2)")
-    load.add_argument("--measure-s", type=float, default=6.0, help="seconds measured per step (default 6)")
-    load.add_argument("--processes", type=int, default=1,
-                      help="locust processes (--processes) per step, at most one per user (default 1)")
+    load.add_argument("--measure-s", type=float, default=5.0, help="seconds measured per step (default 5)")
+    load.add_argument("--processes", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)),
+                      help="locust processes (--processes) per step, at most one per user "
+                           "(default: a quarter of the CPU cores, 1 to 4)")
     load.add_argument("--rounds", type=int, default=1, help="repeat the whole sweep this many times")
     load.add_argument("--pool-size", type=int, default=DEFAULT_POOL_SIZE, help="distinct images sent")
+    load.add_argument("--prewarm-sizes", type=lambda text: [int(v) for v in text.split(",") if v],
+                      help="batch sizes sent once to each model before the sweep (default: powers of two up to "
+                           f"{MAX_BATCH_SIZE} on a GPU host, 1 elsewhere)")
     load.add_argument("--time-budget-s", type=float, default=0,
                       help="skip the remaining pairs of steps once this many seconds would be exceeded (0: none)")
     load.add_argument("--agreement-images", type=int, default=500,
@@ -382,6 +398,9 @@ def parse_args(argv=None):
     output.add_argument("--device", help="device description for the report (default: detected)")
     args = parser.parse_args(argv)
     args.series = args.series or [Series.parse(text) for text in DEFAULT_SERIES]
+    if args.prewarm_sizes is None:
+        args.prewarm_sizes = [2 ** k for k in range(MAX_BATCH_SIZE.bit_length()) if 2 ** k <= MAX_BATCH_SIZE] \
+            if gpu_present() else [1]
     return args
 
 
@@ -390,7 +409,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     command = " ".join(["python -m fusedresnet.loadtest.sweep"] + [shlex.quote(a) for a in argv])
     raw_dir = args.raw_dir or BUILD_DIR / "loadtest" / args.name
+    sweep_started = time.monotonic()
     if args.start_server:
+        if not (MODEL_REPOSITORY / STAMP_FILE).is_file():
+            prepare(MODEL_REPOSITORY)
         http_port, grpc_port, metrics_port = free_ports(3)
         server = TritonServer(host=DEFAULT_HOST, http_port=http_port, grpc_port=grpc_port,
                               metrics_port=metrics_port, log_file=raw_dir / "server.log")
@@ -405,6 +427,7 @@ def main(argv=None) -> int:
             wait_until_ready(endpoints.http_url)
         results = run_sweep(args, endpoints, command)
         results["agreement"] = run_agreement_if_asked(args, endpoints)
+    results["duration_s"] = round(time.monotonic() - sweep_started, 1)
     written = report.write_report(results, args.out, args.name)
     print("wrote " + ", ".join(str(path) for path in written))
     mismatches = [(s["index"], s["model"], s["users"], p) for s in results["steps"] for p in s["problems"]]
