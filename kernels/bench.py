@@ -136,7 +136,7 @@ def layer_table(engine: FusedCudaEngine, batches, peak: float) -> list[dict]:
                 x = cp.random.randint(0, 256, (n, h, w, 3), dtype=cp.int32).astype(cp.uint8)
                 run = lambda: lib.stem(x, engine.stem_weight, engine.stem_bias, y, kind="uint8",   # noqa: E731
                                        in_scale=engine.in_scale, in_shift=engine.in_shift)
-                label, splits = "128x64 gather", 1
+                label, splits = "8x16 patch", 1
             else:
                 x = cp.random.standard_normal((n, h, w, spec.in_channels), dtype=cp.float32).astype(cp.float16)
                 weight, bias = engine.weights[spec.name]

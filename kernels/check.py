@@ -126,7 +126,7 @@ class Checker:
                     unwritten == 0 and err <= CONV_TOL, rel_l2=err, unwritten=unwritten,
                     max_abs=float((out - ref).abs().max()))
 
-    def stem_case(self, n, h, w, kind):
+    def stem_case(self, n, h, w, kind, method="patch"):
         weight = self.params["convs"][STEM.name]["weight"].cuda()
         bias = self.params["convs"][STEM.name]["bias"].cuda().float()
         engine = self.engine
@@ -136,16 +136,16 @@ class Checker:
         y = poisoned((n, p, q, 64), cp.float16)
         if kind == "uint8":
             self.lib.stem(cp.from_dlpack(images), engine.stem_weight, engine.stem_bias, y, kind="uint8",
-                          in_scale=engine.in_scale, in_shift=engine.in_shift)
+                          in_scale=engine.in_scale, in_shift=engine.in_shift, method=method)
         else:
             self.lib.stem(cp.from_dlpack(normalized.contiguous()), engine.stem_weight, engine.stem_bias, y,
-                          kind="float32")
+                          kind="float32", method=method)
         cp.cuda.Device().synchronize()
         ref = F.conv2d(normalized, weight.float().permute(0, 3, 1, 2), bias, stride=2, padding=3).relu().permute(0, 2, 3, 1)
         out = to_torch(y).float()
         unwritten = int(torch.isnan(out).sum())
         err = rel_l2(out, ref) if not unwritten else float("nan")
-        self.record(f"stem[{kind}] N={n} {h}x{w}", unwritten == 0 and err <= CONV_TOL, rel_l2=err,
+        self.record(f"stem[{kind},{method}] N={n} {h}x{w}", unwritten == 0 and err <= CONV_TOL, rel_l2=err,
                     unwritten=unwritten, max_abs=float((out - ref).abs().max()))
 
     def pool_head_cases(self, n):
@@ -174,8 +174,11 @@ class Checker:
         batches = (1, 7) if self.quick else BATCHES
         for n in batches:
             for kind in ("uint8", "float32"):
-                self.stem_case(n, 224, 224, kind)
+                for method in ("patch", "gemm"):
+                    self.stem_case(n, 224, 224, kind, method)
         self.stem_case(3, 64, 80, "uint8")
+        self.stem_case(2, 33, 47, "float32")
+        self.stem_case(2, 97, 130, "uint8")
         for n in batches:
             for spec, h, w in layer_shapes():
                 self.conv_case(spec, n, h, w)

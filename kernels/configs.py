@@ -12,7 +12,7 @@ from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parent
 TUNED_PLANS = KERNEL_DIR / "tuned_plans.json"   # written by `python -m fusedresnet.kernels.tune`
-SOURCES = ("conv_implicit_gemm.cu", "pool_head.cu")
+SOURCES = ("conv_implicit_gemm.cu", "stem.cu", "pool_head.cu")
 
 # Options passed to CuPy's RawModule (NVRTC). CuPy adds the architecture
 # (-arch=sm_XY for the current device) itself; the compile test adds it too.
@@ -69,7 +69,10 @@ STEM_TILES = {
     "uint8": TileConfig(128, 64, 4, 2, 3, mode=1),
     "float32": TileConfig(128, 64, 4, 2, 3, mode=2),
 }
-OTHER_KERNELS = ("splitk_epilogue", "maxpool_3x3s2", f"avgpool_fc<{HEAD_IMGS}>")
+STEM_KERNELS = {"uint8": "stem_conv7x7s2<1>", "float32": "stem_conv7x7s2<2>"}
+STEM_SMEM_BYTES = (128 + 64) * STEM_KG_PADDED * 2 + 21 * 112 * 2   # A + B tiles + input patch (stem.cu)
+STEM_TILE_H, STEM_TILE_W = 8, 16
+OTHER_KERNELS = ("splitk_epilogue", "maxpool_3x3s2", f"avgpool_fc<{HEAD_IMGS}>", *STEM_KERNELS.values())
 
 
 def name_expressions() -> list[str]:

@@ -14,7 +14,8 @@ import functools
 import cupy as cp
 import numpy as np
 
-from .configs import (BK, COMPILE_OPTIONS, CONV_TILES, HEAD_BLOCKS_X, HEAD_IMGS, STEM_KG_PADDED, STEM_TILES,
+from .configs import (BK, COMPILE_OPTIONS, CONV_TILES, HEAD_BLOCKS_X, HEAD_IMGS, STEM_KERNELS, STEM_KG_PADDED,
+                      STEM_SMEM_BYTES, STEM_TILE_H, STEM_TILE_W, STEM_TILES,
                       ConvPlan, TileConfig, load_tuned_plans, make_plan, name_expressions, plan_conv, plan_key,
                       source_text)
 
@@ -47,6 +48,11 @@ class KernelLibrary:
                 kernel = self.module.get_function(tile.name_expression)
                 kernel.max_dynamic_shared_size_bytes = tile.smem_bytes
                 self.kernels[tile.name_expression] = kernel
+            self.stem_kernels = {}
+            for kind, name in STEM_KERNELS.items():
+                kernel = self.module.get_function(name)
+                kernel.max_dynamic_shared_size_bytes = STEM_SMEM_BYTES
+                self.stem_kernels[kind] = kernel
             self.splitk_epilogue = self.module.get_function("splitk_epilogue")
             self.maxpool = self.module.get_function("maxpool_3x3s2")
             self.avgpool_fc_kernel = self.module.get_function(f"avgpool_fc<{HEAD_IMGS}>")
@@ -78,8 +84,14 @@ class KernelLibrary:
         self._launch_conv(plan, x, weight, bias, residual, y, workspace, None, None,
                           (n, h, w, c, k, p, q, r, s, stride, pad, r * s * c, r * s * c // BK), relu)
 
-    def stem(self, x, weight_padded, bias, y, *, kind: str, in_scale=None, in_shift=None):
-        """Stem conv 7x7/2 pad 3 + bias + ReLU from uint8 NHWC ("uint8") or fp32 NCHW ("float32") input."""
+    def stem(self, x, weight_padded, bias, y, *, kind: str, in_scale=None, in_shift=None, method: str = "patch"):
+        """Stem conv 7x7/2 pad 3 + bias + ReLU from uint8 NHWC ("uint8") or fp32 NCHW ("float32") input.
+
+        method "patch": stem.cu (input patch in shared memory); "gemm": the
+        generic implicit GEMM with a gathering loader (v2, kept for comparison).
+        """
+        if method == "patch":
+            return self._stem_patch(x, weight_padded, bias, y, kind, in_scale, in_shift)
         tile = STEM_TILES[kind]
         if kind == "uint8":
             n, h, w, c = x.shape
@@ -94,6 +106,23 @@ class KernelLibrary:
         plan = ConvPlan(tile, 1, k_tiles, ((m + tile.bm - 1) // tile.bm, (k + tile.bn - 1) // tile.bn, 1))
         self._launch_conv(plan, x, weight_padded, bias, None, y, None, in_scale, in_shift,
                           (n, h, w, c, k, p, q, 7, 7, 2, 3, STEM_KG_PADDED, k_tiles), True)
+
+    def _stem_patch(self, x, weight_padded, bias, y, kind, in_scale, in_shift):
+        if kind == "uint8":
+            n, h, w, c = x.shape
+        else:
+            n, c, h, w = x.shape
+        k = weight_padded.shape[0]
+        p, q = conv_out_size(h, 7, 2, 3), conv_out_size(w, 7, 2, 3)
+        if c != 3 or k != 64 or weight_padded.shape[1] != STEM_KG_PADDED or y.shape != (n, p, q, k):
+            raise ValueError(f"stem: input {x.shape}, weight {weight_padded.shape}, output {y.shape}")
+        tiles_x, tiles_y = -(-q // STEM_TILE_W), -(-p // STEM_TILE_H)
+        total = n * tiles_x * tiles_y
+        per_block = max(1, min(8, total // (self.sms * 2 * 3)))
+        self.stem_kernels[kind]((-(-total // per_block),), (256,),
+                                (_ptr(x), _ptr(weight_padded), _ptr(bias), _ptr(y), _ptr(in_scale), _ptr(in_shift),
+                                 _i(n), _i(h), _i(w), _i(p), _i(q), _i(tiles_x), _i(tiles_x * tiles_y), _i(total),
+                                 _i(per_block)), shared_mem=STEM_SMEM_BYTES)
 
     def _launch_conv(self, plan: ConvPlan, x, weight, bias, residual, y, workspace, in_scale, in_shift, dims,
                      relu):

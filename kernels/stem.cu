@@ -1,0 +1,163 @@
+// The stem: 7x7/2 convolution, pad 3, 3 -> 64 channels, + folded-BatchNorm
+// bias + ReLU, from UINT8 NHWC pixels (MODE 1, ImageNet normalisation fused)
+// or fp32 NCHW normalised values (MODE 2). fp16 NHWC out.
+//
+// Why not the generic implicit GEMM: with C=3 the im2col row of an output
+// pixel is 147 scattered values, and gathering them from global memory per
+// k-tile costs more than the tensor-core work (v1/v2: 1.18 / 0.61 ms at batch
+// 128, 50 TFLOP/s). Here a block owns an 8 x 16 tile of output pixels of one
+// image (the 128 rows of its GEMM tile) and:
+//   1. loads the input patch the tile reads, (2*8+5) x (2*16+5) pixels x 3
+//      channels, once, normalises it (x*in_scale[c] + in_shift[c]: zero
+//      padding outside the image is zero in normalised space, as in PyTorch)
+//      and keeps it in shared memory as fp16;
+//   2. builds the whole A tile (128 rows x 192 reduction values) in shared
+//      memory from that patch: for output pixel (py,px) and filter row r, the
+//      21 values (s, c) are input pixels 2px .. 2px+6 of patch row 2py+r, 21
+//      contiguous halfs of the patch, copied as 32-bit words;
+//   3. multiplies it with the filter, stored [64][8 rows r][24 = 7 s x 3 c + 3
+//      zeros] (row 7 all zero) and loaded once per block by cp.async, with
+//      mma.sync m16n8k16 (8 warps, 4 x 2, 32 x 32 each);
+//   4. adds the bias, applies ReLU and stores fp16.
+// A block loops over `tiles_per_block` consecutive tiles, reusing the filter.
+
+#include "common.cuh"
+
+#define STEM_TH 8
+#define STEM_TW 16
+#define STEM_IN_H (2 * STEM_TH + 5)     // 21
+#define STEM_IN_W (2 * STEM_TW + 5)     // 37
+#define STEM_IN_ROW 112                 // halfs per patch row: 37*3 = 111, padded to an even count
+#define STEM_KG 192
+#define STEM_K 64
+
+// Offset (halfs) of 16-byte chunk `chunk` of row `row` in a [rows][192] tile:
+// the low 3 bits of the chunk index are XORed with the row, so the 8 rows an
+// ldmatrix phase reads land in 8 different bank groups.
+__device__ __forceinline__ int stem_swz(int row, int chunk) {
+    return row * STEM_KG + (((chunk & ~7) | ((chunk ^ row) & 7)) << 3);
+}
+
+template <int MODE>
+__global__ void __launch_bounds__(256, 2)
+stem_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, const float *__restrict__ bias,
+               half_bits *__restrict__ y, const float *__restrict__ in_scale, const float *__restrict__ in_shift,
+               int N, int H, int W, int P, int Q, int tiles_x, int tiles_per_image, int total_tiles,
+               int tiles_per_block) {
+    extern __shared__ vec16 smem_vec[];
+    half_bits *sA = reinterpret_cast<half_bits *>(smem_vec);     // [128][192]
+    half_bits *sB = sA + 128 * STEM_KG;                          // [64][192]
+    half_bits *sIn = sB + STEM_K * STEM_KG;                      // [21][112]
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int warp_m = warp >> 1, warp_n = warp & 1;
+
+    for (int i = tid; i < STEM_K * (STEM_KG / 8); i += 256) {
+        const int row = i / (STEM_KG / 8), ch = i - row * (STEM_KG / 8);
+        cp_async_16(smem_addr(sB + stem_swz(row, ch)), w + row * STEM_KG + ch * 8, 16);
+    }
+    cp_async_commit();
+    float scale[3] = {1.f, 1.f, 1.f}, shift[3] = {0.f, 0.f, 0.f};
+    if (MODE == 1) {
+#pragma unroll
+        for (int c = 0; c < 3; ++c) { scale[c] = in_scale[c]; shift[c] = in_shift[c]; }
+    }
+
+    const int t_begin = blockIdx.x * tiles_per_block;
+    const int t_end = min(total_tiles, t_begin + tiles_per_block);
+    for (int t = t_begin; t < t_end; ++t) {
+        const int n = t / tiles_per_image, rem = t - n * tiles_per_image;
+        const int ty = rem / tiles_x, tx = rem - ty * tiles_x;
+        const int oy0 = ty * STEM_TH, ox0 = tx * STEM_TW;
+        const int iy0 = oy0 * 2 - 3, ix0 = ox0 * 2 - 3;
+        __syncthreads();   // the previous tile is done with sIn and sA
+
+        // 1. normalised fp16 input patch
+        for (int i = tid; i < STEM_IN_H * STEM_IN_W; i += 256) {
+            const int iy = i / STEM_IN_W, ix = i - iy * STEM_IN_W;
+            const int gy = iy0 + iy, gx = ix0 + ix;
+            float v[3] = {0.f, 0.f, 0.f};
+            if ((unsigned)gy < (unsigned)H && (unsigned)gx < (unsigned)W) {
+                if (MODE == 1) {
+                    const unsigned char *p = reinterpret_cast<const unsigned char *>(x_) + ((u64)(n * H + gy) * W + gx) * 3;
+#pragma unroll
+                    for (int c = 0; c < 3; ++c) v[c] = (float)p[c] * scale[c] + shift[c];
+                } else {
+                    const float *x = reinterpret_cast<const float *>(x_);
+#pragma unroll
+                    for (int c = 0; c < 3; ++c) v[c] = x[((u64)(n * 3 + c) * H + gy) * W + gx];
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < 3; ++c) sIn[iy * STEM_IN_ROW + ix * 3 + c] = float_to_half(v[c]);
+        }
+        __syncthreads();
+
+        // 2. A tile: (filter row r, output pixel row) pairs; r is warp-uniform.
+        for (int i = tid; i < 8 * 128; i += 256) {
+            const int r = i >> 7, row = i & 127;
+            const int py = row / STEM_TW, px = row - py * STEM_TW;
+            vec16 c0, c1, c2;
+            if (r < 7) {
+                // 21 halfs starting at an even index: 10 aligned words + one half.
+                const unsigned int *src =
+                    reinterpret_cast<const unsigned int *>(sIn + (2 * py + r) * STEM_IN_ROW + 2 * px * 3);
+                c0.x = src[0]; c0.y = src[1]; c0.z = src[2]; c0.w = src[3];
+                c1.x = src[4]; c1.y = src[5]; c1.z = src[6]; c1.w = src[7];
+                c2.x = src[8]; c2.y = src[9]; c2.z = src[10] & 0xffffu; c2.w = 0u;
+            } else {
+                c0.x = c0.y = c0.z = c0.w = 0u; c1 = c0; c2 = c0;
+            }
+            *reinterpret_cast<vec16 *>(sA + stem_swz(row, r * 3 + 0)) = c0;
+            *reinterpret_cast<vec16 *>(sA + stem_swz(row, r * 3 + 1)) = c1;
+            *reinterpret_cast<vec16 *>(sA + stem_swz(row, r * 3 + 2)) = c2;
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+
+        // 3. 128 x 64 x 192 on tensor cores
+        float acc[2][4][4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < STEM_KG / 16; ++kk) {
+            unsigned int a[2][4], b[4][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+                ldmatrix_x4(smem_addr(sA + stem_swz(warp_m * 32 + mi * 16 + (lane & 15), kk * 2 + (lane >> 4))),
+                            a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+#pragma unroll
+            for (int nj = 0; nj < 2; ++nj)
+                ldmatrix_x4(smem_addr(sB + stem_swz(warp_n * 32 + nj * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                    kk * 2 + ((lane >> 3) & 1))),
+                            b[2 * nj][0], b[2 * nj][1], b[2 * nj + 1][0], b[2 * nj + 1][1]);
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni) mma_16816(acc[mi][ni], a[mi], b[ni]);
+        }
+
+        // 4. bias + ReLU, fp16 NHWC
+        const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                const int row = warp_m * 32 + mi * 16 + g + hr * 8;
+                const int oy = oy0 + row / STEM_TW, ox = ox0 + row % STEM_TW;
+                if (oy >= P || ox >= Q) continue;
+                half_bits *dst = y + (((u64)n * P + oy) * Q + ox) * STEM_K;
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni) {
+                    const int k = warp_n * 32 + ni * 8 + 2 * t4;
+                    const float v0 = fmaxf(acc[mi][ni][hr * 2] + bias[k], 0.f);
+                    const float v1 = fmaxf(acc[mi][ni][hr * 2 + 1] + bias[k + 1], 0.f);
+                    *reinterpret_cast<half2_bits *>(dst + k) = pack_half2(v0, v1);
+                }
+            }
+        }
+    }
+}
