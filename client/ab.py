@@ -107,7 +107,8 @@ def agreement_markdown(agreement: dict) -> str:
                      f"{s['near_tie_disagreements']} / {s['clear_disagreements']} | {s['top5_agree']}/{s['inputs']} "
                      f"| {s['max_abs']:.3g} | {s['rel_l2']:.3g} | {s['max_row_rel_l2']:.3g} | {s['min_cosine']:.6f} |")
     lines += ["", "## Latency per request (same requests, alternating order)", "",
-              "| model | requests | mean ms | p50 ms | p90 ms | p99 ms | max ms |", "|---|---:|---:|---:|---:|---:|---:|"]
+              "| model | requests | mean ms | p50 ms | p90 ms | p99 ms | max ms |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for model, s in agreement["latency"].items():
         lines.append(f"| {model} | {s['requests']} | {s['mean_ms']:.2f} | {s['p50_ms']:.2f} | {s['p90_ms']:.2f} "
                      f"| {s['p99_ms']:.2f} | {s['max_ms']:.2f} |")

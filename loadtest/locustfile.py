@@ -49,6 +49,7 @@ from fusedresnet.loadtest.step_files import (MEASURE_END_MARKER, MEASURE_START_M
                                              request_log_name)
 
 REQUEST_TIMEOUT_S = 60.0
+MARKER_GRACE_S = 0.3   # the load goes on this long after the window closes, while the sweep scrapes Triton
 
 
 @events.init_command_line_parser.add_listener
@@ -119,6 +120,7 @@ def measurement_window(environment, folder: Path | None, warmup_s: float, measur
     gevent.sleep(measure_s)
     if folder:
         (folder / MEASURE_END_MARKER).write_text(repr(time.time()))
+        gevent.sleep(MARKER_GRACE_S)
     environment.runner.stop()
     environment.runner.quit()
 

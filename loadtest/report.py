@@ -48,7 +48,8 @@ def series_key(step: dict) -> tuple:
 
 def series_label(key: tuple) -> str:
     protocol, images, input_format = key
-    return f"{'gRPC' if protocol == 'grpc' else 'HTTP'}, {images} image{'s' if images > 1 else ''}/request, {input_format}"
+    name = "gRPC" if protocol == "grpc" else "HTTP"
+    return f"{name}, {images} image{'s' if images > 1 else ''}/request, {input_format}"
 
 
 def _mean(values):
@@ -136,7 +137,8 @@ def plot_throughput_by_users(table: dict, path: Path):
 
 
 def plot_server_time(table: dict, path: Path):
-    figure, axes = _series_axes(len(table), "Server-side time per request (Triton metrics), left bar custom, right cuDNN")
+    figure, axes = _series_axes(len(table), "Server-side time per request (Triton metrics): "
+                                            "left bar custom, right bar cuDNN")
     colors = plt.get_cmap("tab10").colors
     for ax, (key, by_users) in zip(axes, table.items()):
         levels = list(by_users)
@@ -206,7 +208,8 @@ def server_time_table(table: dict) -> list[str]:
     lines = ["## Server-side time per request (Triton metrics, measurement window)", "",
              "Microseconds per request. Queue: waiting for the dynamic batcher and a free model instance; "
              "compute: the model's execution of the batch the request was in.", "",
-             "| series | users | model | queue | compute input | compute infer | compute output | avg batch | GPU util |",
+             "| series | users | model | queue | compute input | compute infer | compute output "
+             "| avg batch | GPU util |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for key, by_users in table.items():
         for users, models in by_users.items():
@@ -225,7 +228,7 @@ def agreement_section(agreement: dict | None) -> list[str]:
     if not agreement:
         return []
     lines = ["## Agreement on the same images", "",
-             f"Custom against cuDNN logits (details: [ab_agreement.md](ab_agreement.md)).", "",
+             "Custom against cuDNN logits (details: [ab_agreement.md](ab_agreement.md)).", "",
              "| images | count | top-1 agree | top-5 agree | max abs diff | rel. L2 diff | min cosine |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for name, s in agreement["sets"].items():

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
 import os
 import platform
 import shlex
@@ -163,45 +162,60 @@ def scrape_until_settled(metrics_url: str, model: str, expected_requests: float)
         time.sleep(0.1)
 
 
+WINDOW_MARKERS = (("start", MEASURE_START_MARKER), ("end", MEASURE_END_MARKER))
+
+
+def scrape_new_window_markers(step_dir: Path, metrics_url: str, snapshots: dict):
+    """Scrape Triton as soon as the locust master marks that the window opened or closed."""
+    for marker, file_name in WINDOW_MARKERS:
+        if marker not in snapshots and (step_dir / file_name).is_file():
+            snapshots[marker] = triton_metrics.scrape(metrics_url)
+
+
+def watch_locust(locust: subprocess.Popen, step_dir: Path, metrics_url: str, limit_s: float):
+    """Follow a running locust step: Triton snapshots at the window's ends and every second inside it."""
+    snapshots: dict[str, triton_metrics.MetricsSnapshot] = {}
+    during: list[triton_metrics.MetricsSnapshot] = []
+    locust_json = step_dir / f"{LOCUST_JSON_STEM}.json"
+    started, last_sample, stats_written_at = time.monotonic(), 0.0, None
+    try:
+        while locust.poll() is None:
+            if time.monotonic() - started > limit_s:
+                raise RuntimeError(f"locust ran past {limit_s:.0f} s; see {step_dir / LOCUST_LOG}")
+            if stats_written_at is None and locust_json.is_file():
+                stats_written_at = time.monotonic()
+            if stats_written_at and time.monotonic() - stats_written_at > EXIT_GRACE_S:
+                break   # its results are all written; only its shutdown is stuck
+            scrape_new_window_markers(step_dir, metrics_url, snapshots)
+            if "start" in snapshots and "end" not in snapshots and time.monotonic() - last_sample >= 1.0:
+                during.append(triton_metrics.scrape(metrics_url))
+                last_sample = time.monotonic()
+            time.sleep(0.05)
+    finally:
+        if locust.poll() is None:
+            locust.kill()
+            locust.wait()
+    scrape_new_window_markers(step_dir, metrics_url, snapshots)   # in case locust outran the polling
+    return snapshots, during
+
+
 def run_locust_step(step: Step, endpoints: Endpoints, settings: SweepSettings, step_dir: Path) -> dict:
     """Run one step; scrape Triton's metrics before, at both ends of the window, during it, and after."""
     shutil.rmtree(step_dir, ignore_errors=True)
     step_dir.mkdir(parents=True)
     metrics_url = endpoints.metrics_url
     before = triton_metrics.scrape(metrics_url)
-    snapshots: dict[str, triton_metrics.MetricsSnapshot] = {}
-    during: list[triton_metrics.MetricsSnapshot] = []
-    locust_json = step_dir / f"{LOCUST_JSON_STEM}.json"
     started = time.time()
     limit_s = settings.warmup_s + settings.measure_s + RUN_TIME_MARGIN_S + STOP_TIMEOUT_S + 120
     with open(step_dir / LOCUST_LOG, "wb") as log:
         locust = subprocess.Popen(locust_command(step, endpoints, settings, step_dir), stdout=log,
                                   stderr=subprocess.STDOUT, cwd=REPO_ROOT)
-        try:
-            last_sample, stats_written_at = 0.0, None
-            while locust.poll() is None:
-                if time.time() - started > limit_s:
-                    raise RuntimeError(f"locust step {step.index} ran past {limit_s:.0f} s; see {step_dir / LOCUST_LOG}")
-                if stats_written_at is None and locust_json.is_file():
-                    stats_written_at = time.monotonic()
-                if stats_written_at and time.monotonic() - stats_written_at > EXIT_GRACE_S:
-                    locust.kill()   # its results are all written; only its shutdown is stuck
-                    locust.wait()
-                    break
-                for marker, file_name in (("start", MEASURE_START_MARKER), ("end", MEASURE_END_MARKER)):
-                    if marker not in snapshots and (step_dir / file_name).is_file():
-                        snapshots[marker] = triton_metrics.scrape(metrics_url)
-                if "start" in snapshots and "end" not in snapshots and time.monotonic() - last_sample >= 1.0:
-                    during.append(triton_metrics.scrape(metrics_url))
-                    last_sample = time.monotonic()
-                time.sleep(0.05)
-        finally:
-            if locust.poll() is None:
-                locust.kill()
-                locust.wait()
+        snapshots, during = watch_locust(locust, step_dir, metrics_url, limit_s)
     records = measurements.read_request_records(step_dir)
-    after = scrape_until_settled(metrics_url, step.model, triton_metrics.requests_seen(before, step.model) + records.sent)
+    expected = triton_metrics.requests_seen(before, step.model) + records.sent
+    after = scrape_until_settled(metrics_url, step.model, expected)
     window = measurements.read_window(step_dir)
+    locust_json = step_dir / f"{LOCUST_JSON_STEM}.json"
     if not locust_json.is_file() or window is None or set(snapshots) != {"start", "end"}:
         raise RuntimeError(f"locust step {step.index} did not complete (exit code {locust.returncode}, "
                            f"window {window}); see {step_dir / LOCUST_LOG}")
