@@ -40,7 +40,7 @@ from ..backend.folding import STEM, all_convs, fold_resnet18
 from ..backend.images import normalize_uint8, smooth_random_images
 from ..backend.resnet import DEFAULT_SEED, build_resnet18
 from ..client.agreement import compare_logits
-from .configs import CONV_TILES, BK, ConvPlan
+from .configs import BK, CONV_TILES, PATCH_TILES, ConvPlan, make_plan, patch_applies
 from .launch import conv_out_size, library
 
 CONV_TOL = 5e-3        # relative L2, fp16 operands and output, fp32 accumulation
@@ -185,6 +185,12 @@ class Checker:
         for spec, h, w in layer_shapes():
             k_tiles = spec.kernel * spec.kernel * spec.in_channels // BK
             m = 7 * conv_out_size(h, spec.kernel, spec.stride, spec.padding) * conv_out_size(w, spec.kernel, spec.stride, spec.padding)
+            for tile in PATCH_TILES:
+                if patch_applies(tile, spec.in_channels, spec.out_channels, spec.kernel, spec.stride, spec.padding):
+                    p = conv_out_size(h, 3, 1, 1)
+                    plan = make_plan(tile, 1, m, spec.out_channels, k_tiles, 7, p, p)
+                    self.conv_case(spec, 7, h, w, plan, " (forced)")
+                    self.conv_case(spec, 2, 17, 45, make_plan(tile, 1, 2 * 17 * 45, spec.out_channels, k_tiles, 2, 17, 45), " (forced, odd size)")
             for tile in CONV_TILES:
                 for splits in (1, 4):
                     per = math.ceil(k_tiles / splits)

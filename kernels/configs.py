@@ -12,7 +12,7 @@ from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parent
 TUNED_PLANS = KERNEL_DIR / "tuned_plans.json"   # written by `python -m fusedresnet.kernels.tune`
-SOURCES = ("conv_implicit_gemm.cu", "stem.cu", "pool_head.cu")
+SOURCES = ("conv_implicit_gemm.cu", "conv3x3_patch.cu", "stem.cu", "pool_head.cu")
 
 # Options passed to CuPy's RawModule (NVRTC). CuPy adds the architecture
 # (-arch=sm_XY for the current device) itself; the compile test adds it too.
@@ -65,6 +65,46 @@ CONV_TILES = (
     TileConfig(128, 64, 2, 2, 4, efficiency=0.95, blocks_per_sm=2),
     TileConfig(256, 64, 4, 1, 3, efficiency=1.05, blocks_per_sm=1),
 )
+@dataclass(frozen=True)
+class PatchConfig:
+    """One instantiation of conv3x3_patch (3x3, stride 1, pad 1; input patch in shared memory)."""
+
+    th: int
+    tw: int
+    bn: int
+    warps_m: int
+    warps_n: int
+    stages: int
+
+    @property
+    def bm(self) -> int:
+        return self.th * self.tw
+
+    @property
+    def threads(self) -> int:
+        return self.warps_m * self.warps_n * 32
+
+    @property
+    def smem_bytes(self) -> int:
+        return 2 * (self.th + 2) * (self.tw + 2) * 64 * 2 + self.stages * self.bn * 64 * 2
+
+    @property
+    def name_expression(self) -> str:
+        return f"conv3x3_patch<{self.th},{self.tw},{self.bn},{self.warps_m},{self.warps_n},{self.stages}>"
+
+    @property
+    def label(self) -> str:
+        return f"patch{self.th}x{self.tw}n{self.bn}w{self.warps_m}x{self.warps_n}s{self.stages}"
+
+
+PATCH_TILES = (
+    PatchConfig(8, 16, 64, 4, 2, 4),
+    PatchConfig(8, 16, 64, 2, 2, 4),
+    PatchConfig(4, 32, 64, 4, 2, 4),
+    PatchConfig(4, 32, 128, 2, 4, 3),
+    PatchConfig(8, 16, 128, 2, 4, 3),
+)
+
 STEM_TILES = {
     "uint8": TileConfig(128, 64, 4, 2, 3, mode=1),
     "float32": TileConfig(128, 64, 4, 2, 3, mode=2),
@@ -76,7 +116,8 @@ OTHER_KERNELS = ("splitk_epilogue", "maxpool_3x3s2", f"avgpool_fc<{HEAD_IMGS}>",
 
 
 def name_expressions() -> list[str]:
-    return [t.name_expression for t in CONV_TILES + tuple(STEM_TILES.values())] + list(OTHER_KERNELS)
+    return ([t.name_expression for t in CONV_TILES + tuple(STEM_TILES.values()) + PATCH_TILES]
+            + list(OTHER_KERNELS))
 
 
 def source_text() -> str:
@@ -91,7 +132,7 @@ def source_text() -> str:
 
 @dataclass(frozen=True)
 class ConvPlan:
-    tile: TileConfig
+    tile: "TileConfig | PatchConfig"
     splits: int
     k_tiles_per_split: int
     grid: tuple[int, int, int]
@@ -128,8 +169,12 @@ def plan_key(n: int, h: int, w: int, c: int, k: int, r: int, stride: int) -> str
     return f"n{n}_h{h}_w{w}_c{c}_k{k}_r{r}_s{stride}"
 
 
-def tile_by_label(label: str) -> TileConfig | None:
-    return next((t for t in CONV_TILES if t.label == label), None)
+def tile_by_label(label: str):
+    return next((t for t in CONV_TILES + PATCH_TILES if t.label == label), None)
+
+
+def patch_applies(tile: PatchConfig, c: int, k: int, r: int, stride: int, pad: int) -> bool:
+    return r == 3 and stride == 1 and pad == 1 and c % 64 == 0 and k % tile.bn == 0
 
 
 def load_tuned_plans(path: Path = TUNED_PLANS) -> dict:
@@ -145,7 +190,10 @@ def load_tuned_plans(path: Path = TUNED_PLANS) -> dict:
     return table
 
 
-def make_plan(tile: TileConfig, splits: int, m: int, k: int, k_tiles: int) -> ConvPlan:
+def make_plan(tile, splits: int, m: int, k: int, k_tiles: int, n: int = 0, p: int = 0, q: int = 0) -> ConvPlan:
+    if isinstance(tile, PatchConfig):
+        tiles = n * math.ceil(p / tile.th) * math.ceil(q / tile.tw)
+        return ConvPlan(tile, 1, k_tiles, (tiles, k // tile.bn, 1))
     per = math.ceil(k_tiles / splits)
     real = math.ceil(k_tiles / per)
     return ConvPlan(tile, real, per, (math.ceil(m / tile.bm), math.ceil(k / tile.bn), real))

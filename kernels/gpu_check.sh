@@ -2,7 +2,7 @@
 # One call on the GPU host: install, correctness checks, benchmark.
 #   bash kernels/gpu_check.sh [check|bench|all|full|pytest] [extra bench args]
 # all = check + bench; full = tune (writes kernels/tuned_plans.json here and
-# $OUT/tuned_plans.json) + check + bench.
+# $OUT/tuned_plans.json) + check + bench + ncu profile of a few kernels.
 # Logs and results go to $OUT (the device tool brings them back) or ./gpu-out.
 set -o pipefail
 what=${1:-all}; shift || true
@@ -25,8 +25,15 @@ if [[ $what == full || $what == tune ]]; then
   echo "tune done after $(( $(date +%s) - t0 ))s"
 fi
 if [[ $what == check || $what == all || $what == full ]]; then
-  python3 -m fusedresnet.kernels.check --json "$OUT/check.json" 2>&1 | tee "$OUT/check.log" | grep -v "^ok " ; rc=$?
-  echo "check exit $rc after $(( $(date +%s) - t0 ))s"
+  python3 -m fusedresnet.kernels.check --json "$OUT/check.json" 2>&1 | tee /tmp/check.log | grep -v "^ok " ; rc=$?
+  echo "check if [[ $what == full || $what == profile ]]; then
+  # -c 8: the 4 profiled launches of the second round come after the 4 warm-up ones
+  ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+      --section LaunchStats -k regex:"stem|conv|maxpool" -c 8 \
+      python3 -m fusedresnet.kernels.profile_layers > "$OUT/ncu.txt" 2>&1
+  echo "ncu exit $? after $(( $(date +%s) - t0 ))s"
+fi
+exit $rc after $(( $(date +%s) - t0 ))s"
 fi
 if [[ $what == pytest ]]; then
   python3 -m pytest -q -m gpu "$REPO/tests/test_kernels_gpu.py" 2>&1 | tail -15
@@ -34,5 +41,12 @@ fi
 if [[ $what == bench || $what == all || $what == full ]]; then
   python3 -m fusedresnet.kernels.bench --accuracy "$OUT/check.json" --out "$OUT/results" "$@" 2>&1 | tee "$OUT/bench.log" | tail -25
   echo "bench exit $? after $(( $(date +%s) - t0 ))s"
+fi
+if [[ $what == full || $what == profile ]]; then
+  # -c 8: the 4 profiled launches of the second round come after the 4 warm-up ones
+  ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+      --section LaunchStats -k regex:"stem|conv|maxpool" -c 8 \
+      python3 -m fusedresnet.kernels.profile_layers > "$OUT/ncu.txt" 2>&1
+  echo "ncu exit $? after $(( $(date +%s) - t0 ))s"
 fi
 exit $rc

@@ -16,7 +16,7 @@ import numpy as np
 
 from .configs import (BK, COMPILE_OPTIONS, CONV_TILES, HEAD_BLOCKS_X, HEAD_IMGS, STEM_KERNELS, STEM_KG_PADDED,
                       STEM_SMEM_BYTES, STEM_TILE_H, STEM_TILE_W, STEM_TILES,
-                      ConvPlan, TileConfig, load_tuned_plans, make_plan, name_expressions, plan_conv, plan_key,
+                      ConvPlan, PatchConfig, TileConfig, PATCH_TILES, load_tuned_plans, make_plan, name_expressions, plan_conv, plan_key,
                       source_text)
 
 
@@ -44,7 +44,7 @@ class KernelLibrary:
             # Measured best tile/split-K per layer shape (224x224 buckets); other shapes use the cost model.
             self.tuned = load_tuned_plans()
             self.kernels = {}
-            for tile in CONV_TILES + tuple(STEM_TILES.values()):
+            for tile in CONV_TILES + tuple(STEM_TILES.values()) + PATCH_TILES:
                 kernel = self.module.get_function(tile.name_expression)
                 kernel.max_dynamic_shared_size_bytes = tile.smem_bytes
                 self.kernels[tile.name_expression] = kernel
@@ -65,7 +65,7 @@ class KernelLibrary:
         m, k_tiles = n * p * q, r * s * c // BK
         tuned = self.tuned.get(plan_key(n, h, w, c, k, r, stride)) if r == s else None
         if tuned is not None:
-            return make_plan(tuned[0], tuned[1], m, k, k_tiles)
+            return make_plan(tuned[0], tuned[1], m, k, k_tiles, n, p, q)
         return plan_conv(m, k, k_tiles, self.sms)
 
     def conv(self, x, weight, bias, y, *, stride, pad, relu, residual=None, plan: ConvPlan | None = None,
@@ -127,8 +127,16 @@ class KernelLibrary:
     def _launch_conv(self, plan: ConvPlan, x, weight, bias, residual, y, workspace, in_scale, in_shift, dims,
                      relu):
         n, h, w, c, k, p, q, r, s, stride, pad, ldw, k_tiles = dims
-        tile: TileConfig = plan.tile
+        tile = plan.tile
         kernel = self.kernels[tile.name_expression]
+        if isinstance(tile, PatchConfig):
+            if not (r == s == 3 and stride == 1 and pad == 1 and c % 64 == 0 and k % tile.bn == 0):
+                raise ValueError(f"{tile.label} needs a 3x3/1 pad-1 conv with C % 64 == 0, K % {tile.bn} == 0")
+            tiles_x, tiles_y = -(-w // tile.tw), -(-h // tile.th)
+            kernel((n * tiles_x * tiles_y, k // tile.bn, 1), (tile.threads,),
+                   (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _i(n), _i(h), _i(w), _i(c), _i(k),
+                    _i(tiles_x), _i(tiles_x * tiles_y), _i(1 if relu else 0)), shared_mem=tile.smem_bytes)
+            return
         partial = None
         if plan.splits > 1:
             need = plan.splits * n * p * q * k

@@ -20,7 +20,7 @@ import time
 
 import cupy as cp
 
-from .configs import BK, CONV_TILES, ConvPlan, plan_conv, plan_key
+from .configs import BK, CONV_TILES, PATCH_TILES, ConvPlan, make_plan, patch_applies, plan_conv, plan_key
 from .launch import conv_out_size, library
 
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -50,7 +50,13 @@ def time_graph(fn, reps: int = 10, samples: int = 5) -> float:
     return statistics.median(times)
 
 
-def candidates(m: int, k: int, k_tiles: int, sms: int):
+def candidates(m: int, k: int, k_tiles: int, sms: int, patch=None):
+    """Every (tile, split-K) worth timing; `patch` = (n, p, q, c, r, stride, pad) adds the patch kernels."""
+    if patch is not None:
+        n, p, q, c, r, stride, pad = patch
+        for tile in PATCH_TILES:
+            if patch_applies(tile, c, k, r, stride, pad):
+                yield make_plan(tile, 1, m, k, k_tiles, n, p, q)
     for tile in CONV_TILES:
         tiles_mn = math.ceil(m / tile.bm) * math.ceil(k / tile.bn)
         seen = set()
@@ -73,7 +79,7 @@ def tune_conv(lib, n, h, w, c, k, r, stride, pad, relu=True, residual=False):
     res = cp.ones_like(y) if residual else None
     rows = []
     workspace = None
-    for plan in candidates(m, k, k_tiles, lib.sms):
+    for plan in candidates(m, k, k_tiles, lib.sms, (n, p, q, c, r, stride, pad)):
         if plan.splits > 1 and (workspace is None or workspace.size < plan.splits * y.size):
             workspace = cp.empty(plan.splits * y.size, dtype=cp.float32)
         ms = time_graph(lambda: lib.conv(x, weight, bias, y, stride=stride, pad=pad, relu=relu, residual=res,
