@@ -99,7 +99,8 @@ def plot_latency_vs_throughput(table: dict, path: Path):
     figure, axes = _series_axes(len(table), "Latency against throughput (each point: one concurrency level)")
     for ax, (key, by_users) in zip(axes, table.items()):
         for model, color in MODEL_COLORS.items():
-            points = [(users, by_users[users][model]) for users in by_users if model in by_users[users]]
+            points = [(users, by_users[users][model]) for users in by_users
+                      if model in by_users[users] and by_users[users][model].get("p50_ms") is not None]
             throughput = [s["img_per_s"] for _, s in points]
             for percentile, style in (("p50_ms", "-o"), ("p99_ms", "--s")):
                 ax.plot(throughput, [s[percentile] for _, s in points], style, color=color, markersize=4,
@@ -145,7 +146,7 @@ def plot_server_time(table: dict, path: Path):
         for offset, model in ((-0.2, MODEL_CUSTOM), (0.2, MODEL_CUDNN)):
             bottoms = [0.0] * len(levels)
             for part_index, part in enumerate(TIME_BREAKDOWN):
-                heights = [(by_users[u].get(model, {}).get(part) or 0.0) / 1e3 for u in levels]
+                heights = [(by_users[u].get(model, {}).get(part) or 0.0) / 1e3 for u in levels]  # None: 0
                 ax.bar([i + offset for i in range(len(levels))], heights, width=0.38, bottom=bottoms,
                        color=colors[part_index], alpha=1.0 if model == MODEL_CUSTOM else 0.55,
                        edgecolor="black", linewidth=0.4,
@@ -251,6 +252,8 @@ def markdown(results: dict, table: dict, name: str) -> str:
              "in alternating order. Server: " + str(settings.get("server")) + ".",
              "- Ratios are custom / cuDNN: above 1 for images/s means custom serves more, "
              "below 1 for latency means custom answers sooner.", ""]
+    if results.get("error"):
+        lines += [f"**The sweep stopped early: {results['error']}**", ""]
     lines += sanity_section(results)
     lines += ["## Throughput and latency", "",
               f"![latency against throughput]({name}_latency_vs_throughput.png)", "",

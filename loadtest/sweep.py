@@ -39,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,6 +63,7 @@ STOP_TIMEOUT_S = 30          # in-flight requests may finish this long after loc
 SETTLE_TIMEOUT_S = 3.0       # Triton updates its counters just after it answers: wait this long for them
 EXIT_GRACE_S = 15.0          # once locust has written its final stats, it must exit within this time
 EXIT_SANITY_MISMATCH = 3
+EXIT_SWEEP_FAILED = 4
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,12 @@ def scrape_until_settled(metrics_url: str, model: str, expected_requests: float)
 WINDOW_MARKERS = (("start", MEASURE_START_MARKER), ("end", MEASURE_END_MARKER))
 
 
+def locust_log_tail(step_dir: Path, lines: int = 15) -> str:
+    log = step_dir / LOCUST_LOG
+    text = log.read_text(errors="replace").splitlines()[-lines:] if log.is_file() else []
+    return f"\n--- end of {log} ---\n" + "\n".join(text)
+
+
 def scrape_new_window_markers(step_dir: Path, metrics_url: str, snapshots: dict):
     """Scrape Triton as soon as the locust master marks that the window opened or closed."""
     for marker, file_name in WINDOW_MARKERS:
@@ -181,7 +189,7 @@ def watch_locust(locust: subprocess.Popen, step_dir: Path, metrics_url: str, lim
     try:
         while locust.poll() is None:
             if time.monotonic() - started > limit_s:
-                raise RuntimeError(f"locust ran past {limit_s:.0f} s; see {step_dir / LOCUST_LOG}")
+                raise RuntimeError(f"locust ran past {limit_s:.0f} s{locust_log_tail(step_dir)}")
             if stats_written_at is None and locust_json.is_file():
                 stats_written_at = time.monotonic()
             if stats_written_at and time.monotonic() - stats_written_at > EXIT_GRACE_S:
@@ -199,14 +207,27 @@ def watch_locust(locust: subprocess.Popen, step_dir: Path, metrics_url: str, lim
     return snapshots, during
 
 
+def scrape_when_quiet(metrics_url: str) -> triton_metrics.MetricsSnapshot:
+    """A snapshot once Triton's request counters stand still (it counts a request just after answering it)."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    previous = triton_metrics.scrape(metrics_url)
+    while True:
+        time.sleep(0.1)
+        snapshot = triton_metrics.scrape(metrics_url)
+        counts = [triton_metrics.requests_seen(s, m) for s in (previous, snapshot) for m in MODELS]
+        if counts[:len(MODELS)] == counts[len(MODELS):] or time.monotonic() > deadline:
+            return snapshot
+        previous = snapshot
+
+
 def run_locust_step(step: Step, endpoints: Endpoints, settings: SweepSettings, step_dir: Path) -> dict:
     """Run one step; scrape Triton's metrics before, at both ends of the window, during it, and after."""
     shutil.rmtree(step_dir, ignore_errors=True)
     step_dir.mkdir(parents=True)
     metrics_url = endpoints.metrics_url
-    before = triton_metrics.scrape(metrics_url)
+    before = scrape_when_quiet(metrics_url)
     started = time.time()
-    limit_s = settings.warmup_s + settings.measure_s + RUN_TIME_MARGIN_S + STOP_TIMEOUT_S + 120
+    limit_s = settings.warmup_s + settings.measure_s + RUN_TIME_MARGIN_S + STOP_TIMEOUT_S + 60
     with open(step_dir / LOCUST_LOG, "wb") as log:
         locust = subprocess.Popen(locust_command(step, endpoints, settings, step_dir), stdout=log,
                                   stderr=subprocess.STDOUT, cwd=REPO_ROOT)
@@ -218,7 +239,7 @@ def run_locust_step(step: Step, endpoints: Endpoints, settings: SweepSettings, s
     locust_json = step_dir / f"{LOCUST_JSON_STEM}.json"
     if not locust_json.is_file() or window is None or set(snapshots) != {"start", "end"}:
         raise RuntimeError(f"locust step {step.index} did not complete (exit code {locust.returncode}, "
-                           f"window {window}); see {step_dir / LOCUST_LOG}")
+                           f"window {window}){locust_log_tail(step_dir)}")
 
     result = {"index": step.index, "round": step.round, "model": step.model, "protocol": step.series.protocol,
               "input_format": step.series.input_format, "users": step.users,
@@ -239,6 +260,7 @@ def run_locust_step(step: Step, endpoints: Endpoints, settings: SweepSettings, s
         for m in MODELS if m != step.model))
     result["gpu_utilization"] = triton_metrics.mean_gauge(during, triton_metrics.GPU_UTILIZATION)
     result["server_cpu_utilization"] = triton_metrics.mean_gauge(during, triton_metrics.CPU_UTILIZATION)
+    result["wall_s"] = round(time.time() - started, 2)
     result["problems"] = sanity_problems(result)
     return result
 
@@ -329,35 +351,33 @@ def prewarm(endpoints: Endpoints, pool, batch_sizes) -> None:
                 client.infer(pool[:size])
 
 
-def run_sweep(args, endpoints: Endpoints, command: str) -> dict:
-    raw_dir = args.raw_dir or BUILD_DIR / "loadtest" / args.name
-    raw_dir.mkdir(parents=True, exist_ok=True)
-    pool = build_image_pool(max(args.pool_size, *args.prewarm_sizes))
-    prewarm(endpoints, pool, args.prewarm_sizes)
-    settings = SweepSettings(args.warmup_s, args.measure_s, args.processes,
-                             save_image_pool(pool, raw_dir / "image_pool.npy"), raw_dir)
-    results = {"device": args.device or describe_device(),
-               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "command": command, "git_commit": git_commit(),
-               "engines": engines_in_use(endpoints, pool),
-               "settings": {"warmup_s": args.warmup_s, "measure_s": args.measure_s, "processes": args.processes,
-                            "pool_size": len(pool), "rounds": args.rounds, "prewarm_sizes": args.prewarm_sizes,
-                            "series": [asdict(s) for s in args.series], "models": list(MODELS),
-                            "server": "started by the sweep" if args.start_server else "already running"},
-               "steps": [], "skipped": []}
+def new_results(args, endpoints: Endpoints, command: str, pool) -> dict:
+    return {"device": args.device or describe_device(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": command, "git_commit": git_commit(),
+            "engines": engines_in_use(endpoints, pool),
+            "settings": {"warmup_s": args.warmup_s, "measure_s": args.measure_s, "processes": args.processes,
+                         "pool_size": len(pool), "rounds": args.rounds, "prewarm_sizes": args.prewarm_sizes,
+                         "series": [asdict(s) for s in args.series], "models": list(MODELS),
+                         "server": "started by the sweep" if args.start_server else "already running"},
+            "steps": [], "skipped": []}
+
+
+def run_steps(args, endpoints: Endpoints, settings: SweepSettings, results: dict):
+    """Run the planned steps in order, appending each outcome to results["steps"] as it comes."""
     steps = plan_steps(args.series, MODELS, args.rounds)
-    sweep_started = time.monotonic()
+    started = time.monotonic()
     for step in steps:
-        elapsed = time.monotonic() - sweep_started
+        elapsed = time.monotonic() - started
         per_step = elapsed / len(results["steps"]) if results["steps"] else 0.0
         first_of_pair = step.index % len(MODELS) == 0
         if args.time_budget_s and first_of_pair and elapsed + len(MODELS) * per_step > args.time_budget_s:
             results["skipped"] = [f"{s.model} {s.series.label} {s.users} users" for s in steps[step.index:]]
             print(f"time budget of {args.time_budget_s:.0f} s reached: skipping {len(steps) - step.index} steps",
                   file=sys.stderr)
-            break
-        step_dir = raw_dir / f"{step.index:02d}-{step.model}-{step.series.protocol}-x{step.series.images_per_request}" \
-                             f"-{step.series.input_format}-u{step.users}"
+            return
+        step_dir = settings.raw_dir / (f"{step.index:02d}-{step.model}-{step.series.protocol}"
+                                       f"-x{step.series.images_per_request}-{step.series.input_format}-u{step.users}")
         outcome = run_locust_step(step, endpoints, settings, step_dir)
         results["steps"].append(outcome)
         print(f"[{step.index + 1}/{len(steps)}] {step.model:16s} {step.series.label:34s} users {step.users:4d}: "
@@ -366,6 +386,24 @@ def run_sweep(args, endpoints: Endpoints, command: str) -> dict:
               f"failures {outcome['failures']}  avg batch {outcome['avg_batch'] or float('nan'):.2f}"
               + ("" if not outcome["problems"] else "  SANITY MISMATCH: " + "; ".join(outcome["problems"])),
               flush=True)
+
+
+def run_sweep(args, endpoints: Endpoints, command: str) -> dict:
+    """Pre-warm, every step, then the agreement; if something breaks, what was measured is kept."""
+    raw_dir = args.raw_dir or BUILD_DIR / "loadtest" / args.name
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    largest_request = max([*args.prewarm_sizes, *(s.images_per_request for s in args.series)])
+    pool = build_image_pool(max(args.pool_size, largest_request))
+    prewarm(endpoints, pool, args.prewarm_sizes)
+    settings = SweepSettings(args.warmup_s, args.measure_s, args.processes,
+                             save_image_pool(pool, raw_dir / "image_pool.npy"), raw_dir)
+    results = new_results(args, endpoints, command, pool)
+    try:
+        run_steps(args, endpoints, settings, results)
+        results["agreement"] = run_agreement_if_asked(args, endpoints)
+    except Exception as error:  # report the steps that did run, then fail
+        traceback.print_exc()
+        results["error"] = f"{type(error).__name__}: {error}"
     return results
 
 
@@ -440,7 +478,6 @@ def main(argv=None) -> int:
                                   f"http://{args.host}:{args.metrics_port}/metrics")
             wait_until_ready(endpoints.http_url)
         results = run_sweep(args, endpoints, command)
-        results["agreement"] = run_agreement_if_asked(args, endpoints)
     results["duration_s"] = round(time.monotonic() - sweep_started, 1)
     written = report.write_report(results, args.out, args.name)
     print("wrote " + ", ".join(str(path) for path in written))
@@ -452,6 +489,9 @@ def main(argv=None) -> int:
                   f"  step {i} {model} {users} users: {problem}" for i, model, users, problem in mismatches)
               + f"\n{banner}", file=sys.stderr)
         return EXIT_SANITY_MISMATCH
+    if results.get("error"):
+        print(f"the sweep stopped early: {results['error']}", file=sys.stderr)
+        return EXIT_SWEEP_FAILED
     return 0
 
 
