@@ -4,11 +4,12 @@
     locust -f loadtest/locustfile.py --headless -u 16 -r 16 -t 30s --processes 4 \\
            --model resnet18_cudnn --protocol grpc --images-per-request 8 --triton-url 127.0.0.1:8001
 
-Options (each also an environment variable, shown in brackets, and a field of the web UI):
-  --model               resnet18_custom | resnet18_cudnn            [FUSEDRESNET_MODEL]
-  --protocol            grpc | http                                 [FUSEDRESNET_PROTOCOL]
+Options (fields of the web UI too; each also read from FUSEDRESNET_<OPTION>, e.g.
+FUSEDRESNET_IMAGES_PER_REQUEST=8):
+  --model               resnet18_custom | resnet18_cudnn
+  --protocol            grpc | http
   --triton-url          host:port (default: locust's --host, else the protocol's default port)
-  --images-per-request  images in each request (1, 8, 32, ...)      [FUSEDRESNET_IMAGES_PER_REQUEST]
+  --images-per-request  images in each request (1, 8, 32, ...)
   --input-format        uint8 (IMAGE, server normalises) | fp32 (IMAGE_NORMALIZED)
   --image-pool          .npy file of uint8 crops (default: build --pool-size images in each process)
   --warmup-s            requests that finish in the first N seconds are reported under "(warm-up)"
@@ -41,7 +42,8 @@ grpc_gevent.init_gevent()
 import tritonclient.grpc as grpcclient  # noqa: E402  (after init_gevent)
 import tritonclient.http as httpclient  # noqa: E402
 
-from fusedresnet.backend.spec import INPUT_FP32, INPUT_UINT8, MODEL_CUSTOM, MODELS, OUTPUT_LOGITS  # noqa: E402
+from fusedresnet.backend.spec import (INPUT_FP32, INPUT_UINT8, MODEL_CUSTOM, MODELS, NUM_CLASSES,  # noqa: E402
+                                      OUTPUT_LOGITS)
 from fusedresnet.client.resnet_client import DEFAULT_URLS, PROTOCOLS  # noqa: E402
 from fusedresnet.loadtest.image_pool import (DEFAULT_POOL_SIZE, INPUT_FORMATS, RequestWindows,  # noqa: E402
                                              as_model_input, load_image_pool)
@@ -205,9 +207,9 @@ class TritonUser(User):
     @staticmethod
     def check(result, images_sent: int):
         logits = result.as_numpy(OUTPUT_LOGITS)
-        if logits is None or logits.shape != (images_sent, 1000):
+        if logits is None or logits.shape != (images_sent, NUM_CLASSES):
             shape = None if logits is None else logits.shape
-            raise ValueError(f"expected logits [{images_sent}, 1000], got {shape}")
+            raise ValueError(f"expected logits [{images_sent}, {NUM_CLASSES}], got {shape}")
 
     def on_request_done(self, started_at: float, latency_ms: float, exception: Exception | None):
         REQUEST_LOG.add(started_at, latency_ms, exception is None)
