@@ -69,7 +69,9 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned int addr, unsigned int &r0,
 // D = A * B + D, m16n8k16, fp16 inputs, fp32 accumulators (row.col: A is M x K
 // row-major, B is given as N x K "K-major", which is exactly a KRSC filter).
 __device__ __forceinline__ void mma_16816(float *d, const unsigned int *a, const unsigned int *b) {
-    asm volatile(
+    // Not volatile: a pure register operation, which the compiler may
+    // interleave with the (volatile, ordered) ldmatrix loads.
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])

@@ -63,7 +63,6 @@ CONV_TILES = (
     # 64x64 / 64x32 warp tiles: fewer shared-memory bytes per MAC (see NOTES.md).
     TileConfig(128, 128, 2, 2, 3, efficiency=1.05, blocks_per_sm=2),
     TileConfig(128, 64, 2, 2, 4, efficiency=0.95, blocks_per_sm=2),
-    TileConfig(256, 64, 4, 1, 3, efficiency=1.05, blocks_per_sm=1),
 )
 @dataclass(frozen=True)
 class PatchConfig:

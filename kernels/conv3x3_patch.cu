@@ -107,26 +107,31 @@ conv3x3_patch(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
         const int shift = r * PW + s;
         const half_bits *pA = patch + (cc & 1) * PATCH_HALFS;
         const half_bits *sB = ring + (it % STAGES) * B_HALFS;
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            unsigned int a[MI][4], b[NI][2];
+        unsigned int a[2][MI][4], b[2][NI][2];   // double-buffered as in conv_implicit_gemm.cu
+        auto load_frags = [&](int buf, int kk) {
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi) {
                 const int pix = a_pix[mi] + shift;
                 const int ch = kk * 2 + (lane >> 4);
-                ldmatrix_x4(smem_addr(pA + pix * 64 + ((ch ^ (pix & 7)) << 3)), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+                ldmatrix_x4(smem_addr(pA + pix * 64 + ((ch ^ (pix & 7)) << 3)), a[buf][mi][0], a[buf][mi][1],
+                            a[buf][mi][2], a[buf][mi][3]);
             }
 #pragma unroll
             for (int nj = 0; nj < NI / 2; ++nj) {
                 const int row = warp_n * WTN + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
                 const int ch = kk * 2 + ((lane >> 3) & 1);
-                ldmatrix_x4(smem_addr(sB + row * 64 + ((ch ^ (row & 7)) << 3)), b[2 * nj][0], b[2 * nj][1],
-                            b[2 * nj + 1][0], b[2 * nj + 1][1]);
+                ldmatrix_x4(smem_addr(sB + row * 64 + ((ch ^ (row & 7)) << 3)), b[buf][2 * nj][0],
+                            b[buf][2 * nj][1], b[buf][2 * nj + 1][0], b[buf][2 * nj + 1][1]);
             }
+        };
+        load_frags(0, 0);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            if (kk + 1 < 4) load_frags((kk + 1) & 1, kk + 1);
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-                for (int ni = 0; ni < NI; ++ni) mma_16816(acc[mi][ni], a[mi], b[ni]);
+                for (int ni = 0; ni < NI; ++ni) mma_16816(acc[mi][ni], a[kk & 1][mi], b[kk & 1][ni]);
         }
     }
     cp_async_wait<0>();

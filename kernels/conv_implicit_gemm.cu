@@ -49,7 +49,9 @@
 //   v1  mma.sync m16n8k16 + ldmatrix + cp.async ring, direct fragment stores,
 //       split-K through an fp32 workspace.
 //   v2  stem loader gathers runs of 8 contiguous input values per chunk (index
-//       arithmetic once per chunk, not per value).
+//       arithmetic once per chunk, not per value). (The stem now has its own
+//       kernel, stem.cu; MODE 1/2 stay as its reference path.)
+//   v3  fragments double-buffered across k16 steps; mma not volatile.
 
 #include "common.cuh"
 
@@ -213,26 +215,33 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
 
         const half_bits *sA = smem + (i % STAGES) * TileSmem<BM, BN>::STAGE_HALFS;
         const half_bits *sB = sA + TileSmem<BM, BN>::A_HALFS;
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
-            unsigned int a[MI][4], b[NI][2];
+        // Fragments double-buffered across the four k16 steps: the ldmatrix
+        // of step kk+1 is issued before the mma of step kk (asm volatile keeps
+        // source order, so the order written here is the order issued).
+        unsigned int a[2][MI][4], b[2][NI][2];
+        auto load_frags = [&](int buf, int kk) {
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi) {
                 int row = warp_m * WTM + mi * 16 + (lane & 15);
                 int ch = kk * 2 + (lane >> 4);
-                ldmatrix_x4(smem_addr(sA + swz(row, ch)), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+                ldmatrix_x4(smem_addr(sA + swz(row, ch)), a[buf][mi][0], a[buf][mi][1], a[buf][mi][2], a[buf][mi][3]);
             }
 #pragma unroll
             for (int nj = 0; nj < NI / 2; ++nj) {
                 int row = warp_n * WTN + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
                 int ch = kk * 2 + ((lane >> 3) & 1);
-                ldmatrix_x4(smem_addr(sB + swz(row, ch)), b[2 * nj][0], b[2 * nj][1], b[2 * nj + 1][0],
-                            b[2 * nj + 1][1]);
+                ldmatrix_x4(smem_addr(sB + swz(row, ch)), b[buf][2 * nj][0], b[buf][2 * nj][1],
+                            b[buf][2 * nj + 1][0], b[buf][2 * nj + 1][1]);
             }
+        };
+        load_frags(0, 0);
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+            if (kk + 1 < BK / 16) load_frags((kk + 1) & 1, kk + 1);
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-                for (int ni = 0; ni < NI; ++ni) mma_16816(acc[mi][ni], a[mi], b[ni]);
+                for (int ni = 0; ni < NI; ++ni) mma_16816(acc[mi][ni], a[kk & 1][mi], b[kk & 1][ni]);
         }
     }
     cp_async_wait<0>();
