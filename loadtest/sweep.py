@@ -48,7 +48,7 @@ from fusedresnet.backend.prepare import STAMP_FILE, prepare
 from fusedresnet.backend.serve import BUILD_DIR, TritonServer, free_ports, gpu_present
 from fusedresnet.backend.spec import (DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT,
                                       MAX_BATCH_SIZE, MODEL_REPOSITORY, MODELS, REPO_ROOT)
-from fusedresnet.client.resnet_client import ResNetClient
+from fusedresnet.client.resnet_client import PROTOCOLS, ResNetClient
 from fusedresnet.loadtest import measurements, report, triton_metrics
 from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, INPUT_FORMATS, build_image_pool, save_image_pool
 from fusedresnet.loadtest.step_files import LOCUST_JSON_STEM, LOCUST_LOG, MEASURE_END_MARKER, MEASURE_START_MARKER
@@ -84,14 +84,13 @@ class Series:
             levels = tuple(int(level) for level in levels.split(","))
         except (ValueError, IndexError):
             raise argparse.ArgumentTypeError(f"series must look like grpc/1@1,2,4 or http/8/fp32@4,16: {text!r}")
-        if protocol not in ("grpc", "http") or input_format not in INPUT_FORMATS or images < 1 or min(levels) < 1:
+        if protocol not in PROTOCOLS or input_format not in INPUT_FORMATS or images < 1 or min(levels) < 1:
             raise argparse.ArgumentTypeError(f"bad series {text!r}")
         return cls(protocol, images, input_format, levels)
 
     @property
     def label(self) -> str:
-        return f"{self.protocol}, {self.images_per_request} image{'s' if self.images_per_request > 1 else ''}" \
-               f"/request, {self.input_format}"
+        return report.series_label((self.protocol, self.images_per_request, self.input_format))
 
 
 @dataclass(frozen=True)
