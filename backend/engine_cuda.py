@@ -8,7 +8,7 @@ How a batch runs:
    static device buffer of the plan for (batch bucket, input kind, H, W); the
    bucket is the next power of two >= N (up to 256; larger batches go in chunks).
 2. The plan's CUDA graph is replayed: stem conv (normalisation fused into its
-   loader) -> 3x3/2 max-pool -> 8 BasicBlocks, each conv an implicit-GEMM
+   loader) with the 3x3/2 max-pool fused into its epilogue -> 8 BasicBlocks, each conv an implicit-GEMM
    kernel with the folded BatchNorm bias, residual and ReLU in its epilogue,
    split-K where a layer has too few tiles, the downsample conv on a second
    captured stream, concurrent with the block's first conv -> avgpool + fc.
@@ -57,7 +57,10 @@ class _Plan:
         else:
             self.input = cp.zeros((batch, 3, h, w), dtype=cp.float32)
         (h1, w1), (h2, w2) = stage_sizes(h, w)[:2]
-        self.stem_out = cp.empty((batch, h1, w1, STEM.out_channels), dtype=cp.float16)
+        # The fused stem+pool kernel writes the pooled map directly; the unfused
+        # path (fuse_stem_pool=False) keeps the stem output.
+        self.stem_out = (None if engine.fuse_stem_pool else
+                         cp.empty((batch, h1, w1, STEM.out_channels), dtype=cp.float16))
         self.pool_out = cp.empty((batch, h2, w2, STEM.out_channels), dtype=cp.float16)
         self.steps = []   # (block, conv1 out, downsample out or None, block out, plans, events)
         x_shape = self.pool_out.shape
@@ -103,7 +106,8 @@ class FusedCudaEngine:
     def describe(device: str) -> str:
         return "fused-cuda-fp16"
 
-    def __init__(self, params_or_path, device: str = "cuda:0", concurrent_downsample: bool = True):
+    def __init__(self, params_or_path, device: str = "cuda:0", concurrent_downsample: bool = True,
+                 fuse_stem_pool: bool = True):
         params = load_folded(params_or_path) if not isinstance(params_or_path, dict) else params_or_path
         self.torch_device = torch.device(device)
         if self.torch_device.type != "cuda":
@@ -112,6 +116,7 @@ class FusedCudaEngine:
         self.name = self.describe(device)
         self.blocks = resnet18_blocks()
         self.concurrent_downsample = concurrent_downsample
+        self.fuse_stem_pool = fuse_stem_pool
         self._lock = threading.Lock()
         self._plans: dict[tuple, _Plan] = {}
         with cp.cuda.Device(self.device_id):
@@ -125,8 +130,10 @@ class FusedCudaEngine:
                 self.weights[name] = (weight, cp.asarray(conv["bias"].float().numpy()))
             stem_w, stem_b = self.weights[STEM.name]
             k = stem_w.shape[0]
-            padded = cp.zeros((k, STEM_KG_PADDED), dtype=cp.float16)
-            padded[:, : stem_w[0].size] = stem_w.reshape(k, -1)
+            # [K,7,7,3] -> [K, 8 filter rows, 24 = 7*3 values + 3 zeros]: the stem loader's layout.
+            padded = cp.zeros((k, 8, 24), dtype=cp.float16)
+            padded[:, :7, :21] = stem_w.reshape(k, 7, 21)
+            padded = padded.reshape(k, STEM_KG_PADDED)
             self.stem_weight, self.stem_bias = padded, stem_b
             mean = np.array(IMAGENET_MEAN, dtype=np.float64)
             std = np.array(IMAGENET_STD, dtype=np.float64)
@@ -167,12 +174,13 @@ class FusedCudaEngine:
     def _forward(self, plan: _Plan):
         """Launch the whole network on the current stream (self.stream)."""
         lib = self.lib
-        if plan.kind == "uint8":
-            lib.stem(plan.input, self.stem_weight, self.stem_bias, plan.stem_out, kind="uint8",
-                     in_scale=self.in_scale, in_shift=self.in_shift)
+        if self.fuse_stem_pool:
+            lib.stem_pool(plan.input, self.stem_weight, self.stem_bias, plan.pool_out, kind=plan.kind,
+                          in_scale=self.in_scale, in_shift=self.in_shift)
         else:
-            lib.stem(plan.input, self.stem_weight, self.stem_bias, plan.stem_out, kind="float32")
-        lib.maxpool_3x3s2(plan.stem_out, plan.pool_out)
+            lib.stem(plan.input, self.stem_weight, self.stem_bias, plan.stem_out, kind=plan.kind,
+                     in_scale=self.in_scale, in_shift=self.in_shift)
+            lib.maxpool_3x3s2(plan.stem_out, plan.pool_out)
         x = plan.pool_out
         for block, t, d, out, plans, events in plan.steps:
             identity = x

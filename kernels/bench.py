@@ -134,9 +134,10 @@ def layer_table(engine: FusedCudaEngine, batches, peak: float) -> list[dict]:
             flops = 2.0 * n * p * q * spec.out_channels * spec.kernel * spec.kernel * spec.in_channels
             if spec is STEM:
                 x = cp.random.randint(0, 256, (n, h, w, 3), dtype=cp.int32).astype(cp.uint8)
-                run = lambda: lib.stem(x, engine.stem_weight, engine.stem_bias, y, kind="uint8",   # noqa: E731
-                                       in_scale=engine.in_scale, in_shift=engine.in_shift)
-                label, splits = "8x16 patch", 1
+                pooled = cp.empty((n, conv_out_size(p, 3, 2, 1), conv_out_size(q, 3, 2, 1), 64), dtype=cp.float16)
+                run = lambda: lib.stem_pool(x, engine.stem_weight, engine.stem_bias, pooled,   # noqa: E731
+                                            kind="uint8", in_scale=engine.in_scale, in_shift=engine.in_shift)
+                label, splits = "stem+maxpool fused", 1
             else:
                 x = cp.random.standard_normal((n, h, w, spec.in_channels), dtype=cp.float32).astype(cp.float16)
                 weight, bias = engine.weights[spec.name]

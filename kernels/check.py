@@ -150,6 +150,27 @@ class Checker:
         self.record(f"stem[{kind},{method}] N={n} {h}x{w}", unwritten == 0 and err <= CONV_TOL, rel_l2=err,
                     unwritten=unwritten, max_abs=float((out - ref).abs().max()))
 
+    def stem_pool_case(self, n, h, w, kind):
+        weight = self.params["convs"][STEM.name]["weight"].cuda()
+        bias = self.params["convs"][STEM.name]["bias"].cuda().float()
+        engine = self.engine
+        images = torch.randint(0, 256, (n, h, w, 3), device="cuda", dtype=torch.uint8, generator=self.gen)
+        normalized = normalize_uint8(images)
+        p1, q1 = conv_out_size(h, 7, 2, 3), conv_out_size(w, 7, 2, 3)
+        p2, q2 = conv_out_size(p1, 3, 2, 1), conv_out_size(q1, 3, 2, 1)
+        y = poisoned((n, p2, q2, 64), cp.float16)
+        source = cp.from_dlpack(images) if kind == "uint8" else cp.from_dlpack(normalized.contiguous())
+        self.lib.stem_pool(source, engine.stem_weight, engine.stem_bias, y, kind=kind,
+                           in_scale=engine.in_scale, in_shift=engine.in_shift)
+        cp.cuda.Device().synchronize()
+        ref = F.max_pool2d(F.conv2d(normalized, weight.float().permute(0, 3, 1, 2), bias, stride=2, padding=3).relu(),
+                           3, 2, 1).permute(0, 2, 3, 1)
+        out = to_torch(y).float()
+        unwritten = int(torch.isnan(out).sum())
+        err = rel_l2(out, ref) if not unwritten else float("nan")
+        self.record(f"stem+maxpool[{kind}] N={n} {h}x{w}", unwritten == 0 and err <= CONV_TOL, rel_l2=err,
+                    unwritten=unwritten, max_abs=float((out - ref).abs().max()))
+
     def pool_head_cases(self, n):
         x = self.randn(n, 112, 112, 64).relu().half()
         y = poisoned((n, 56, 56, 64), cp.float16)
@@ -178,6 +199,10 @@ class Checker:
             for kind in ("uint8", "float32"):
                 for method in ("patch", "gemm"):
                     self.stem_case(n, 224, 224, kind, method)
+            for kind in ("uint8", "float32"):
+                self.stem_pool_case(n, 224, 224, kind)
+        for h, w in ((64, 80), (33, 47), (97, 130), (32, 32)):
+            self.stem_pool_case(2, h, w, "uint8")
         self.stem_case(3, 64, 80, "uint8")
         self.stem_case(2, 33, 47, "float32")
         self.stem_case(2, 97, 130, "uint8")

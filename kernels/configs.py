@@ -63,6 +63,7 @@ CONV_TILES = (
     # 64x64 / 64x32 warp tiles: fewer shared-memory bytes per MAC (see NOTES.md).
     TileConfig(128, 128, 2, 2, 3, efficiency=1.05, blocks_per_sm=2),
     TileConfig(128, 64, 2, 2, 4, efficiency=0.95, blocks_per_sm=2),
+    TileConfig(128, 128, 2, 4, 4, efficiency=1.0, blocks_per_sm=1),
 )
 @dataclass(frozen=True)
 class PatchConfig:
@@ -111,7 +112,11 @@ STEM_TILES = {
 STEM_KERNELS = {"uint8": "stem_conv7x7s2<1>", "float32": "stem_conv7x7s2<2>"}
 STEM_SMEM_BYTES = (128 + 64) * STEM_KG_PADDED * 2 + 21 * 112 * 2   # A + B tiles + input patch (stem.cu)
 STEM_TILE_H, STEM_TILE_W = 8, 16
-OTHER_KERNELS = ("splitk_epilogue", "maxpool_3x3s2", f"avgpool_fc<{HEAD_IMGS}>", *STEM_KERNELS.values())
+STEM_POOL_KERNELS = {"uint8": "stem_pool_conv7x7s2<1>", "float32": "stem_pool_conv7x7s2<2>"}
+STEM_POOL_SMEM_BYTES = (160 + 64) * STEM_KG_PADDED * 2 + 23 * 118 * 2   # A + B tiles + input patch
+STEM_POOL_TILE_H, STEM_POOL_TILE_W = 4, 8    # pooled pixels per block tile
+OTHER_KERNELS = ("splitk_epilogue", "maxpool_3x3s2", f"avgpool_fc<{HEAD_IMGS}>", *STEM_KERNELS.values(),
+                 *STEM_POOL_KERNELS.values())
 
 
 def name_expressions() -> list[str]:

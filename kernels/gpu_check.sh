@@ -36,9 +36,10 @@ if [[ $what == bench || $what == all || $what == full ]]; then
   echo "bench exit $? after $(( $(date +%s) - t0 ))s"
 fi
 if [[ $what == full || $what == profile ]]; then
-  # -c 8: the 4 profiled launches of the second round come after the 4 warm-up ones
+  # -c 6: the 3 profiled launches of the second round come after the 3 warm-up ones
   ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
-      --section LaunchStats -k regex:"stem|conv|maxpool" -c 8 \
+      --section LaunchStats -k regex:"stem|conv" -c 6 \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active" \
       python3 -m fusedresnet.kernels.profile_layers > "$OUT/ncu.txt" 2>&1
   echo "ncu exit $? after $(( $(date +%s) - t0 ))s"
 fi

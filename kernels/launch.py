@@ -15,6 +15,7 @@ import cupy as cp
 import numpy as np
 
 from .configs import (BK, COMPILE_OPTIONS, CONV_TILES, HEAD_BLOCKS_X, HEAD_IMGS, STEM_KERNELS, STEM_KG_PADDED,
+                      STEM_POOL_KERNELS, STEM_POOL_SMEM_BYTES, STEM_POOL_TILE_H, STEM_POOL_TILE_W,
                       STEM_SMEM_BYTES, STEM_TILE_H, STEM_TILE_W, STEM_TILES,
                       ConvPlan, PatchConfig, TileConfig, PATCH_TILES, load_tuned_plans, make_plan, name_expressions, plan_conv, plan_key,
                       source_text)
@@ -53,6 +54,11 @@ class KernelLibrary:
                 kernel = self.module.get_function(name)
                 kernel.max_dynamic_shared_size_bytes = STEM_SMEM_BYTES
                 self.stem_kernels[kind] = kernel
+            self.stem_pool_kernels = {}
+            for kind, name in STEM_POOL_KERNELS.items():
+                kernel = self.module.get_function(name)
+                kernel.max_dynamic_shared_size_bytes = STEM_POOL_SMEM_BYTES
+                self.stem_pool_kernels[kind] = kernel
             self.splitk_epilogue = self.module.get_function("splitk_epilogue")
             self.maxpool = self.module.get_function("maxpool_3x3s2")
             self.avgpool_fc_kernel = self.module.get_function(f"avgpool_fc<{HEAD_IMGS}>")
@@ -106,6 +112,26 @@ class KernelLibrary:
         plan = ConvPlan(tile, 1, k_tiles, ((m + tile.bm - 1) // tile.bm, (k + tile.bn - 1) // tile.bn, 1))
         self._launch_conv(plan, x, weight_padded, bias, None, y, None, in_scale, in_shift,
                           (n, h, w, c, k, p, q, 7, 7, 2, 3, STEM_KG_PADDED, k_tiles), True)
+
+    def stem_pool(self, x, weight_padded, bias, y, *, kind: str, in_scale=None, in_shift=None):
+        """Stem conv + bias + ReLU + 3x3/2 max-pool in one kernel (stem.cu): y is the pooled [N,P2,Q2,64]."""
+        if kind == "uint8":
+            n, h, w, c = x.shape
+        else:
+            n, c, h, w = x.shape
+        k = weight_padded.shape[0]
+        p1, q1 = conv_out_size(h, 7, 2, 3), conv_out_size(w, 7, 2, 3)
+        p2, q2 = conv_out_size(p1, 3, 2, 1), conv_out_size(q1, 3, 2, 1)
+        if c != 3 or k != 64 or weight_padded.shape[1] != STEM_KG_PADDED or y.shape != (n, p2, q2, k):
+            raise ValueError(f"stem_pool: input {x.shape}, weight {weight_padded.shape}, output {y.shape}")
+        tiles_x, tiles_y = -(-q2 // STEM_POOL_TILE_W), -(-p2 // STEM_POOL_TILE_H)
+        total = n * tiles_x * tiles_y
+        per_block = max(1, min(8, total // (self.sms * 2 * 3)))
+        self.stem_pool_kernels[kind]((-(-total // per_block),), (320,),
+                                     (_ptr(x), _ptr(weight_padded), _ptr(bias), _ptr(y), _ptr(in_scale),
+                                      _ptr(in_shift), _i(n), _i(h), _i(w), _i(p1), _i(q1), _i(p2), _i(q2),
+                                      _i(tiles_x), _i(tiles_x * tiles_y), _i(total), _i(per_block)),
+                                     shared_mem=STEM_POOL_SMEM_BYTES)
 
     def _stem_patch(self, x, weight_padded, bias, y, kind, in_scale, in_shift):
         if kind == "uint8":

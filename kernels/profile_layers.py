@@ -2,7 +2,7 @@
 
     ncu --section SpeedOfLight ... python -m fusedresnet.kernels.profile_layers
 
-Launches, in order: the stem (uint8), the max-pool, layer1's 3x3 conv and
+Launches, in order: the fused stem + max-pool (uint8), layer1's 3x3 conv and
 layer3's 3x3 conv with the plans the engine uses, each once after a warm-up.
 """
 
@@ -21,7 +21,6 @@ def main():
     engine = FusedCudaEngine(fold_resnet18(build_resnet18()), "cuda:0")
     lib = library(0)
     images = cp.random.randint(0, 256, (n, 224, 224, 3), dtype=cp.int32).astype(cp.uint8)
-    stem_out = cp.empty((n, 112, 112, 64), dtype=cp.float16)
     pooled = cp.empty((n, 56, 56, 64), dtype=cp.float16)
     l1 = cp.empty_like(pooled)
     x3 = cp.random.standard_normal((n, 14, 14, 256), dtype=cp.float32).astype(cp.float16)
@@ -32,9 +31,8 @@ def main():
     plan3 = lib.plan(n, 14, 14, 256, 256, 3, 3, 1, 1)
     print("plans:", plan1.tile.label, plan1.splits, plan3.tile.label, plan3.splits)
     for _ in range(2):
-        lib.stem(images, engine.stem_weight, engine.stem_bias, stem_out, kind="uint8",
-                 in_scale=engine.in_scale, in_shift=engine.in_shift)
-        lib.maxpool_3x3s2(stem_out, pooled)
+        lib.stem_pool(images, engine.stem_weight, engine.stem_bias, pooled, kind="uint8",
+                      in_scale=engine.in_scale, in_shift=engine.in_shift)
         lib.conv(pooled, w1, b1, l1, stride=1, pad=1, relu=True, plan=plan1)
         lib.conv(x3, w3, b3, y3, stride=1, pad=1, relu=True, plan=plan3)
     cp.cuda.Device().synchronize()

@@ -161,3 +161,172 @@ stem_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, con
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// The stem fused with the 3x3/2 max-pool (pad 1): the 64-channel 112x112 stem
+// output never goes to global memory. A block owns a 4 x 8 tile of POOLED
+// pixels; their windows cover a 9 x 17 region of stem pixels (the overlap row
+// and column are computed by both neighbouring blocks: 153 stem pixels per 32
+// pooled ones instead of 128). The region is a GEMM tile of 153 rows (padded
+// to 160 = 5 warps x 32) x 64 channels x 192 reduction values, built exactly as
+// in stem_conv7x7s2 from a 23 x 39-pixel input patch. After bias + ReLU the
+// fp16 stem values go to shared memory (over the A tile; rows padded to 72
+// halfs so the half2 stores of a warp spread over the banks), with stem
+// pixels outside the image set to 0: every pool window holds a real pixel and
+// real values are >= 0 after ReLU, so 0 never wins and acts as the padding.
+// Then each of 256 threads takes 8 channels of one pooled pixel: nine 16-byte
+// shared loads, packed fp16 max, one 16-byte global store.
+
+#define SP_PH 4                          // pooled tile rows
+#define SP_PW 8                          // pooled tile cols
+#define SP_SH (2 * SP_PH + 1)            // 9 stem rows
+#define SP_SW (2 * SP_PW + 1)            // 17 stem cols
+#define SP_ROWS (SP_SH * SP_SW)          // 153 GEMM rows
+#define SP_M 160                         // padded to 5 warps x 32
+#define SP_IN_H (2 * SP_SH + 5)          // 23
+#define SP_IN_W (2 * SP_SW + 5)          // 39
+#define SP_IN_ROW 118                    // halfs per patch row: 39*3 = 117, padded to even
+#define SP_C_ROW 72                      // halfs per staged stem pixel (64 + 8 pad)
+
+template <int MODE>
+__global__ void __launch_bounds__(320, 2)
+stem_pool_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, const float *__restrict__ bias,
+                    half_bits *__restrict__ y, const float *__restrict__ in_scale, const float *__restrict__ in_shift,
+                    int N, int H, int W, int P1, int Q1, int P2, int Q2, int tiles_x, int tiles_per_image,
+                    int total_tiles, int tiles_per_block) {
+    extern __shared__ vec16 smem_vec[];
+    half_bits *sA = reinterpret_cast<half_bits *>(smem_vec);     // [160][192], later [153][72] stem values
+    half_bits *sB = sA + SP_M * STEM_KG;                         // [64][192]
+    half_bits *sIn = sB + STEM_K * STEM_KG;                      // [23][118]
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int warp_m = warp >> 1, warp_n = warp & 1;             // 5 x 2 warps, 32 x 32 each
+
+    for (int i = tid; i < STEM_K * (STEM_KG / 8); i += 320) {
+        const int row = i / (STEM_KG / 8), ch = i - row * (STEM_KG / 8);
+        cp_async_16(smem_addr(sB + stem_swz(row, ch)), w + row * STEM_KG + ch * 8, 16);
+    }
+    cp_async_commit();
+    float scale[3] = {1.f, 1.f, 1.f}, shift[3] = {0.f, 0.f, 0.f};
+    if (MODE == 1) {
+#pragma unroll
+        for (int c = 0; c < 3; ++c) { scale[c] = in_scale[c]; shift[c] = in_shift[c]; }
+    }
+
+    const int t_begin = blockIdx.x * tiles_per_block;
+    const int t_end = min(total_tiles, t_begin + tiles_per_block);
+    for (int t = t_begin; t < t_end; ++t) {
+        const int n = t / tiles_per_image, rem = t - n * tiles_per_image;
+        const int ty = rem / tiles_x, tx = rem - ty * tiles_x;
+        const int py0 = ty * SP_PH, px0 = tx * SP_PW;            // pooled origin
+        const int sy0 = 2 * py0 - 1, sx0 = 2 * px0 - 1;          // stem origin
+        const int iy0 = 2 * sy0 - 3, ix0 = 2 * sx0 - 3;          // input origin
+        __syncthreads();   // the previous tile is done with sIn and sA
+
+        for (int i = tid; i < SP_IN_H * SP_IN_W; i += 320) {
+            const int iy = i / SP_IN_W, ix = i - iy * SP_IN_W;
+            const int gy = iy0 + iy, gx = ix0 + ix;
+            float v[3] = {0.f, 0.f, 0.f};
+            if ((unsigned)gy < (unsigned)H && (unsigned)gx < (unsigned)W) {
+                if (MODE == 1) {
+                    const unsigned char *p = reinterpret_cast<const unsigned char *>(x_) + ((u64)(n * H + gy) * W + gx) * 3;
+#pragma unroll
+                    for (int c = 0; c < 3; ++c) v[c] = (float)p[c] * scale[c] + shift[c];
+                } else {
+                    const float *x = reinterpret_cast<const float *>(x_);
+#pragma unroll
+                    for (int c = 0; c < 3; ++c) v[c] = x[((u64)(n * 3 + c) * H + gy) * W + gx];
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < 3; ++c) sIn[iy * SP_IN_ROW + ix * 3 + c] = float_to_half(v[c]);
+        }
+        __syncthreads();
+
+        for (int i = tid; i < 8 * SP_M; i += 320) {
+            const int r = i / SP_M, row = i - r * SP_M;          // r is warp-uniform (SP_M = 5 warps)
+            vec16 c0, c1, c2;
+            c0.x = c0.y = c0.z = c0.w = 0u; c1 = c0; c2 = c0;
+            if (r < 7 && row < SP_ROWS) {
+                const int ly = row / SP_SW, lx = row - ly * SP_SW;
+                const unsigned int *src =
+                    reinterpret_cast<const unsigned int *>(sIn + (2 * ly + r) * SP_IN_ROW + 2 * lx * 3);
+                c0.x = src[0]; c0.y = src[1]; c0.z = src[2]; c0.w = src[3];
+                c1.x = src[4]; c1.y = src[5]; c1.z = src[6]; c1.w = src[7];
+                c2.x = src[8]; c2.y = src[9]; c2.z = src[10] & 0xffffu;
+            }
+            *reinterpret_cast<vec16 *>(sA + stem_swz(row, r * 3 + 0)) = c0;
+            *reinterpret_cast<vec16 *>(sA + stem_swz(row, r * 3 + 1)) = c1;
+            *reinterpret_cast<vec16 *>(sA + stem_swz(row, r * 3 + 2)) = c2;
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+
+        float acc[2][4][4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < STEM_KG / 16; ++kk) {
+            unsigned int a[2][4], b[4][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+                ldmatrix_x4(smem_addr(sA + stem_swz(warp_m * 32 + mi * 16 + (lane & 15), kk * 2 + (lane >> 4))),
+                            a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+#pragma unroll
+            for (int nj = 0; nj < 2; ++nj)
+                ldmatrix_x4(smem_addr(sB + stem_swz(warp_n * 32 + nj * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                    kk * 2 + ((lane >> 3) & 1))),
+                            b[2 * nj][0], b[2 * nj][1], b[2 * nj + 1][0], b[2 * nj + 1][1]);
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni) mma_16816(acc[mi][ni], a[mi], b[ni]);
+        }
+        __syncthreads();   // every warp is done reading sA: it becomes the stem-value buffer
+
+        const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                const int row = warp_m * 32 + mi * 16 + g + hr * 8;
+                if (row >= SP_ROWS) continue;
+                const int ly = row / SP_SW, lx = row - ly * SP_SW;
+                const bool inside = (unsigned)(sy0 + ly) < (unsigned)P1 && (unsigned)(sx0 + lx) < (unsigned)Q1;
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni) {
+                    const int k = warp_n * 32 + ni * 8 + 2 * t4;
+                    float v0 = 0.f, v1 = 0.f;
+                    if (inside) {
+                        v0 = fmaxf(acc[mi][ni][hr * 2] + bias[k], 0.f);
+                        v1 = fmaxf(acc[mi][ni][hr * 2 + 1] + bias[k + 1], 0.f);
+                    }
+                    *reinterpret_cast<half2_bits *>(sA + row * SP_C_ROW + k) = pack_half2(v0, v1);
+                }
+            }
+        }
+        __syncthreads();
+
+        if (tid < SP_PH * SP_PW * 8) {
+            const int pix = tid >> 3, ch = tid & 7;
+            const int qy = pix / SP_PW, qx = pix - qy * SP_PW;
+            const int oy = py0 + qy, ox = px0 + qx;
+            if (oy < P2 && ox < Q2) {
+                unsigned int m0 = 0u, m1 = 0u, m2 = 0u, m3 = 0u;   // +0.0: below every ReLU output but equal to 0
+#pragma unroll
+                for (int dy = 0; dy < 3; ++dy)
+#pragma unroll
+                    for (int dx = 0; dx < 3; ++dx) {
+                        const vec16 v = *reinterpret_cast<const vec16 *>(
+                            sA + ((2 * qy + dy) * SP_SW + 2 * qx + dx) * SP_C_ROW + ch * 8);
+                        m0 = hmax2(m0, v.x); m1 = hmax2(m1, v.y); m2 = hmax2(m2, v.z); m3 = hmax2(m3, v.w);
+                    }
+                vec16 out; out.x = m0; out.y = m1; out.z = m2; out.w = m3;
+                *reinterpret_cast<vec16 *>(y + (((u64)n * P2 + oy) * Q2 + ox) * STEM_K + ch * 8) = out;
+            }
+        }
+    }
+}
