@@ -147,6 +147,10 @@ def on_test_stop(environment, **_):
         # Report the last requests now, before this worker tells the master it has stopped:
         # otherwise they wait for the next periodic report, which may come after the master's summary.
         environment.runner._send_stats()
+        if options and options.measure_s > 0:
+            # A stopped worker is forgotten by the master, so it would never get the master's `quit`
+            # and would linger until the heartbeat times out (60 s): leave once `client_stopped` is sent.
+            gevent.spawn_later(0.2, environment.runner.quit)
 
 
 @events.cpu_warning.add_listener
@@ -158,8 +162,12 @@ RUNNERS = []   # this process's runner, kept from the init event
 
 
 @events.init.add_listener
-def remember_runner(environment, **_):
+def on_init(environment, **_):
     RUNNERS.append(environment.runner)
+    # Load (and for fp32, normalise) the image pool now, before the test starts, rather than
+    # in the first user's on_start, where it would eat into the warm-up and the measured window.
+    if environment.parsed_options and not isinstance(environment.runner, MasterRunner):
+        model_inputs(environment.parsed_options)
 
 
 @events.quit.add_listener

@@ -36,6 +36,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -50,7 +51,8 @@ from fusedresnet.backend.spec import (DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_H
                                       MAX_BATCH_SIZE, MODEL_REPOSITORY, MODELS, REPO_ROOT)
 from fusedresnet.client.resnet_client import PROTOCOLS, ResNetClient
 from fusedresnet.loadtest import measurements, report, triton_metrics
-from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, INPUT_FORMATS, build_image_pool, save_image_pool
+from fusedresnet.loadtest.image_pool import (DEFAULT_POOL_SIZE, INPUT_FORMATS, as_model_input, build_image_pool,
+                                             save_image_pool)
 from fusedresnet.loadtest.step_files import LOCUST_JSON_STEM, LOCUST_LOG, MEASURE_END_MARKER, MEASURE_START_MARKER
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -129,7 +131,7 @@ class SweepSettings:
     warmup_s: float
     measure_s: float
     processes: int
-    image_pool: Path
+    image_pools: dict[str, Path]    # input format -> the pool saved in that format
     raw_dir: Path
 
 
@@ -142,7 +144,7 @@ def locust_command(step: Step, endpoints: Endpoints, settings: SweepSettings, st
                "--model", step.model, "--protocol", step.series.protocol,
                "--triton-url", endpoints.url_for(step.series.protocol),
                "--images-per-request", str(step.series.images_per_request),
-               "--input-format", step.series.input_format, "--image-pool", str(settings.image_pool),
+               "--input-format", step.series.input_format, "--image-pool", str(settings.image_pools[step.series.input_format]),
                "--warmup-s", f"{settings.warmup_s:g}", "--measure-s", f"{settings.measure_s:g}",
                "--results-dir", str(step_dir)]
     processes = min(settings.processes, step.users)
@@ -179,6 +181,15 @@ def scrape_new_window_markers(step_dir: Path, metrics_url: str, snapshots: dict)
             snapshots[marker] = triton_metrics.scrape(metrics_url)
 
 
+def end_process_group(locust: subprocess.Popen):
+    """Make sure nothing of a step outlives it: the master and any worker it forked (--processes)."""
+    if locust.poll() is None:
+        locust.kill()
+        locust.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(locust.pid, signal.SIGKILL)   # its own session: only this step's processes
+
+
 def watch_locust(locust: subprocess.Popen, step_dir: Path, metrics_url: str, limit_s: float):
     """Follow a running locust step: Triton snapshots at the window's ends and every second inside it."""
     snapshots: dict[str, triton_metrics.MetricsSnapshot] = {}
@@ -199,9 +210,7 @@ def watch_locust(locust: subprocess.Popen, step_dir: Path, metrics_url: str, lim
                 last_sample = time.monotonic()
             time.sleep(0.05)
     finally:
-        if locust.poll() is None:
-            locust.kill()
-            locust.wait()
+        end_process_group(locust)
     scrape_new_window_markers(step_dir, metrics_url, snapshots)   # in case locust outran the polling
     return snapshots, during
 
@@ -229,7 +238,7 @@ def run_locust_step(step: Step, endpoints: Endpoints, settings: SweepSettings, s
     limit_s = settings.warmup_s + settings.measure_s + RUN_TIME_MARGIN_S + STOP_TIMEOUT_S + 60
     with open(step_dir / LOCUST_LOG, "wb") as log:
         locust = subprocess.Popen(locust_command(step, endpoints, settings, step_dir), stdout=log,
-                                  stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+                                  stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True)
         snapshots, during = watch_locust(locust, step_dir, metrics_url, limit_s)
     records = measurements.read_request_records(step_dir)
     expected = triton_metrics.requests_seen(before, step.model) + records.sent
@@ -394,8 +403,9 @@ def run_sweep(args, endpoints: Endpoints, command: str) -> dict:
     largest_request = max([*args.prewarm_sizes, *(s.images_per_request for s in args.series)])
     pool = build_image_pool(max(args.pool_size, largest_request))
     prewarm(endpoints, pool, args.prewarm_sizes)
-    settings = SweepSettings(args.warmup_s, args.measure_s, args.processes,
-                             save_image_pool(pool, raw_dir / "image_pool.npy"), raw_dir)
+    pools = {fmt: save_image_pool(as_model_input(pool, fmt), raw_dir / f"image_pool_{fmt}.npy")
+             for fmt in sorted({s.input_format for s in args.series})}
+    settings = SweepSettings(args.warmup_s, args.measure_s, args.processes, pools, raw_dir)
     results = new_results(args, endpoints, command, pool)
     try:
         run_steps(args, endpoints, settings, results)
