@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import math
 import statistics
 import sys
@@ -239,7 +240,8 @@ def main(argv=None):
         for r in layers:
             f.write(",".join(str(v) for v in r.values()) + "\n")
     result = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "command": "python -m fusedresnet.kernels.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "command": os.environ.get("FUSEDRESNET_BENCH_COMMAND") or
+              "python -m fusedresnet.kernels.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
               "peak_tflops": round(peak, 1), "whole_network": rows}
     if args.accuracy and Path(args.accuracy).is_file():
         acc = json.loads(Path(args.accuracy).read_text())["network"]
