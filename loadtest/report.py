@@ -184,6 +184,27 @@ def sanity_section(results: dict) -> list[str]:
     return lines + [""]
 
 
+def summary_section(table: dict) -> list[str]:
+    """Per series: each model's peak throughput (and where), and its latency with a single user."""
+    lines = ["## Summary", "",
+             "| series | peak img/s custom (users) | peak img/s cuDNN (users) | ratio | lowest-level p50 ms "
+             "custom / cuDNN | ratio |", "|---|---:|---:|---:|---:|---:|"]
+    for key, by_users in table.items():
+        peaks = {}
+        for model in (MODEL_CUSTOM, MODEL_CUDNN):
+            runs = [(s["img_per_s"], users) for users, models in by_users.items() if (s := models.get(model))]
+            peaks[model] = max(runs) if runs else (None, None)
+        fewest = min(by_users)
+        lowest = by_users[fewest]
+        c50, n50 = (lowest.get(m, {}).get("p50_ms") for m in (MODEL_CUSTOM, MODEL_CUDNN))
+        (c_peak, c_users), (n_peak, n_users) = peaks[MODEL_CUSTOM], peaks[MODEL_CUDNN]
+        lines.append(f"| {series_label(key)} | {fmt(c_peak)} ({c_users}) | {fmt(n_peak)} ({n_users}) "
+                     f"| {fmt(ratio(c_peak, n_peak), 2)} | {fmt(c50, 2)} / {fmt(n50, 2)} "
+                     f"({fewest} user{'s' if fewest > 1 else ''}) "
+                     f"| {fmt(ratio(c50, n50), 2)} |")
+    return lines + [""]
+
+
 def series_table(key: tuple, by_users: dict) -> list[str]:
     lines = [f"### {series_label(key)}", "",
              "| users | custom img/s | cuDNN img/s | ratio | custom p50 ms | cuDNN p50 ms | ratio "
@@ -255,6 +276,7 @@ def markdown(results: dict, table: dict, name: str) -> str:
     if results.get("error"):
         lines += [f"**The sweep stopped early: {results['error']}**", ""]
     lines += sanity_section(results)
+    lines += summary_section(table)
     lines += ["## Throughput and latency", "",
               f"![latency against throughput]({name}_latency_vs_throughput.png)", "",
               f"![throughput by concurrency]({name}_throughput_by_users.png)", ""]
