@@ -75,6 +75,7 @@ class PatchConfig:
     warps_m: int
     warps_n: int
     stages: int
+    smem_epilogue: bool = False
 
     @property
     def bm(self) -> int:
@@ -90,11 +91,13 @@ class PatchConfig:
 
     @property
     def name_expression(self) -> str:
-        return f"conv3x3_patch<{self.th},{self.tw},{self.bn},{self.warps_m},{self.warps_n},{self.stages}>"
+        return (f"conv3x3_patch<{self.th},{self.tw},{self.bn},{self.warps_m},{self.warps_n},{self.stages},"
+                f"{'true' if self.smem_epilogue else 'false'}>")
 
     @property
     def label(self) -> str:
-        return f"patch{self.th}x{self.tw}n{self.bn}w{self.warps_m}x{self.warps_n}s{self.stages}"
+        return (f"patch{self.th}x{self.tw}n{self.bn}w{self.warps_m}x{self.warps_n}s{self.stages}"
+                + ("e" if self.smem_epilogue else ""))
 
 
 PATCH_TILES = (
@@ -103,6 +106,9 @@ PATCH_TILES = (
     PatchConfig(4, 32, 64, 4, 2, 4),
     PatchConfig(4, 32, 128, 2, 4, 3),
     PatchConfig(8, 16, 128, 2, 4, 3),
+    PatchConfig(8, 16, 64, 4, 2, 4, smem_epilogue=True),
+    PatchConfig(4, 32, 128, 2, 4, 3, smem_epilogue=True),
+    PatchConfig(4, 32, 64, 4, 2, 4, smem_epilogue=True),
 )
 
 STEM_TILES = {

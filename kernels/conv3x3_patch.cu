@@ -17,11 +17,13 @@
 // the 8 consecutive pixels of an ldmatrix phase hit 8 different bank groups.
 //
 // The epilogue is the one of conv_implicit_gemm.cu: bias, optional residual,
-// optional ReLU, fp16 NHWC store; rows outside the image are dropped.
+// optional ReLU, fp16 NHWC store; rows outside the image are dropped. With
+// SMEM_EPILOGUE the accumulators go through shared memory first, so that the
+// residual loads and output stores are 16 bytes per thread and coalesced.
 
 #include "common.cuh"
 
-template <int TH, int TW, int BN, int WARPS_M, int WARPS_N, int STAGES>
+template <int TH, int TW, int BN, int WARPS_M, int WARPS_N, int STAGES, bool SMEM_EPILOGUE>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
 conv3x3_patch(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
               const half_bits *__restrict__ residual, half_bits *__restrict__ y,
@@ -137,25 +139,74 @@ conv3x3_patch(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
     cp_async_wait<0>();
 
     const int g = lane >> 2, t4 = lane & 3;
+    if constexpr (SMEM_EPILOGUE) {
+        // Stage acc + bias (fp32) in shared memory (the patch and filter
+        // buffers are free now), then each thread finishes 8 channels of one
+        // row: 16-byte residual loads and output stores, coalesced along K.
+        constexpr int SP = BN + 4;   // fp32 row pitch: a warp's float2 stores spread over all banks
+        static_assert(BM * SP * 4 <= (2 * PATCH_HALFS + STAGES * B_HALFS) * 2, "staging fits");
+        __syncthreads();
+        float *stage = reinterpret_cast<float *>(smem_vec);
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi) {
+        for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-            const int m = warp_m * WTM + mi * 16 + g + hr * 8;
-            const int oy = oy0 + m / TW, ox = ox0 + m % TW;
-            if (oy >= H || ox >= W) continue;
-            const u64 base = (((u64)n * H + oy) * W + ox) * K;
+            for (int hr = 0; hr < 2; ++hr)
 #pragma unroll
-            for (int ni = 0; ni < NI; ++ni) {
-                const int k = n0 + warp_n * WTN + ni * 8 + 2 * t4;
-                float v0 = acc[mi][ni][hr * 2] + bias[k], v1 = acc[mi][ni][hr * 2 + 1] + bias[k + 1];
-                if (residual != nullptr) {
-                    float r0, r1;
-                    unpack_half2(*reinterpret_cast<const half2_bits *>(residual + base + k), r0, r1);
-                    v0 += r0; v1 += r1;
+                for (int ni = 0; ni < NI; ++ni) {
+                    const int row = warp_m * WTM + mi * 16 + g + hr * 8;
+                    const int col = warp_n * WTN + ni * 8 + 2 * t4;
+                    float2 v;
+                    v.x = acc[mi][ni][hr * 2] + bias[n0 + col];
+                    v.y = acc[mi][ni][hr * 2 + 1] + bias[n0 + col + 1];
+                    *reinterpret_cast<float2 *>(stage + row * SP + col) = v;
                 }
-                if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
-                *reinterpret_cast<half2_bits *>(y + base + k) = pack_half2(v0, v1);
+        __syncthreads();
+        for (int job = tid; job < BM * (BN / 8); job += THREADS) {
+            const int row = job / (BN / 8), c8 = job - row * (BN / 8);
+            const int oy = oy0 + row / TW, ox = ox0 + row % TW;
+            if (oy >= H || ox >= W) continue;
+            const u64 off = (((u64)n * H + oy) * W + ox) * K + n0 + c8 * 8;
+            const float4 p0 = *reinterpret_cast<const float4 *>(stage + row * SP + c8 * 8);
+            const float4 p1 = *reinterpret_cast<const float4 *>(stage + row * SP + c8 * 8 + 4);
+            float v[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+            if (residual != nullptr) {
+                const vec16 r = *reinterpret_cast<const vec16 *>(residual + off);
+                float lo, hi;
+                unpack_half2(r.x, lo, hi); v[0] += lo; v[1] += hi;
+                unpack_half2(r.y, lo, hi); v[2] += lo; v[3] += hi;
+                unpack_half2(r.z, lo, hi); v[4] += lo; v[5] += hi;
+                unpack_half2(r.w, lo, hi); v[6] += lo; v[7] += hi;
+            }
+            if (relu) {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) v[j] = fmaxf(v[j], 0.f);
+            }
+            vec16 out;
+            out.x = pack_half2(v[0], v[1]); out.y = pack_half2(v[2], v[3]);
+            out.z = pack_half2(v[4], v[5]); out.w = pack_half2(v[6], v[7]);
+            *reinterpret_cast<vec16 *>(y + off) = out;
+        }
+    } else {
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+                const int m = warp_m * WTM + mi * 16 + g + hr * 8;
+                const int oy = oy0 + m / TW, ox = ox0 + m % TW;
+                if (oy >= H || ox >= W) continue;
+                const u64 base = (((u64)n * H + oy) * W + ox) * K;
+#pragma unroll
+                for (int ni = 0; ni < NI; ++ni) {
+                    const int k = n0 + warp_n * WTN + ni * 8 + 2 * t4;
+                    float v0 = acc[mi][ni][hr * 2] + bias[k], v1 = acc[mi][ni][hr * 2 + 1] + bias[k + 1];
+                    if (residual != nullptr) {
+                        float r0, r1;
+                        unpack_half2(*reinterpret_cast<const half2_bits *>(residual + base + k), r0, r1);
+                        v0 += r0; v1 += r1;
+                    }
+                    if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
+                    *reinterpret_cast<half2_bits *>(y + base + k) = pack_half2(v0, v1);
+                }
             }
         }
     }
