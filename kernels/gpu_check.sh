@@ -37,7 +37,7 @@ if [[ $what == bench || $what == all || $what == full ]]; then
   python3 -m fusedresnet.kernels.bench --accuracy "$OUT/check.json" --out "$OUT/results" "$@" 2>&1 | tee "$OUT/bench.log" | tail -25
   echo "bench exit $? after $(( $(date +%s) - t0 ))s"
 fi
-if [[ $what == full || $what == profile ]]; then
+if [[ ( $what == full && -z $NO_NCU ) || $what == profile ]]; then
   # -c 6: the 3 profiled launches of the second round come after the 3 warm-up ones
   ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
       --section LaunchStats -k regex:"stem|conv" -c 6 \
