@@ -38,10 +38,9 @@ PHOTOS, GENERATED = "sample photos", "generated"
 
 def agreement_image_sets(generated: int = DEFAULT_GENERATED, seed: int = GENERATED_SEED) -> dict:
     """{set name: uint8 [N, 224, 224, 3]}: the sample photos and `generated` smooth random images."""
-    from fusedresnet.backend.images import smooth_random_images  # torch, only to generate the images
-
     sets = {PHOTOS: preprocess_files(sample_photo_paths())}
     if generated:
+        from fusedresnet.backend.images import smooth_random_images  # torch, only to generate the images
         sets[GENERATED] = smooth_random_images(generated, seed=seed).numpy()
     return sets
 

@@ -45,7 +45,6 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fusedresnet.backend.prepare import STAMP_FILE, prepare
 from fusedresnet.backend.serve import BUILD_DIR, TritonServer, free_ports, gpu_present
 from fusedresnet.backend.spec import (DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT,
                                       MAX_BATCH_SIZE, MODEL_REPOSITORY, MODELS, REPO_ROOT)
@@ -144,7 +143,8 @@ def locust_command(step: Step, endpoints: Endpoints, settings: SweepSettings, st
                "--model", step.model, "--protocol", step.series.protocol,
                "--triton-url", endpoints.url_for(step.series.protocol),
                "--images-per-request", str(step.series.images_per_request),
-               "--input-format", step.series.input_format, "--image-pool", str(settings.image_pools[step.series.input_format]),
+               "--input-format", step.series.input_format,
+               "--image-pool", str(settings.image_pools[step.series.input_format]),
                "--warmup-s", f"{settings.warmup_s:g}", "--measure-s", f"{settings.measure_s:g}",
                "--results-dir", str(step_dir)]
     processes = min(settings.processes, step.users)
@@ -230,6 +230,7 @@ def scrape_when_quiet(metrics_url: str) -> triton_metrics.MetricsSnapshot:
 
 def run_locust_step(step: Step, endpoints: Endpoints, settings: SweepSettings, step_dir: Path) -> dict:
     """Run one step; scrape Triton's metrics before, at both ends of the window, during it, and after."""
+    step_dir = step_dir.resolve()
     shutil.rmtree(step_dir, ignore_errors=True)
     step_dir.mkdir(parents=True)
     metrics_url = endpoints.metrics_url
@@ -238,7 +239,10 @@ def run_locust_step(step: Step, endpoints: Endpoints, settings: SweepSettings, s
     limit_s = settings.warmup_s + settings.measure_s + RUN_TIME_MARGIN_S + STOP_TIMEOUT_S + 60
     with open(step_dir / LOCUST_LOG, "wb") as log:
         locust = subprocess.Popen(locust_command(step, endpoints, settings, step_dir), stdout=log,
-                                  stderr=subprocess.STDOUT, cwd=REPO_ROOT, start_new_session=True)
+                                  stderr=subprocess.STDOUT, start_new_session=True,
+                                  # not the repository root: locust puts its working directory first on
+                                  # sys.path, where the bare fusedresnet/ folder would hide the packages
+                                  cwd=step_dir)
         snapshots, during = watch_locust(locust, step_dir, metrics_url, limit_s)
     records = measurements.read_request_records(step_dir)
     expected = triton_metrics.requests_seen(before, step.model) + records.sent
@@ -403,7 +407,7 @@ def run_sweep(args, endpoints: Endpoints, command: str) -> dict:
     largest_request = max([*args.prewarm_sizes, *(s.images_per_request for s in args.series)])
     pool = build_image_pool(max(args.pool_size, largest_request))
     prewarm(endpoints, pool, args.prewarm_sizes)
-    pools = {fmt: save_image_pool(as_model_input(pool, fmt), raw_dir / f"image_pool_{fmt}.npy")
+    pools = {fmt: save_image_pool(as_model_input(pool, fmt), raw_dir.resolve() / f"image_pool_{fmt}.npy")
              for fmt in sorted({s.input_format for s in args.series})}
     settings = SweepSettings(args.warmup_s, args.measure_s, args.processes, pools, raw_dir)
     results = new_results(args, endpoints, command, pool)
@@ -472,6 +476,7 @@ def main(argv=None) -> int:
     raw_dir = args.raw_dir or BUILD_DIR / "loadtest" / args.name
     sweep_started = time.monotonic()
     if args.start_server:
+        from fusedresnet.backend.prepare import STAMP_FILE, prepare  # torch: only to write model files
         if not (MODEL_REPOSITORY / STAMP_FILE).is_file():
             prepare(MODEL_REPOSITORY)
         http_port, grpc_port, metrics_port = free_ports(3)
