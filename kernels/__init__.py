@@ -1,0 +1,26 @@
+"""fusedresnet.kernels: the CUDA kernels of the fused ResNet-18 engine, and their harness.
+
+CUDA sources (compiled at run time by CuPy/NVRTC as one translation unit, see
+`configs.source_text`; each file opens with a comment on how it works):
+
+    common.cuh             PTX wrappers: cp.async, ldmatrix, mma.sync m16n8k16, fp16 packing
+    conv_implicit_gemm.cu  convolution as implicit GEMM + fused epilogue (bias, residual, ReLU),
+                           split-K with `splitk_epilogue`; every conv of the network can run on it
+    conv3x3_patch.cu       3x3/1 convs with the input patch in shared memory (all 9 taps from one copy)
+    stem.cu                7x7/2 stem from uint8 (normalisation fused), alone or fused with the max-pool
+    pool_head.cu           3x3/2 max-pool; global average pool + fully-connected layer in one kernel
+
+Python:
+
+    configs.py        tile configurations, compile options, cost model, tuned-plan lookup (no CuPy)
+    launch.py         `library(device)`: compiled kernels + launchers with shape checks
+    tuned_plans.json  measured best tile / split-K per layer shape and batch bucket (H100)
+    check.py          correctness of every kernel and of the whole engine vs float32 PyTorch
+    tune.py           measures every candidate plan per layer (CUDA-graph timed), writes tuned_plans.json
+    bench.py          whole-network benchmark vs the cuDNN baselines, per-layer table, plot
+    profile_layers.py a few launches for Nsight Compute
+    gpu_check.sh      one GPU-host call: [tune +] check + bench [+ ncu]
+
+The engine that strings the kernels together is `fusedresnet.backend.engine_cuda`.
+Measurements, predictions and outcomes: NOTES.md.
+"""
