@@ -263,6 +263,13 @@ class FusedCudaEngine:
         """Features before the head, fp32 [N,512,H/32,W/32]: uint8 NHWC or fp32 NCHW normalised input."""
         return self._run(images, "uint8" if images.dtype == torch.uint8 else "float32", "features")
 
+    def warm_up(self, batches=BATCH_BUCKETS[:8], size: tuple[int, int] = (224, 224), kinds=("uint8",)):
+        """Build and capture the plans ahead of the first requests (a Triton model's initialize)."""
+        with self._lock:
+            for kind in kinds:
+                for batch in batches:
+                    self.plan(batch, kind, *size)
+
     def replay(self, batch: int, h: int = 224, w: int = 224, kind: str = "uint8"):
         """Launch one captured forward pass on the plan's current input (benchmarks); does not wait."""
         plan = self.plan(batch, kind, h, w)
