@@ -43,3 +43,48 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
     for block in report.split("Function properties for ")[1:]:
         if block.startswith("_Z18conv_implicit_gemm"):
             assert " 0 bytes spill stores" in block, block
+
+
+def _find_nvrtc():
+    """libnvrtc ($FUSEDRESNET_NVRTC, the CUDA toolkit or the nvidia-cuda-nvrtc wheel), if any is here."""
+    import ctypes
+    import ctypes.util
+    import glob
+    import site
+    import os
+    candidates = [os.environ.get("FUSEDRESNET_NVRTC"), ctypes.util.find_library("nvrtc")]
+    for root in site.getsitepackages() + [site.getusersitepackages()]:
+        candidates += sorted(glob.glob(f"{root}/nvidia/*/lib/libnvrtc.so*"))
+    candidates += sorted(glob.glob("/usr/local/cuda*/lib64/libnvrtc.so*"))
+    for path in filter(None, candidates):
+        if "builtins" in path or ".alt." in path:
+            continue
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
+
+
+def test_kernels_compile_under_nvrtc_like_cupy():
+    """The exact RawModule compile: NVRTC, the launcher's options, every name expression lowered."""
+    import ctypes
+    nvrtc = _find_nvrtc()
+    if nvrtc is None:
+        pytest.skip("libnvrtc not found (CUDA toolkit or the nvidia-cuda-nvrtc wheel)")
+    program = ctypes.c_void_p()
+    assert nvrtc.nvrtcCreateProgram(ctypes.byref(program), source_text().encode(), b"fusedresnet.cu", 0, None, None) == 0
+    names = name_expressions()
+    for name in names:
+        assert nvrtc.nvrtcAddNameExpression(program, name.encode()) == 0
+    options = [o.encode() for o in COMPILE_OPTIONS] + [b"-arch=sm_90"]
+    result = nvrtc.nvrtcCompileProgram(program, len(options), (ctypes.c_char_p * len(options))(*options))
+    size = ctypes.c_size_t()
+    nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    nvrtc.nvrtcGetProgramLog(program, log)
+    assert result == 0, log.value.decode()
+    assert "warning" not in log.value.decode(), log.value.decode()
+    for name in names:
+        lowered = ctypes.c_char_p()
+        assert nvrtc.nvrtcGetLoweredName(program, name.encode(), ctypes.byref(lowered)) == 0, name
