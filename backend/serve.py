@@ -15,7 +15,12 @@ Python-backend stub that matches this interpreter, and starts it:
 - `--pinned-memory-pool-byte-size=0` when the host has no GPU (without it this
   Triton build returns empty outputs on CPU-only hosts);
 - waits for readiness with a timeout; on failure it says why and shows the
-  end of the server log. Ctrl-C stops the server cleanly.
+  end of the server log. Ctrl-C stops the server cleanly;
+- supervises the models' Python-backend stub processes: this Triton build does
+  not restart a stub that died (the model stays "ready" while every request
+  fails with "Stub process ... is not healthy"), so the launcher restarts the
+  server on the same ports (at most MAX_RESTARTS within RESTART_WINDOW_S), or
+  with --no-restart exits with status 3 and leaves the restart to an orchestrator.
 """
 
 from __future__ import annotations
@@ -41,6 +46,10 @@ from .spec import (ADMIN_TOKEN_ENV, ADMIN_TOKEN_HEADER, DEFAULT_GRPC_PORT, DEFAU
 BUILD_DIR = REPO_ROOT / "build"
 DEFAULT_TOKEN_FILE = BUILD_DIR / "admin-token"
 DEFAULT_READY_TIMEOUT_S = 300.0
+STUB_BINARY = "triton_python_backend_stub"
+STUB_INSTANCE_ARG = 8       # argv of the stub: binary, model.py, shm region, 2 sizes, parent pid, dir, timeout, instance
+MAX_RESTARTS, RESTART_WINDOW_S = 3, 600.0
+EXIT_STUB_DIED = 3
 
 
 class ServerError(RuntimeError):
@@ -133,6 +142,24 @@ def free_ports(count: int, host: str = DEFAULT_HOST) -> list[int]:
             s.close()
 
 
+def python_stub_pids(server_pid: int) -> dict[str, int]:
+    """Model instance name -> pid of each live (not zombie) Python-backend stub that tritonserver `server_pid` started."""
+    stubs = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if (int(ppid) == server_pid and state != "Z" and argv[0].endswith(STUB_BINARY.encode())
+                and len(argv) > STUB_INSTANCE_ARG):
+            stubs[argv[STUB_INSTANCE_ARG].decode()] = int(entry.name)
+    return stubs
+
+
 def read_or_create_token(token_file: Path | None = None) -> str:
     if os.environ.get(ADMIN_TOKEN_ENV):
         return os.environ[ADMIN_TOKEN_ENV]
@@ -165,6 +192,7 @@ class TritonServer:
     extra_args: list[str] = field(default_factory=list)
     use_gpu: bool | None = None        # None: detect
     process: subprocess.Popen | None = None
+    restarts: int = 0
 
     @property
     def http_url(self) -> str:
@@ -231,7 +259,7 @@ class TritonServer:
         stdout = None
         if self.log_file:
             Path(self.log_file).parent.mkdir(parents=True, exist_ok=True)
-            stdout = open(self.log_file, "wb")
+            stdout = open(self.log_file, "ab" if self.restarts else "wb")
         self.process = subprocess.Popen(self.command(triton, backends), env=self.environment(triton),
                                         stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
                                         start_new_session=True)
@@ -267,6 +295,58 @@ class TritonServer:
             return ""
         text = Path(self.log_file).read_text(errors="replace").splitlines()[-lines:]
         return f"\n--- last lines of {self.log_file} ---\n" + "\n".join(text)
+
+    def model_stub_pids(self) -> dict[str, int]:
+        """Model instance name (e.g. resnet18_custom_0_0) -> pid, for each live Python-backend stub of this server."""
+        if self.process is None or self.process.poll() is not None:
+            return {}
+        return python_stub_pids(self.process.pid)
+
+    def supervise(self, restart: bool = True, poll_s: float = 1.0,
+                  ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> int:
+        """Wait for the server to exit; meanwhile restart it whenever a model's stub process dies.
+
+        Triton 2.51's Python backend no longer restarts a dead stub (python_backend
+        removed the restart in 24.06; triton-inference-server/server#8604) and keeps
+        reporting the model ready. With model control mode none the only way back is
+        a fresh server. A stub that goes away while the server is not ready is part
+        of a shutdown, not a crash. Returns the exit status for the launcher.
+        """
+        expected = set(self.model_stub_pids())
+        restart_times: list[float] = []
+        while self.process.poll() is None:
+            time.sleep(poll_s)
+            dead = expected - set(self.model_stub_pids())
+            if not dead or self.process.poll() is not None or not self.is_ready():
+                continue
+            print(f"fusedresnet: Python stub of {', '.join(sorted(dead))} died; "
+                  + ("restarting Triton" if restart else "stopping Triton (--no-restart)"), file=sys.stderr, flush=True)
+            now = time.monotonic()
+            restart_times = [t for t in restart_times if now - t < RESTART_WINDOW_S] + [now]
+            self.stop_after_stub_death()
+            if not restart or len(restart_times) > MAX_RESTARTS:
+                return EXIT_STUB_DIED
+            self.restarts += 1
+            self.start(ready_timeout_s)
+            expected = set(self.model_stub_pids())
+            print(f"fusedresnet: Triton ready again (restart {self.restarts})", file=sys.stderr, flush=True)
+        return self.process.returncode
+
+    def stop_after_stub_death(self):
+        """Stop a server one of whose stubs died: let the healthy models drain and unload (their stubs
+        exit), then kill it. The model whose stub died never unloads, so Triton would otherwise wait out
+        the whole --exit-timeout-secs before exiting."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGINT)
+            deadline = time.monotonic() + self.exit_timeout_s
+            while self.model_stub_pids() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
 
     def stop(self):
         """SIGINT (Triton drains for up to --exit-timeout-secs), then SIGKILL if it still runs."""
@@ -305,6 +385,9 @@ def main(argv=None):
     parser.add_argument("--ready-timeout", type=float, default=DEFAULT_READY_TIMEOUT_S)
     parser.add_argument("--exit-timeout", type=int, default=30, help="seconds to drain in-flight requests on stop")
     parser.add_argument("--log-file", type=Path, help="write the server log here instead of the terminal")
+    parser.add_argument("--no-restart", action="store_true",
+                        help=f"when a model's Python stub dies, stop and exit with status {EXIT_STUB_DIED} "
+                             "instead of restarting Triton (for an orchestrator that restarts the service)")
     parser.add_argument("triton_args", nargs="*", help="extra tritonserver flags, after --")
     args = parser.parse_args(argv)
     server = TritonServer(args.model_repository, args.host, args.http_port, args.grpc_port, args.metrics_port,
@@ -316,8 +399,10 @@ def main(argv=None):
         print(f"fusedresnet: Triton ready on gRPC {server.grpc_url}, HTTP {server.http_url}, "
               f"metrics {server.metrics_url} ({'GPU' if server.use_gpu else 'CPU only'}); Ctrl-C stops it",
               flush=True)
-        server.process.wait()
-        return server.process.returncode
+        if args.host not in ("127.0.0.1", "localhost", "::1"):
+            print(f"fusedresnet: listening on {args.host}: inference is open to anyone who can reach these ports; "
+                  "the admin APIs need the admin token", flush=True)
+        return server.supervise(restart=not args.no_restart, ready_timeout_s=args.ready_timeout)
     except KeyboardInterrupt:
         print("fusedresnet: stopping Triton", flush=True)
         return 0

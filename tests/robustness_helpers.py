@@ -1,0 +1,311 @@
+"""What the robustness tests share: raw requests that tritonclient would refuse to build,
+Triton's own counters, the server's processes and memory, a launcher run as users run it,
+and where the measured figures go.
+
+Figures (counts, times, memory) are written as JSON + a markdown table into
+$FUSEDRESNET_RESULTS_DIR (default: a pytest temporary folder), so a run on the GPU
+host leaves a record next to the one from CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from fusedresnet.backend.serve import free_ports, python_stub_pids
+from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, INPUT_UINT8, OUTPUT_LOGITS
+from fusedresnet.client.agreement import compare_logits
+
+RESULTS_ENV = "FUSEDRESNET_RESULTS_DIR"
+REL_L2_TOLERANCE = 1e-2          # per image, against the in-process fp32 reference
+CLIENT_TIMEOUT_S = 120.0         # no test request may wait longer than this for its answer
+PROTOCOLS = ("grpc", "http")
+
+
+# ---------------------------------------------------------------- answers
+
+def assert_correct(logits: np.ndarray, reference: np.ndarray):
+    """Each row's logits within REL_L2_TOLERANCE (relative L2) of its reference row."""
+    assert logits.shape == reference.shape, (logits.shape, reference.shape)
+    for row, ref in zip(logits, reference):
+        stats = compare_logits(row[None], ref[None])
+        assert stats["rel_l2"] <= REL_L2_TOLERANCE, stats
+
+
+def client(server, protocol: str, **kwargs):
+    if protocol == "grpc":
+        return grpcclient.InferenceServerClient(server.grpc_url, **kwargs)
+    return httpclient.InferenceServerClient(server.http_url, network_timeout=CLIENT_TIMEOUT_S,
+                                            connection_timeout=CLIENT_TIMEOUT_S, **kwargs)
+
+
+def infer_uint8(triton, protocol: str, model: str, images: np.ndarray, headers=None) -> np.ndarray:
+    """Logits of uint8 images [N,224,224,3] through tritonclient (raises InferenceServerException)."""
+    lib = grpcclient if protocol == "grpc" else httpclient
+    tensor = lib.InferInput(INPUT_UINT8, list(images.shape), "UINT8")
+    tensor.set_data_from_numpy(np.ascontiguousarray(images))
+    kwargs = {"client_timeout": CLIENT_TIMEOUT_S} if protocol == "grpc" else {}
+    result = triton.infer(model, [tensor], outputs=[lib.InferRequestedOutput(OUTPUT_LOGITS)], headers=headers,
+                          **kwargs)
+    return result.as_numpy(OUTPUT_LOGITS)
+
+
+def error_of(call) -> InferenceServerException | None:
+    try:
+        call()
+    except InferenceServerException as error:
+        return error
+    return None
+
+
+# ---------------------------------------------------------------- raw requests
+
+def raw_http_infer(server, model: str, header: dict, body: bytes, header_length: int | None = None,
+                   timeout_s: float = CLIENT_TIMEOUT_S) -> tuple[int, str]:
+    """POST a KServe v2 binary-tensor request exactly as given: (HTTP status, response text)."""
+    header_bytes = json.dumps(header).encode()
+    request = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/{model}/infer", data=header_bytes + body, method="POST",
+        headers={"Inference-Header-Content-Length": str(len(header_bytes) if header_length is None
+                                                        else header_length),
+                 "Content-Type": "application/octet-stream"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status, response.read()[:2000].decode(errors="replace")
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode(errors="replace")
+
+
+def raw_grpc_infer(server, model: str, inputs: list[tuple[str, str, list[int]]], contents: list[bytes],
+                   timeout_s: float = CLIENT_TIMEOUT_S):
+    """ModelInfer with the given (name, datatype, shape) inputs and raw contents as they are:
+    (grpc status code name, details) or ("OK", response)."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name=model)
+    for name, datatype, shape in inputs:
+        tensor = request.inputs.add()
+        tensor.name, tensor.datatype = name, datatype
+        tensor.shape.extend(shape)
+    request.raw_input_contents.extend(contents)
+    with grpc.insecure_channel(server.grpc_url, options=[("grpc.max_send_message_length", -1),
+                                                         ("grpc.max_receive_message_length", -1)]) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        try:
+            return "OK", stub.ModelInfer(request, timeout=timeout_s)
+        except grpc.RpcError as error:
+            return error.code().name, error.details()
+
+
+# ---------------------------------------------------------------- Triton's own counters
+
+def metric(server, name: str, model: str, **labels) -> float:
+    """Sum of Prometheus metric `name` over the series of `model` whose labels include `labels`."""
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for label_text, value in re.findall(rf"^{name}{{([^}}]*)}} ([0-9.e+-]+)$", text, flags=re.M):
+        series = dict(re.findall(r'(\w+)="([^"]*)"', label_text))
+        if series.get("model") == model and all(series.get(k) == v for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def request_counters(server, model: str) -> dict:
+    return {"success": metric(server, "nv_inference_request_success", model),
+            "failure": metric(server, "nv_inference_request_failure", model),
+            "rejected": metric(server, "nv_inference_request_failure", model, reason="REJECTED"),
+            "backend": metric(server, "nv_inference_request_failure", model, reason="BACKEND")}
+
+
+def counter_delta(after: dict, before: dict) -> dict:
+    return {key: after[key] - before[key] for key in after}
+
+
+# ---------------------------------------------------------------- processes and memory
+
+def rss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def server_rss_bytes(server_pid: int) -> dict[str, int]:
+    """Resident memory of tritonserver and of each of its Python stubs."""
+    sizes = {"tritonserver": rss_bytes(server_pid)}
+    for instance, pid in python_stub_pids(server_pid).items():
+        sizes[instance] = rss_bytes(pid)
+    return sizes
+
+
+def gpu_memory_used_mib() -> float | None:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    values = [float(v) for v in out.stdout.split() if v.replace(".", "", 1).isdigit()]
+    return sum(values) if out.returncode == 0 and values else None
+
+
+def device_description() -> str:
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+            if out.returncode == 0 and "GPU" in out.stdout:
+                return out.stdout.strip().splitlines()[0]
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU only: {os.cpu_count()} x {cpu}"
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.25) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return bool(predicate())
+
+
+# ---------------------------------------------------------------- the launcher, run as users run it
+
+class Launcher:
+    """`python -m fusedresnet.backend.serve` in a subprocess on free loopback ports (its own server,
+    so a test may kill its stubs or stop it), with the admin token in the environment."""
+
+    def __init__(self, log_dir: Path, admin_token: str, exit_timeout_s: int = 30, extra_args=()):
+        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
+        self.log_file = Path(log_dir) / "server.log"
+        self.output_file = Path(log_dir) / "launcher.out"
+        self.admin_token, self.exit_timeout_s = admin_token, exit_timeout_s
+        self.extra_args = list(extra_args)
+        self.process: subprocess.Popen | None = None
+
+    http_url = property(lambda self: f"127.0.0.1:{self.http_port}")
+    grpc_url = property(lambda self: f"127.0.0.1:{self.grpc_port}")
+    metrics_url = property(lambda self: f"http://127.0.0.1:{self.metrics_port}/metrics")
+
+    def start(self, ready_timeout_s: float = 300.0) -> "Launcher":
+        env = dict(os.environ, **{ADMIN_TOKEN_ENV: self.admin_token})
+        command = [sys.executable, "-m", "fusedresnet.backend.serve", "--http-port", str(self.http_port),
+                   "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port),
+                   "--log-file", str(self.log_file), "--exit-timeout", str(self.exit_timeout_s),
+                   *self.extra_args]
+        with open(self.output_file, "wb") as output:
+            self.process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        if not wait_until(lambda: self.process.poll() is not None or self.ready(), ready_timeout_s, 0.5) \
+                or self.process.poll() is not None:
+            self.stop()
+            raise RuntimeError(f"launcher not ready:\n{self.output()}")
+        return self
+
+    def output(self) -> str:
+        return self.output_file.read_text(errors="replace") if self.output_file.is_file() else ""
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def server_pid(self) -> int | None:
+        """pid of the tritonserver that the launcher runs now (it changes when the launcher restarts it)."""
+        if self.process is None:
+            return None
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                argv0 = (entry / "cmdline").read_bytes().split(b"\0")[0]
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == self.process.pid and argv0.endswith(b"tritonserver"):
+                return int(entry.name)
+        return None
+
+    def stub_pids(self) -> dict[str, int]:
+        pid = self.server_pid()
+        return python_stub_pids(pid) if pid else {}
+
+    def stop(self, timeout_s: float | None = None):
+        """Ctrl-C to the launcher (it stops Triton, which drains); SIGKILL for whatever is left after the timeout."""
+        if self.process is None:
+            return
+        server_pid = self.server_pid()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=timeout_s or self.exit_timeout_s + 30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if server_pid:
+            try:
+                os.killpg(server_pid, signal.SIGKILL)  # tritonserver runs in its own session (pgid == pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def __enter__(self):
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+# ---------------------------------------------------------------- recorded figures
+
+def results_dir(tmp_path_factory) -> Path:
+    folder = os.environ.get(RESULTS_ENV)
+    path = Path(folder) if folder else tmp_path_factory.getbasetemp() / "robustness-results"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def record(folder: Path, name: str, figures: dict):
+    """Merge `figures` under `name` into robustness_<name>.json and rewrite its markdown twin."""
+    path = Path(folder) / f"robustness_{name}.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data.update(figures)
+    data["device"] = device_description()
+    data["recorded_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    lines = [f"# robustness: {name}", "", "| key | value |", "|---|---|"]
+    lines += [f"| {key} | {json.dumps(value) if isinstance(value, (dict, list)) else value} |"
+              for key, value in sorted(data.items())]
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -1,0 +1,220 @@
+"""Faults: a model's Python stub killed under load, and the server stopped under load.
+
+Each test runs its OWN server (the launcher, as users run it, or a TritonServer) on
+free ports: it kills processes or stops the server, which the shared session server
+must never see. Clients keep sending during the fault with client timeouts set, so a
+hang shows up as a timeout, and every request is accounted for.
+
+This Triton build (2.51) does not restart a dead Python stub: the model keeps
+reporting ready and every request to it fails with "Stub process ... is not healthy".
+The launcher (`python -m fusedresnet.backend.serve`) watches the stubs and restarts
+the server; these tests prove the service comes back with correct answers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from fusedresnet.backend.serve import EXIT_STUB_DIED, TritonServer, free_ports
+from fusedresnet.backend.spec import INPUT_UINT8, MODELS, OUTPUT_LOGITS
+from robustness_helpers import (CLIENT_TIMEOUT_S, Launcher, assert_correct, client, infer_uint8, record,
+                                results_dir, wait_until)
+
+RECOVERY_BOUND_S = 180.0      # kill -> first correct answer; CPU: ~15 s, GPU host: server start is 15-30 s
+REQUEST_BOUND_S = 60.0        # no request during a fault may take longer than this (client timeout is 120 s)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return results_dir(tmp_path_factory)
+
+
+class TrafficLoop:
+    """Client threads that keep sending small valid batches to one model until stopped, recording
+    (start, end, outcome) of every request; outcome is the logits or the exception."""
+
+    def __init__(self, server, model: str, images: np.ndarray, protocols=("grpc", "grpc", "http"),
+                 batch: int = 2, max_seconds: float = 600.0):
+        self.server, self.model, self.images, self.batch = server, model, images, batch
+        self.protocols, self.max_seconds = protocols, max_seconds
+        self.records: list[tuple[float, float, int, object]] = []
+        self.lock, self.stopping = threading.Lock(), threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(i, p), daemon=True)
+                        for i, p in enumerate(protocols)]
+
+    def _run(self, worker: int, protocol: str):
+        started_loop = time.monotonic()
+        sent = 0
+        triton = None
+        while not self.stopping.is_set() and time.monotonic() - started_loop < self.max_seconds:
+            first = (worker * 7 + sent * self.batch) % (len(self.images) - self.batch)
+            started = time.monotonic()
+            try:
+                if triton is None:
+                    triton = client(self.server, protocol)
+                outcome = infer_uint8(triton, protocol, self.model, self.images[first:first + self.batch])
+            except Exception as error:  # connection refused while the server restarts is an answer too
+                outcome = error
+                if triton is not None:
+                    try:
+                        triton.close()
+                    except Exception:
+                        pass
+                    triton = None
+            with self.lock:
+                self.records.append((started, time.monotonic(), first, outcome))
+            sent += 1
+            if isinstance(outcome, Exception):
+                time.sleep(0.2)
+        if triton is not None:
+            triton.close()
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(timeout=CLIENT_TIMEOUT_S + 10)
+        assert not any(thread.is_alive() for thread in self.threads), "a client thread hung"
+
+    def snapshot(self):
+        with self.lock:
+            return list(self.records)
+
+
+def first_correct_answer_after(loop: TrafficLoop, moment: float, reference: np.ndarray):
+    for started, ended, first, outcome in sorted(loop.snapshot(), key=lambda r: r[1]):
+        if started > moment and isinstance(outcome, np.ndarray):
+            assert_correct(outcome, reference[first:first + loop.batch])
+            return ended
+    return None
+
+
+def test_killed_stub_fails_in_flight_requests_and_the_launcher_restores_correct_answers(
+        tmp_path, results, admin_token, varied_images, reference_logits):
+    images = varied_images[:16]
+    reference = reference_logits(images)
+    figures = {}
+    with Launcher(tmp_path, admin_token) as launcher:
+        for model in MODELS:
+            instance = f"{model}_0_0"
+            stubs = launcher.stub_pids()
+            assert instance in stubs, stubs
+            server_pid = launcher.server_pid()
+            with TrafficLoop(launcher, model, images) as loop:
+                assert wait_until(lambda: any(isinstance(r[3], np.ndarray) for r in loop.snapshot()), 60)
+                killed_at = time.monotonic()
+                os.kill(stubs[instance], signal.SIGKILL)
+                assert wait_until(lambda: first_correct_answer_after(loop, killed_at, reference) is not None,
+                                  RECOVERY_BOUND_S, 0.5), \
+                    f"{model} gave no correct answer within {RECOVERY_BOUND_S} s of its stub's death\n" \
+                    + launcher.output()
+                recovered_at = first_correct_answer_after(loop, killed_at, reference)
+                time.sleep(2.0)  # traffic after recovery must all succeed
+            records = loop.snapshot()
+            in_flight = [r for r in records if r[0] < killed_at < r[1]]
+            failed_in_flight = [r for r in in_flight if isinstance(r[3], Exception)]
+            after = [r for r in records if r[0] > recovered_at]
+            # every request ended, none near its client timeout: failures are answers, not hangs
+            assert max(ended - started for started, ended, _, _ in records) < REQUEST_BOUND_S
+            assert failed_in_flight, f"no request was in flight when the stub died: {in_flight}"
+            messages = " | ".join(str(r[3]) for r in failed_in_flight)
+            assert "not healthy" in messages or "Stub" in messages or "unavailable" in messages.lower(), messages
+            assert after and all(isinstance(r[3], np.ndarray) for r in after), [r[3] for r in after
+                                                                                if isinstance(r[3], Exception)]
+            for _, _, first, logits in after:
+                assert_correct(logits, reference[first:first + loop.batch])
+            assert launcher.server_pid() != server_pid, "the server was not restarted"
+            assert f"Python stub of {instance} died; restarting Triton" in launcher.output()
+            figures[model] = {
+                "recovery_s": round(recovered_at - killed_at, 2),
+                "requests": len(records), "in_flight_at_kill": len(in_flight),
+                "in_flight_failed": len(failed_in_flight),
+                "failed_total": sum(isinstance(r[3], Exception) for r in records),
+                "succeeded_after_recovery": len(after),
+                "longest_request_s": round(max(e - s for s, e, _, _ in records), 2),
+                "in_flight_error": str(failed_in_flight[0][3])[:160],
+            }
+        # both models answer correctly on the restarted server
+        for model in MODELS:
+            with client(launcher, "grpc") as triton:
+                assert_correct(infer_uint8(triton, "grpc", model, images[:4]), reference[:4])
+    record(results, "faults", {"stub_kill": figures, "recovery_bound_s": RECOVERY_BOUND_S})
+
+
+def test_launcher_with_no_restart_exits_with_status_3_when_a_stub_dies(tmp_path, admin_token):
+    launcher = Launcher(tmp_path, admin_token, extra_args=["--no-restart"])
+    with launcher:
+        server_pid = launcher.server_pid()
+        os.kill(launcher.stub_pids()[f"{MODELS[0]}_0_0"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        launcher.process.wait(timeout=90)
+        exited_after_s = time.monotonic() - killed_at
+    assert launcher.process.returncode == EXIT_STUB_DIED, launcher.output()
+    assert not os.path.exists(f"/proc/{server_pid}") or "Z" in open(f"/proc/{server_pid}/stat").read().split()[2]
+    assert exited_after_s < launcher.exit_timeout_s + 30
+
+
+@pytest.mark.parametrize("exit_timeout_s, count", [(30, 96), (2, 192)], ids=["drains", "cut-short"])
+def test_server_stopped_under_load_answers_every_request_and_exits_within_the_exit_timeout(
+        tmp_path, results, admin_token, varied_images, reference_logits, exit_timeout_s, count):
+    """Stop (SIGINT, as Ctrl-C on the launcher) while `count` single-image requests are queued or running.
+    drains: the exit timeout is longer than the work, Triton finishes every request and exits by itself.
+    cut-short: on the CPU the work outlasts the exit timeout; Triton gives up at the timeout (this build
+    can crash and hang on that path) and the launcher's stop() kills it: every client still gets an answer."""
+    images = varied_images[:8]
+    reference = reference_logits(images)
+    http_port, grpc_port, metrics_port = free_ports(3)
+    server = TritonServer(admin_token=admin_token, http_port=http_port, grpc_port=grpc_port,
+                          metrics_port=metrics_port, log_file=tmp_path / "server.log", exit_timeout_s=exit_timeout_s)
+    answers: dict[int, tuple[float, object]] = {}  # index -> (when answered, logits or error)
+    lock = threading.Lock()
+
+    def on_answer(index):
+        def callback(result, error):
+            outcome = error if error is not None else result.as_numpy(OUTPUT_LOGITS)
+            with lock:
+                answers[index] = (time.monotonic(), outcome)
+        return callback
+
+    with server:
+        triton = grpcclient.InferenceServerClient(server.grpc_url)
+        tensors = []
+        for i in range(len(images)):
+            tensor = grpcclient.InferInput(INPUT_UINT8, [1, *images.shape[1:]], "UINT8")
+            tensor.set_data_from_numpy(images[i:i + 1])
+            tensors.append(tensor)
+        for index in range(count):
+            triton.async_infer(MODELS[index % 2], [tensors[index % len(images)]], on_answer(index),
+                               client_timeout=CLIENT_TIMEOUT_S)
+        assert wait_until(lambda: len(answers) >= 1, 60, 0.05)
+        stop_at = time.monotonic()
+        server.stop()  # SIGINT; SIGKILL if Triton still runs exit_timeout_s + 15 s later
+        stop_s = time.monotonic() - stop_at
+        answered = wait_until(lambda: len(answers) == count, 30, 0.1)
+        triton.close()
+    assert answered, f"{count - len(answers)} of {count} requests never got an answer"
+    successes = {i: o for i, (_, o) in answers.items() if isinstance(o, np.ndarray)}
+    failures = {i: o for i, (_, o) in answers.items() if not isinstance(o, np.ndarray)}
+    for index, logits in successes.items():
+        assert_correct(logits, reference[index % len(images)][None])
+    assert all(str(error) for error in failures.values())
+    assert stop_s <= exit_timeout_s + 15 + 5, f"stop took {stop_s:.1f} s"
+    if exit_timeout_s == 30:
+        assert server.process.returncode == 0 and stop_s <= exit_timeout_s, (server.process.returncode, stop_s)
+    record(results, "faults", {f"stop_under_load_{'drains' if exit_timeout_s == 30 else 'cut_short'}": {
+        "requests": count, "answered": len(answers), "succeeded": len(successes), "failed": len(failures),
+        "answered_before_stop": sum(1 for t, _ in answers.values() if t < stop_at),
+        "exit_timeout_s": exit_timeout_s, "stop_s": round(stop_s, 2),
+        "server_exit_code": server.process.returncode,
+        "failure_examples": sorted({str(o)[:120] for o in failures.values()})[:3]}})
