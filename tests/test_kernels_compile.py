@@ -60,6 +60,10 @@ def _find_nvrtc():
         if "builtins" in path or ".alt." in path:
             continue
         try:
+            # libnvrtc dlopens its builtins library by name: load the one beside it first.
+            for builtins in sorted(glob.glob(os.path.join(os.path.dirname(path), "libnvrtc-builtins.so*"))):
+                if ".alt." not in builtins:
+                    ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
             return ctypes.CDLL(path)
         except OSError:
             continue
