@@ -8,10 +8,11 @@ How a batch runs:
    static device buffer of the plan for (batch bucket, input kind, H, W); the
    bucket is the next power of two >= N (up to 256; larger batches go in chunks).
 2. The plan's CUDA graph is replayed: stem conv (normalisation fused into its
-   loader) with the 3x3/2 max-pool fused into its epilogue -> 8 BasicBlocks, each conv an implicit-GEMM
-   kernel with the folded BatchNorm bias, residual and ReLU in its epilogue,
-   split-K where a layer has too few tiles, the downsample conv on a second
-   captured stream, concurrent with the block's first conv -> avgpool + fc.
+   loader, the 3x3/2 max-pool into its epilogue) -> 8 BasicBlocks, each conv
+   an implicit-GEMM kernel (tile shape and split-K per layer from the tuning
+   table) with the folded BatchNorm bias, residual and ReLU in its epilogue,
+   the downsample conv on a second captured stream, concurrent with the
+   block's first conv -> avgpool + fc in one kernel.
 3. The first N rows of the logits are copied out and handed to PyTorch by DLPack.
 
 Every buffer of a plan is allocated when the plan is built (first use of a
