@@ -1,0 +1,199 @@
+"""Overload: more requests than the queue holds are refused at once with an explicit status,
+every request gets exactly one answer, and the counts agree with Triton's own metrics.
+
+The queue policy lives in each model's config.pbtxt (`default_queue_policy`): at most
+`max_queue_size` requests wait, one more is refused with UNAVAILABLE / HTTP 503
+"Exceeds maximum queue size"; a request still queued after its timeout is refused with
+"Request timeout expired" (clients may set a shorter per-request timeout).
+
+What Triton 2.51 counts, verified here: successes in nv_inference_request_success; queue
+timeouts in nv_inference_request_failure{reason="REJECTED"}; a request refused because the
+queue is full is refused before it is queued and appears in NO counter (not in the
+statistics API either), so the test accounts for it from the client side:
+sent = succeeded + timed out + refused at a full queue, nothing else, nothing missing.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from fusedresnet.backend.spec import INPUT_UINT8, MAX_BATCH_SIZE, MODEL_CUSTOM, MODEL_REPOSITORY, MODELS, OUTPUT_LOGITS
+from robustness_helpers import (CLIENT_TIMEOUT_S, assert_correct, client, counter_delta, infer_uint8, record,
+                                request_counters, results_dir)
+
+QUEUE_FULL = "Exceeds maximum queue size"
+QUEUE_TIMEOUT = "Request timeout expired"
+SHORT_TIMEOUT_US = 1_000_000     # every 4th request asks for a 1 s queue timeout (allow_timeout_override)
+ENOUGH_REFUSALS = 64             # stop sending once the server has clearly refused this many
+REFUSAL_BOUND_S = 5.0            # a refusal at a full queue comes back within this (it never waits for compute)
+
+
+def queue_policy(model: str) -> dict:
+    text = (MODEL_REPOSITORY / model / "config.pbtxt").read_text()
+    block = re.search(r"default_queue_policy\s*{([^}]*)}", text)
+    assert block, f"{model}: no default_queue_policy in config.pbtxt"
+    fields = dict(re.findall(r"(\w+)\s*:\s*(\w+)", block.group(1)))
+    return {"max_queue_size": int(fields["max_queue_size"]), "timeout_action": fields["timeout_action"],
+            "default_timeout_s": int(fields["default_timeout_microseconds"]) / 1e6,
+            "allow_timeout_override": fields.get("allow_timeout_override") == "true"}
+
+
+def classify(outcome) -> str:
+    if isinstance(outcome, np.ndarray):
+        return "succeeded"
+    text = str(outcome)
+    if QUEUE_FULL in text:
+        return "refused_queue_full"
+    if QUEUE_TIMEOUT in text:
+        return "refused_queue_timeout"
+    return "other_error"
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return results_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def burst_images(varied_images, reference_logits):
+    images = varied_images[:8]
+    return images, reference_logits(images)
+
+
+def grpc_burst(server, model, images, max_requests):
+    """Fire single-image requests asynchronously over 4 channels until the server has refused
+    ENOUGH_REFUSALS of them (or max_requests are out); wait for every answer."""
+    triton = [grpcclient.InferenceServerClient(server.grpc_url) for _ in range(4)]
+    tensors = []
+    for i in range(len(images)):
+        tensor = grpcclient.InferInput(INPUT_UINT8, [1, *images.shape[1:]], "UINT8")
+        tensor.set_data_from_numpy(images[i:i + 1])
+        tensors.append(tensor)
+    answers: dict[int, list] = {}
+    sent_at: dict[int, float] = {}
+    lock = threading.Lock()
+    refusals = [0]
+
+    def on_answer(index):
+        def callback(result, error):
+            outcome = error if error is not None else result.as_numpy(OUTPUT_LOGITS)
+            with lock:
+                answers.setdefault(index, []).append((time.monotonic() - sent_at[index], outcome))
+                refusals[0] += error is not None and QUEUE_FULL in str(error)
+        return callback
+
+    sent = 0
+    while sent < max_requests and refusals[0] < ENOUGH_REFUSALS:
+        sent_at[sent] = time.monotonic()
+        triton[sent % 4].async_infer(model, [tensors[sent % len(images)]], on_answer(sent),
+                                     client_timeout=CLIENT_TIMEOUT_S,
+                                     timeout=SHORT_TIMEOUT_US if sent % 4 == 3 else None)
+        sent += 1
+    deadline = time.monotonic() + CLIENT_TIMEOUT_S + 10
+    while time.monotonic() < deadline:
+        with lock:
+            if len(answers) == sent:
+                break
+        time.sleep(0.1)
+    time.sleep(0.5)  # a duplicate answer would arrive now
+    for t in triton:
+        t.close()
+    return sent, answers
+
+
+def http_burst(server, model, images, count):
+    """`count` single-image requests at once over HTTP (one connection each); every answer."""
+    triton = httpclient.InferenceServerClient(server.http_url, concurrency=count, network_timeout=CLIENT_TIMEOUT_S,
+                                              connection_timeout=CLIENT_TIMEOUT_S)
+    tensors = []
+    for i in range(len(images)):
+        tensor = httpclient.InferInput(INPUT_UINT8, [1, *images.shape[1:]], "UINT8")
+        tensor.set_data_from_numpy(images[i:i + 1], binary_data=True)
+        tensors.append(tensor)
+    started = time.monotonic()
+    pending = [triton.async_infer(model, [tensors[i % len(images)]],
+                                  timeout=SHORT_TIMEOUT_US if i % 4 == 3 else None) for i in range(count)]
+    answers = {}
+    for index, request in enumerate(pending):
+        try:
+            answers[index] = [(time.monotonic() - started, request.get_result().as_numpy(OUTPUT_LOGITS))]
+        except InferenceServerException as error:
+            answers[index] = [(time.monotonic() - started, error)]
+    triton.close()
+    return count, answers
+
+
+def check_burst(server, model, protocol, sent, answers, counters_before, images, reference, policy,
+                must_overflow=True):
+    counters = counter_delta(request_counters(server, model), counters_before)
+    missing = [i for i in range(sent) if i not in answers]
+    duplicated = [i for i, a in answers.items() if len(a) != 1]
+    assert not missing and not duplicated, f"missing answers {missing[:10]}, duplicated {duplicated[:10]}"
+    outcomes = {i: a[0][1] for i, a in answers.items()}
+    latency = {i: a[0][0] for i, a in answers.items()}
+    kinds = Counter(classify(o) for o in outcomes.values())
+    others = [str(o) for o in outcomes.values() if classify(o) == "other_error"]
+    assert not others, f"errors other than an explicit queue refusal: {others[:5]}"
+    if must_overflow:
+        assert kinds["refused_queue_full"] > 0, f"{sent} requests never filled the queue: {kinds}"
+    for index, outcome in outcomes.items():
+        if isinstance(outcome, np.ndarray):
+            assert_correct(outcome, reference[index % len(images)][None])
+    # Triton's own counters: every success and every queue timeout; queue-full refusals are in none
+    assert counters["success"] == kinds["succeeded"], (counters, kinds)
+    assert counters["rejected"] == kinds["refused_queue_timeout"], (counters, kinds)
+    assert counters["failure"] == kinds["refused_queue_timeout"], (counters, kinds)
+    assert sent == kinds["succeeded"] + kinds["refused_queue_timeout"] + kinds["refused_queue_full"]
+    refusal_latency = sorted(latency[i] for i, o in outcomes.items() if classify(o) == "refused_queue_full")
+    succeeded_latency = sorted(latency[i] for i, o in outcomes.items() if classify(o) == "succeeded")
+    if protocol == "grpc" and refusal_latency:  # HTTP answers are collected in order: no per-request times
+        assert refusal_latency[-1] <= REFUSAL_BOUND_S, refusal_latency[-5:]
+    # the server is still live, ready and right
+    with client(server, protocol) as triton:
+        assert triton.is_server_live() and triton.is_server_ready() and triton.is_model_ready(model)
+        assert_correct(infer_uint8(triton, protocol, model, images[:2]), reference[:2])
+
+    def pct(values, q):
+        return round(float(np.percentile(values, q)), 3) if values else None
+    return {"sent": sent, **kinds, "triton_success": counters["success"], "triton_rejected": counters["rejected"],
+            "triton_failure": counters["failure"], "policy": policy,
+            "refusal_s_p50": pct(refusal_latency, 50), "refusal_s_max": pct(refusal_latency, 100),
+            "succeeded_s_p50": pct(succeeded_latency, 50), "succeeded_s_p99": pct(succeeded_latency, 99),
+            "succeeded_s_max": pct(succeeded_latency, 100)}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_grpc_burst_beyond_the_queue_gets_one_answer_per_request_refusals_are_explicit_and_counted(
+        triton_server, model, burst_images, results):
+    images, reference = burst_images
+    policy = queue_policy(model)
+    assert policy["timeout_action"] == "REJECT" and policy["allow_timeout_override"]
+    before = request_counters(triton_server, model)
+    # the queue plus one full batch in execution is the most the server holds; send well beyond it
+    sent, answers = grpc_burst(triton_server, model, images, 8 * (policy["max_queue_size"] + MAX_BATCH_SIZE))
+    figures = check_burst(triton_server, model, "grpc", sent, answers, before, images, reference, policy)
+    record(results, "overload", {f"grpc_{model}": figures})
+
+
+def test_http_flood_gets_one_answer_per_request_and_every_refusal_is_an_explicit_503(
+        triton_server, burst_images, results):
+    """Sending over HTTP is slow enough that this client alone may not fill the queue (the gRPC test
+    does); a quarter of the requests ask for a 1 s queue timeout, which an HTTP flood does exceed."""
+    images, reference = burst_images
+    policy = queue_policy(MODEL_CUSTOM)
+    before = request_counters(triton_server, MODEL_CUSTOM)
+    sent, answers = http_burst(triton_server, MODEL_CUSTOM, images, 160)
+    statuses = Counter(str(a[0][1].status()) for a in answers.values() if not isinstance(a[0][1], np.ndarray))
+    assert set(statuses) <= {"503"}, statuses
+    figures = check_burst(triton_server, MODEL_CUSTOM, "http", sent, answers, before, images, reference, policy,
+                          must_overflow=False)
+    record(results, "overload", {f"http_{MODEL_CUSTOM}": {**figures, "http_statuses": dict(statuses)}})
