@@ -76,11 +76,12 @@ def error_of(call) -> InferenceServerException | None:
 # ---------------------------------------------------------------- raw requests
 
 def raw_http_infer(server, model: str, header: dict, body: bytes, header_length: int | None = None,
-                   timeout_s: float = CLIENT_TIMEOUT_S) -> tuple[int, str]:
+                   version: str = "", timeout_s: float = CLIENT_TIMEOUT_S) -> tuple[int, str]:
     """POST a KServe v2 binary-tensor request exactly as given: (HTTP status, response text)."""
     header_bytes = json.dumps(header).encode()
+    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
     request = urllib.request.Request(
-        f"http://{server.http_url}/v2/models/{model}/infer", data=header_bytes + body, method="POST",
+        f"http://{server.http_url}{path}", data=header_bytes + body, method="POST",
         headers={"Inference-Header-Content-Length": str(len(header_bytes) if header_length is None
                                                         else header_length),
                  "Content-Type": "application/octet-stream"})
@@ -92,17 +93,19 @@ def raw_http_infer(server, model: str, header: dict, body: bytes, header_length:
 
 
 def raw_grpc_infer(server, model: str, inputs: list[tuple[str, str, list[int]]], contents: list[bytes],
-                   timeout_s: float = CLIENT_TIMEOUT_S):
+                   version: str = "", outputs=(OUTPUT_LOGITS,), timeout_s: float = CLIENT_TIMEOUT_S):
     """ModelInfer with the given (name, datatype, shape) inputs and raw contents as they are:
-    (grpc status code name, details) or ("OK", response)."""
+    (grpc status code name, details) or ("OK", response whose raw_output_contents follow `outputs`)."""
     import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-    request = service_pb2.ModelInferRequest(model_name=model)
+    request = service_pb2.ModelInferRequest(model_name=model, model_version=version)
     for name, datatype, shape in inputs:
         tensor = request.inputs.add()
         tensor.name, tensor.datatype = name, datatype
         tensor.shape.extend(shape)
+    for name in outputs:
+        request.outputs.add().name = name
     request.raw_input_contents.extend(contents)
     with grpc.insecure_channel(server.grpc_url, options=[("grpc.max_send_message_length", -1),
                                                          ("grpc.max_receive_message_length", -1)]) as channel:
