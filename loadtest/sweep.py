@@ -267,6 +267,7 @@ def run_locust_step(step: Step, endpoints: Endpoints, settings: SweepSettings, s
     result["triton_success_run"] = whole_run["triton_success"]
     result["triton_failure_run"] = whole_run["triton_failure"]
     result["triton_inferences_run"] = whole_run["triton_inferences"]
+    result["triton_executions_run"] = whole_run["triton_executions"]
     result["other_models_requests_run"] = int(sum(
         triton_metrics.requests_seen(after, m) - triton_metrics.requests_seen(before, m)
         for m in MODELS if m != step.model))

@@ -84,13 +84,16 @@ def test_latency_and_server_time_figures_are_consistent(tiny_sweep):
     for step in results["steps"]:
         assert 0 < step["p50_ms"] <= step["p90_ms"] <= step["p99_ms"]
         assert step["img_per_s"] == pytest.approx(step["req_per_s"] * step["images_per_request"])
-        assert step["avg_batch"] >= 1
-        assert step["avg_batch"] <= step["users"] * step["images_per_request"]
+        # The dynamic batcher can only join requests that are in flight together. (Over the whole
+        # run: the window's counters are read under load and may be one batch apart.)
+        run_batch = step["triton_inferences_run"] / step["triton_executions_run"]
+        assert step["images_per_request"] <= run_batch <= step["users"] * step["images_per_request"]
+        assert step["avg_batch"] > 0
         parts = [step[key] for key in triton_metrics.TIME_BREAKDOWN]
         assert all(part >= 0 for part in parts)
-        # Server time per request covers queueing and computing; a client waits at least that long.
+        # A request's time in the server covers its queueing and computing; its client waits longer still.
         assert sum(parts) <= step["request_us"] * 1.01
-        assert step["request_us"] / 1e3 <= step["mean_ms"] * 1.25
+        assert step["request_us"] / 1e3 <= step["p99_ms"] * 1.1
         assert step["gpu_utilization"] is None or 0 <= step["gpu_utilization"] <= 1
 
 
