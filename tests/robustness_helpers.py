@@ -9,6 +9,7 @@ host leaves a record next to the one from CI.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import platform
@@ -207,9 +208,9 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.25) -> bool:
 
 class Launcher:
     """`python -m fusedresnet.backend.serve` in a subprocess on free loopback ports (its own server,
-    so a test may kill its stubs or stop it), with the admin token in the environment."""
+    so a test may kill its stubs or stop it), with the admin token in the environment unless None."""
 
-    def __init__(self, log_dir: Path, admin_token: str, exit_timeout_s: int = 30, extra_args=()):
+    def __init__(self, log_dir: Path, admin_token: str | None, exit_timeout_s: int = 30, extra_args=()):
         self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
         self.log_file = Path(log_dir) / "server.log"
         self.output_file = Path(log_dir) / "launcher.out"
@@ -222,7 +223,10 @@ class Launcher:
     metrics_url = property(lambda self: f"http://127.0.0.1:{self.metrics_port}/metrics")
 
     def start(self, ready_timeout_s: float = 300.0) -> "Launcher":
-        env = dict(os.environ, **{ADMIN_TOKEN_ENV: self.admin_token})
+        env = dict(os.environ)
+        env.pop(ADMIN_TOKEN_ENV, None)
+        if self.admin_token is not None:  # None: the launcher finds the token itself (--admin-token-file)
+            env[ADMIN_TOKEN_ENV] = self.admin_token
         command = [sys.executable, "-m", "fusedresnet.backend.serve", "--http-port", str(self.http_port),
                    "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port),
                    "--log-file", str(self.log_file), "--exit-timeout", str(self.exit_timeout_s),
@@ -312,3 +316,26 @@ def record(folder: Path, name: str, figures: dict):
     lines += [f"| {key} | {json.dumps(value) if isinstance(value, (dict, list)) else value} |"
               for key, value in sorted(data.items())]
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def listening_addresses(ports) -> dict[int, set[str]]:
+    """port -> local addresses with a listening TCP socket on it (from /proc/net/tcp and tcp6)."""
+    found: dict[int, set[str]] = {port: set() for port in ports}
+    for table, family in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 6)):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            address, port = local.split(":")
+            if state != "0A" or int(port, 16) not in found:
+                continue
+            raw = bytes.fromhex(address)
+            if family == 4:
+                ip = ipaddress.IPv4Address(raw[::-1])
+            else:  # four host-order 32-bit words
+                ip = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+                ip = ip.ipv4_mapped or ip  # gRPC listens on ::ffff:127.0.0.1 for 127.0.0.1
+            found[int(port, 16)].add(str(ip))
+    return found
