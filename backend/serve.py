@@ -8,8 +8,9 @@ Python-backend stub that matches this interpreter, and starts it:
 
 - bound to 127.0.0.1 unless --host says otherwise;
 - model control mode none; Triton's admin APIs (model repository, shared
-  memory, statistics, trace, logging) require the admin token in the
-  `admin-key` header (gRPC metadata or HTTP header). The token comes from
+  memory, statistics, trace, logging) require the admin token in the HTTP
+  header `admin-key`, or over gRPC in the metadata key
+  `triton-grpc-protocol-admin-key` (Triton prefixes it). The token comes from
   $FUSEDRESNET_ADMIN_TOKEN, or --admin-token-file; if neither exists a random
   token is written to build/admin-token (mode 0600). It is never printed;
 - `--pinned-memory-pool-byte-size=0` when the host has no GPU (without it this
