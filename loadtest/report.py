@@ -266,7 +266,8 @@ def markdown(results: dict, table: dict, name: str) -> str:
              f"- Device: {results['device']}",
              f"- Date: {results['date']}" + (f", commit {results['git_commit']}" if results.get("git_commit") else ""),
              f"- Command: `{results['command']}`",
-             "- Engines: " + ", ".join(f"{model} = {engine}" for model, engine in engines.items()),
+             "- Engines: " + ", ".join(f"{model} = {engine}" for model, engine in engines.items())
+             + (f"; Triton {results['triton_version']}" if results.get("triton_version") else ""),
              f"- Each step: {settings.get('warmup_s')} s warm-up, then {settings.get('measure_s')} s measured; "
              f"locust users each keep one request in flight; up to {settings.get('processes')} locust process(es); "
              f"{settings.get('pool_size')} distinct images; the two models run back to back at every level, "

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import json
 import os
 import platform
 import shlex
@@ -346,6 +347,13 @@ def wait_until_ready(http_url: str, timeout_s: float = 10.0):
         time.sleep(0.5)
 
 
+def triton_version(http_url: str) -> str | None:
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        with urllib.request.urlopen(f"http://{http_url}/v2", timeout=5) as response:
+            return json.loads(response.read())["version"]
+    return None
+
+
 def engines_in_use(endpoints: Endpoints, pool) -> dict:
     """The engine each model runs, from one real request (output ENGINE)."""
     engines = {}
@@ -367,7 +375,7 @@ def prewarm(endpoints: Endpoints, pool, batch_sizes) -> None:
 def new_results(args, endpoints: Endpoints, command: str, pool) -> dict:
     return {"device": args.device or describe_device(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": command, "git_commit": git_commit(),
+            "command": command, "git_commit": git_commit(), "triton_version": triton_version(endpoints.http_url),
             "engines": engines_in_use(endpoints, pool),
             "settings": {"warmup_s": args.warmup_s, "measure_s": args.measure_s, "processes": args.processes,
                          "pool_size": len(pool), "rounds": args.rounds, "prewarm_sizes": args.prewarm_sizes,
