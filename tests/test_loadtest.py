@@ -29,7 +29,7 @@ def tiny_sweep(triton_server, tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
     argv = ["--host", "127.0.0.1", "--grpc-port", str(triton_server.grpc_port),
             "--http-port", str(triton_server.http_port), "--metrics-port", str(triton_server.metrics_port),
-            "--warmup-s", "1", "--measure-s", "2", "--processes", "2", "--pool-size", "24",
+            "--warmup-s", "1", "--measure-s", "3", "--processes", "2", "--pool-size", "24",
             "--agreement-images", "0", "--out", str(out), "--raw-dir", str(out / "raw")]
     for series in TINY_SERIES:
         argv += ["--series", series]
