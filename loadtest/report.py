@@ -180,7 +180,12 @@ def sanity_section(results: dict) -> list[str]:
         lines += [f"| {s['index']} | {s['model']} | {series_label(series_key(s))} | {s['users']} | {p} |"
                   for s, p in problems]
     if results.get("skipped"):
-        lines += ["", f"Skipped for lack of time: {', '.join(results['skipped'])}."]
+        levels = defaultdict(set)
+        for step in results["skipped"]:
+            levels[series_key(step)].add(step["users"])
+        lines += ["", "Skipped for lack of time (both models): " + "; ".join(
+            f"{series_label(key)} at {', '.join(map(str, sorted(users)))} users" for key, users in levels.items())
+            + "."]
     return lines + [""]
 
 

@@ -393,7 +393,9 @@ def run_steps(args, endpoints: Endpoints, settings: SweepSettings, results: dict
         per_step = elapsed / len(results["steps"]) if results["steps"] else 0.0
         first_of_pair = step.index % len(MODELS) == 0
         if args.time_budget_s and first_of_pair and elapsed + len(MODELS) * per_step > args.time_budget_s:
-            results["skipped"] = [f"{s.model} {s.series.label} {s.users} users" for s in steps[step.index:]]
+            results["skipped"] = [{"model": s.model, "protocol": s.series.protocol, "users": s.users,
+                                   "images_per_request": s.series.images_per_request,
+                                   "input_format": s.series.input_format} for s in steps[step.index:]]
             print(f"time budget of {args.time_budget_s:.0f} s reached: skipping {len(steps) - step.index} steps",
                   file=sys.stderr)
             return
