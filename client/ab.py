@@ -125,11 +125,13 @@ def plot_latencies(agreement: dict, path: Path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from fusedresnet.loadtest.report import MODEL_COLORS   # the same colour for a model in every plot
+
     figure, ax = plt.subplots(figsize=(7, 4))
     everything = np.concatenate([np.asarray(v) for v in agreement["latencies_ms"].values()])
     bins = np.geomspace(max(everything.min(), 1e-3), everything.max() * 1.01, 60)
     for model, values in agreement["latencies_ms"].items():
-        ax.hist(values, bins=bins, histtype="step", linewidth=1.5, label=f"{model} (p50 "
+        ax.hist(values, bins=bins, histtype="step", linewidth=1.5, color=MODEL_COLORS[model], label=f"{model} (p50 "
                 f"{agreement['latency'][model]['p50_ms']:.2f} ms)")
     ax.set_xscale("log")
     ax.set_xlabel(f"latency per request of {agreement['batch_size']} image(s), ms")

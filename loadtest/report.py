@@ -90,8 +90,8 @@ def fmt(value, digits: int = 1) -> str:
 # ---------------------------------------------------------------- plots
 
 def _series_axes(count: int, title: str):
-    figure, axes = plt.subplots(1, count, figsize=(5.2 * count, 4.2), squeeze=False)
-    figure.suptitle(title)
+    figure, axes = plt.subplots(1, count, figsize=(max(5.2 * count, 7.5), 4.2), squeeze=False)
+    figure.suptitle(title, fontsize=11)
     return figure, axes[0]
 
 
@@ -127,9 +127,12 @@ def plot_throughput_by_users(table: dict, path: Path):
             ax.plot(users, [by_users[u][model]["img_per_s"] for u in users], "-o", color=color, markersize=4,
                     label=MODEL_SHORT[model])
         ax.set_xscale("log", base=2)
+        ax.set_xticks(list(by_users), [str(u) for u in by_users])
+        ax.minorticks_off()
         ax.set_title(series_label(key), fontsize=10)
         ax.set_xlabel("concurrent users")
         ax.set_ylabel("images/s")
+        ax.set_ylim(bottom=0)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     figure.tight_layout()
