@@ -284,6 +284,8 @@ def markdown(results: dict, table: dict, name: str) -> str:
              "below 1 for latency means custom answers sooner.", ""]
     if results.get("error"):
         lines += [f"**The sweep stopped early: {results['error']}**", ""]
+    if results.get("prewarm_failures"):
+        lines += ["**Pre-warm requests failed:** " + "; ".join(results["prewarm_failures"]), ""]
     lines += sanity_section(results)
     lines += summary_section(table)
     lines += ["## Throughput and latency", "",

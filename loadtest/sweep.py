@@ -46,6 +46,8 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tritonclient.utils import InferenceServerException
+
 from fusedresnet.backend.serve import BUILD_DIR, TritonServer, free_ports, gpu_present
 from fusedresnet.backend.spec import (DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT,
                                       MAX_BATCH_SIZE, MODEL_REPOSITORY, MODELS, REPO_ROOT)
@@ -359,17 +361,27 @@ def engines_in_use(endpoints: Endpoints, pool) -> dict:
     engines = {}
     for model in MODELS:
         with ResNetClient(model, "grpc", endpoints.grpc_url) as client:
-            engines[model] = client.infer(pool[:1]).engine
+            try:
+                engines[model] = client.infer(pool[:1]).engine
+            except InferenceServerException as error:
+                engines[model] = f"unknown: the request failed ({error})"
     return engines
 
 
-def prewarm(endpoints: Endpoints, pool, batch_sizes) -> None:
+def prewarm(endpoints: Endpoints, pool, batch_sizes) -> list[str]:
     """One request of every batch size to each model, so that no step pays for a first-time
-    compilation or tuning of a batch shape that the dynamic batcher happens to form there."""
+    compilation or tuning of a batch shape that the dynamic batcher happens to form there.
+    Returns the failures (the steps will count them too)."""
+    failures = []
     for model in MODELS:
         with ResNetClient(model, "grpc", endpoints.grpc_url) as client:
             for size in batch_sizes:
-                client.infer(pool[:size])
+                try:
+                    client.infer(pool[:size])
+                except InferenceServerException as error:
+                    failures.append(f"{model} batch {size}: {error}")
+                    print(f"pre-warm: {failures[-1]}", file=sys.stderr)
+    return failures
 
 
 def new_results(args, endpoints: Endpoints, command: str, pool) -> dict:
@@ -417,11 +429,12 @@ def run_sweep(args, endpoints: Endpoints, command: str) -> dict:
     raw_dir.mkdir(parents=True, exist_ok=True)
     largest_request = max([*args.prewarm_sizes, *(s.images_per_request for s in args.series)])
     pool = build_image_pool(max(args.pool_size, largest_request))
-    prewarm(endpoints, pool, args.prewarm_sizes)
+    prewarm_failures = prewarm(endpoints, pool, args.prewarm_sizes)
     pools = {fmt: save_image_pool(as_model_input(pool, fmt), raw_dir.resolve() / f"image_pool_{fmt}.npy")
              for fmt in sorted({s.input_format for s in args.series})}
     settings = SweepSettings(args.warmup_s, args.measure_s, args.processes, pools, raw_dir)
     results = new_results(args, endpoints, command, pool)
+    results["prewarm_failures"] = prewarm_failures
     try:
         run_steps(args, endpoints, settings, results)
         results["agreement"] = run_agreement_if_asked(args, endpoints)
