@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import csv
 import json
+import threading
 
 import numpy as np
 import pytest
 
 from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, MODELS
+from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.loadtest import report, sweep, triton_metrics
 from fusedresnet.loadtest.image_pool import RequestWindows, as_model_input, build_image_pool
 
@@ -24,13 +26,17 @@ REPORT_SUFFIXES = (".json", ".csv", ".md", "_latency_vs_throughput.png", "_throu
                    "_server_time.png")
 
 
+def server_options(server) -> list[str]:
+    return ["--host", "127.0.0.1", "--grpc-port", str(server.grpc_port), "--http-port", str(server.http_port),
+            "--metrics-port", str(server.metrics_port)]
+
+
 @pytest.fixture(scope="module")
 def tiny_sweep(triton_server, tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
-    argv = ["--host", "127.0.0.1", "--grpc-port", str(triton_server.grpc_port),
-            "--http-port", str(triton_server.http_port), "--metrics-port", str(triton_server.metrics_port),
-            "--warmup-s", "1", "--measure-s", "3", "--processes", "2", "--pool-size", "24",
-            "--agreement-images", "0", "--out", str(out), "--raw-dir", str(out / "raw")]
+    argv = server_options(triton_server) + [
+        "--warmup-s", "1", "--measure-s", "3", "--processes", "2", "--pool-size", "24",
+        "--agreement-images", "0", "--out", str(out), "--raw-dir", str(out / "raw")]
     for series in TINY_SERIES:
         argv += ["--series", series]
     exit_code = sweep.main(argv)
@@ -123,6 +129,32 @@ def test_report_redraws_from_the_saved_json(tiny_sweep, tmp_path):
     assert report.main([str(out / f"{sweep.DEFAULT_NAME}.json"), "--out", str(tmp_path)]) == 0
     for suffix in REPORT_SUFFIXES:
         assert (tmp_path / f"{sweep.DEFAULT_NAME}{suffix}").is_file()
+
+
+def test_traffic_from_outside_the_sweep_is_caught_as_a_mismatch(triton_server, varied_images, tmp_path, capsys):
+    """Someone else's requests during a step make Triton's counts differ from the users': exit code 3."""
+    stop = threading.Event()
+
+    def send_to_the_baseline():
+        with ResNetClient(MODEL_CUDNN, "grpc", triton_server.grpc_url) as client:
+            while not stop.is_set():
+                client.infer(varied_images[:1])
+
+    intruder = threading.Thread(target=send_to_the_baseline)
+    intruder.start()
+    try:
+        exit_code = sweep.main(server_options(triton_server) + [
+            "--series", "grpc/1@1", "--warmup-s", "0.5", "--measure-s", "1.5", "--pool-size", "8",
+            "--agreement-images", "0", "--out", str(tmp_path), "--raw-dir", str(tmp_path / "raw")])
+    finally:
+        stop.set()
+        intruder.join()
+    assert exit_code == sweep.EXIT_SANITY_MISMATCH
+    assert "SANITY MISMATCH" in capsys.readouterr().err
+    steps = {s["model"]: s for s in json.loads((tmp_path / f"{sweep.DEFAULT_NAME}.json").read_text())["steps"]}
+    assert any("other model" in p for p in steps[MODEL_CUSTOM]["problems"])
+    assert any("Triton counted" in p for p in steps[MODEL_CUDNN]["problems"])
+    assert "SANITY MISMATCH" in (tmp_path / f"{sweep.DEFAULT_NAME}.md").read_text()
 
 
 def test_a_count_mismatch_is_reported_loudly(tiny_sweep, tmp_path):
