@@ -1,7 +1,7 @@
 """A/B agreement: the same images through both models, compared logit by logit, with each model's latency.
 
     python -m fusedresnet.client.ab                               # server on 127.0.0.1:8001 (gRPC)
-    python -m fusedresnet.client.ab --protocol http --url 127.0.0.1:8000 --generated 1000 --out results
+    python -m fusedresnet.client.ab --protocol http --url 127.0.0.1:8000 --generated 1000 --out build/ab
 
 Image sets: the sample photos (client/samples) and --generated seeded smooth
 random images (at least 500 by default). Every request goes to both models,
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, REPO_ROOT, load_labels
+from fusedresnet.backend.serve import BUILD_DIR
+from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, load_labels
 from fusedresnet.client.agreement import compare_logits
 from fusedresnet.client.preprocess import normalize, preprocess_files, sample_photo_paths
 from fusedresnet.client.resnet_client import DEFAULT_URLS, PROTOCOLS, ResNetClient
@@ -166,7 +167,8 @@ def main(argv=None) -> int:
                         help=f"generated images besides the sample photos (default {DEFAULT_GENERATED})")
     parser.add_argument("--batch-size", type=int, default=1, help="images per request (default 1)")
     parser.add_argument("--input-format", choices=("uint8", "fp32"), default="uint8")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "results")
+    parser.add_argument("--out", type=Path, default=BUILD_DIR / "loadtest",
+                        help="folder for the report (default build/loadtest; the committed one is results/)")
     args = parser.parse_args(argv)
     agreement = run_agreement(agreement_image_sets(args.generated), args.protocol, args.url, args.batch_size,
                               args.input_format)

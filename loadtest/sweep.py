@@ -481,7 +481,8 @@ def parse_args(argv=None):
     load.add_argument("--agreement-images", type=int, default=500,
                       help="generated images for the agreement check, besides the sample photos (0: skip it)")
     output = parser.add_argument_group("output")
-    output.add_argument("--out", type=Path, default=REPO_ROOT / "results", help="folder for the report")
+    output.add_argument("--out", type=Path, default=BUILD_DIR / "loadtest",
+                        help="folder for the report (default build/loadtest; the committed one is results/)")
     output.add_argument("--name", default=DEFAULT_NAME, help=f"file name stem of the report (default {DEFAULT_NAME})")
     output.add_argument("--raw-dir", type=Path, help="per-step raw records (default build/loadtest/NAME)")
     output.add_argument("--device", help="device description for the report (default: detected)")
