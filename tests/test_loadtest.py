@@ -18,6 +18,7 @@ from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, MODELS
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.loadtest import report, sweep, triton_metrics
 from fusedresnet.loadtest.image_pool import RequestWindows, as_model_input, build_image_pool
+from fusedresnet.loadtest.step import Series, sanity_problems
 
 TINY_SERIES = ("grpc/1@1,2", "http/2@2")
 STEP_FIELDS = ("model", "protocol", "users", "images_per_request", "img_per_s", "p50_ms", "p99_ms", "sent",
@@ -161,7 +162,7 @@ def test_a_count_mismatch_is_reported_loudly(tiny_sweep, tmp_path):
     _, results, _ = tiny_sweep
     step = dict(results["steps"][0])
     step["triton_success_run"] -= 1           # as if Triton never saw one request the users sent
-    problems = sweep.sanity_problems(step)
+    problems = sanity_problems(step)
     assert any("Triton counted" in problem for problem in problems)
     broken = dict(results, steps=[dict(step, problems=problems)] + results["steps"][1:])
     report.write_report(broken, tmp_path, "broken")
@@ -186,7 +187,7 @@ def test_request_windows_give_distinct_consecutive_batches_from_distinct_images(
 
 
 def test_series_syntax_names_protocol_images_format_and_levels():
-    series = sweep.Series.parse("http/8/fp32@4,16")
+    series = Series.parse("http/8/fp32@4,16")
     assert (series.protocol, series.images_per_request, series.input_format, series.levels) == \
         ("http", 8, "fp32", (4, 16))
-    assert sweep.Series.parse("grpc/1@1").input_format == "uint8"
+    assert Series.parse("grpc/1@1").input_format == "uint8"
