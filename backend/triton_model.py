@@ -22,6 +22,7 @@ Both `model_repository/*/1/model.py` files are thin subclasses of
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import torch
@@ -36,6 +37,10 @@ from .spec import (CHANNELS, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8, MAX_BATCH_SIZE
 # every power of two up to the maximum batch (the fused engine's graph buckets).
 CPU_WARMUP_BATCH_SIZES = (1, 8)
 GPU_WARMUP_BATCH_SIZES = tuple(2 ** i for i in range(MAX_BATCH_SIZE.bit_length()) if 2 ** i <= MAX_BATCH_SIZE)
+# Normalised pixels lie within about -2.2..2.7. Far larger finite values (0..255 floats sent by
+# mistake, or 1e30) would come back as meaningless or non-finite logits (fp16 engines overflow
+# past 65504), so they are refused like NaN/Inf.
+FP32_INPUT_ABS_LIMIT = 100.0
 
 
 class RequestError(ValueError):
@@ -67,8 +72,13 @@ def read_request(request) -> tuple[str, torch.Tensor]:
                            f"got {list(tensor.shape)}")
     if not 1 <= tensor.shape[0] <= MAX_BATCH_SIZE:
         raise RequestError(f"input {name}: batch size must be 1..{MAX_BATCH_SIZE}, got {tensor.shape[0]}")
-    if name == INPUT_FP32 and not bool(torch.isfinite(tensor).all()):
-        raise RequestError(f"input {name} contains NaN or Inf values")
+    if name == INPUT_FP32:
+        peak = float(tensor.abs().amax())  # NaN propagates
+        if not math.isfinite(peak):
+            raise RequestError(f"input {name} contains NaN or Inf values")
+        if peak > FP32_INPUT_ABS_LIMIT:
+            raise RequestError(f"input {name} has values up to {peak:.3g}: send ImageNet-normalised pixels "
+                               f"(about -2.2..2.7; at most {FP32_INPUT_ABS_LIMIT:g} in magnitude)")
     return name, tensor
 
 

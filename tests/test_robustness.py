@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from fusedresnet.backend.spec import CHANNELS, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8, MAX_BATCH_SIZE, MODELS, OUTPUT_LOGITS
+from fusedresnet.backend.spec import (CHANNELS, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8, MAX_BATCH_SIZE, MODELS,
+                                      OUTPUT_LOGITS)
 from fusedresnet.client.preprocess import normalize
 from robustness_helpers import (PROTOCOLS, assert_correct, client, infer_uint8, raw_grpc_infer, raw_http_infer)
 
@@ -90,6 +91,11 @@ BAD_REQUESTS = [
                ("IMAGE_NORMALIZED contains NaN or Inf",), reaches_model=True),
     BadRequest("-Inf in IMAGE_NORMALIZED", [(INPUT_FP32, "FP32", [1, *CHW], fp32_images(1, -np.inf))],
                ("IMAGE_NORMALIZED contains NaN or Inf",), reaches_model=True),
+    BadRequest("unnormalised 0..255 floats in IMAGE_NORMALIZED",
+               [(INPUT_FP32, "FP32", [1, *CHW], fp32_images(1, 255.0))],
+               ("IMAGE_NORMALIZED has values up to 255", "send ImageNet-normalised pixels"), reaches_model=True),
+    BadRequest("huge finite value in IMAGE_NORMALIZED", [(INPUT_FP32, "FP32", [1, *CHW], fp32_images(1, -1e30))],
+               ("IMAGE_NORMALIZED has values up to 1e+30", "send ImageNet-normalised pixels"), reaches_model=True),
     BadRequest("both inputs at once", [(INPUT_UINT8, "UINT8", [1, *HWC], bytes(IMAGE_BYTES)),
                                        (INPUT_FP32, "FP32", [1, *CHW], fp32_images(1))],
                ("send exactly one of the inputs", "'IMAGE', 'IMAGE_NORMALIZED'"), reaches_model=True),
