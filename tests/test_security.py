@@ -14,7 +14,6 @@ import stat
 import urllib.error
 import urllib.request
 
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException

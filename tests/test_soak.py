@@ -20,8 +20,8 @@ import pytest
 
 from fusedresnet.backend.spec import MODELS
 from fusedresnet.client.preprocess import normalize
-from robustness_helpers import (PROTOCOLS, assert_correct, client, gpu_memory_used_mib, infer_uint8,
-                                raw_grpc_infer, record, results_dir, server_rss_bytes)
+from robustness_helpers import (assert_correct, client, gpu_memory_used_mib, infer_uint8, raw_grpc_infer,
+                                record, results_dir, server_rss_bytes)
 from test_robustness import BAD_REQUESTS, CHW, assert_clear_refusal, send_bad
 
 SOAK_SECONDS = float(os.environ.get("FUSEDRESNET_SOAK_SECONDS", "45"))
