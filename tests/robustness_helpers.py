@@ -339,3 +339,45 @@ def listening_addresses(ports) -> dict[int, set[str]]:
                 ip = ip.ipv4_mapped or ip  # gRPC listens on ::ffff:127.0.0.1 for 127.0.0.1
             found[int(port, 16)].add(str(ip))
     return found
+
+
+def grpc_burst_in_process(grpc_url: str, model: str, images: np.ndarray, first_index: int, count: int,
+                          queue_timeout_us: int, stop_after_refusals: int) -> dict:
+    """One sender of a multi-process burst (run through a spawned process pool, so its gRPC channel
+    is its own): `count` single-image requests fired asynchronously, every 4th with a queue timeout
+    of `queue_timeout_us`, stopping early after `stop_after_refusals` queue-full refusals.
+    Returns {index: [(seconds to answer, logits or error text)]} for every request sent."""
+    import threading as _threading
+
+    triton = grpcclient.InferenceServerClient(grpc_url)
+    tensors = []
+    for i in range(len(images)):
+        tensor = grpcclient.InferInput(INPUT_UINT8, [1, *images.shape[1:]], "UINT8")
+        tensor.set_data_from_numpy(images[i:i + 1])
+        tensors.append(tensor)
+    answers: dict[int, list] = {}
+    sent_at: dict[int, float] = {}
+    lock = _threading.Lock()
+    refusals = [0]
+
+    def on_answer(index):
+        def callback(result, error):
+            outcome = str(error) if error is not None else result.as_numpy(OUTPUT_LOGITS)
+            with lock:
+                answers.setdefault(index, []).append((time.monotonic() - sent_at[index], outcome))
+                refusals[0] += error is not None and "Exceeds maximum queue size" in str(error)
+        return callback
+
+    sent = 0
+    while sent < count and refusals[0] < stop_after_refusals:
+        index = first_index + sent
+        sent_at[index] = time.monotonic()
+        triton.async_infer(model, [tensors[index % len(images)]], on_answer(index), client_timeout=CLIENT_TIMEOUT_S,
+                           timeout=queue_timeout_us if index % 4 == 3 else None)
+        sent += 1
+    wait_until(lambda: len(answers) == sent, CLIENT_TIMEOUT_S + 10, 0.1)
+    time.sleep(0.5)  # a duplicate answer would arrive now
+    triton.close()
+    with lock:
+        return {index: list(outcomes) for index, outcomes in answers.items()} | \
+            {first_index + i: [] for i in range(sent) if first_index + i not in answers}
