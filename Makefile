@@ -4,6 +4,7 @@
 #                sample photos through both over gRPC (labels + timings), stop
 #   make test    set everything up and run the test suite against the real server
 #   make serve   run the server in the foreground (Ctrl-C stops it)
+#   make loadtest  A/B load-test sweep of both models against a server it starts
 #   make setup   virtual environment + dependencies + model repository files
 #
 # VENV=.venv by default; `make VENV= ...` uses the python3 on PATH as it is
@@ -21,7 +22,7 @@ endif
 STAMP := model_repository/.prepared.json
 PYTEST_ARGS ?=
 
-.PHONY: setup prepare serve demo test clean
+.PHONY: setup prepare serve demo test loadtest clean
 
 setup: $(INSTALLED) $(STAMP)
 
@@ -49,6 +50,9 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+loadtest: setup
+	$(PY) -m fusedresnet.loadtest.sweep --start-server --out build/loadtest
 
 clean:
 	rm -rf build $(STAMP) model_repository/*/1/*.pt model_repository/*/labels.txt
