@@ -48,7 +48,7 @@ BUILD_DIR = REPO_ROOT / "build"
 DEFAULT_TOKEN_FILE = BUILD_DIR / "admin-token"
 DEFAULT_READY_TIMEOUT_S = 300.0
 STUB_BINARY = "triton_python_backend_stub"
-STUB_INSTANCE_ARG = 8       # argv of the stub: binary, model.py, shm region, 2 sizes, parent pid, dir, timeout, instance
+STUB_SHM_REGION_ARG, STUB_INSTANCE_ARG = 2, 8  # argv: binary, model.py, shm region, 2 sizes, ppid, dir, timeout, instance
 MAX_RESTARTS, RESTART_WINDOW_S = 3, 600.0
 EXIT_STUB_DIED = 3
 
@@ -145,6 +145,11 @@ def free_ports(count: int, host: str = DEFAULT_HOST) -> list[int]:
 
 def python_stub_pids(server_pid: int) -> dict[str, int]:
     """Model instance name -> pid of each live (not zombie) Python-backend stub that tritonserver `server_pid` started."""
+    return {instance: pid for instance, (pid, _) in python_stubs(server_pid).items()}
+
+
+def python_stubs(server_pid: int) -> dict[str, tuple[int, str]]:
+    """Model instance name -> (pid, shared-memory region name) of each live Python-backend stub of `server_pid`."""
     stubs = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -157,7 +162,7 @@ def python_stub_pids(server_pid: int) -> dict[str, int]:
         state, ppid = stat.rsplit(")", 1)[1].split()[:2]
         if (int(ppid) == server_pid and state != "Z" and argv[0].endswith(STUB_BINARY.encode())
                 and len(argv) > STUB_INSTANCE_ARG):
-            stubs[argv[STUB_INSTANCE_ARG].decode()] = int(entry.name)
+            stubs[argv[STUB_INSTANCE_ARG].decode()] = (int(entry.name), argv[STUB_SHM_REGION_ARG].decode())
     return stubs
 
 
@@ -194,6 +199,7 @@ class TritonServer:
     use_gpu: bool | None = None        # None: detect
     process: subprocess.Popen | None = None
     restarts: int = 0
+    shm_regions: set = field(default_factory=set)  # the stubs' /dev/shm regions, removed if Triton is killed
 
     @property
     def http_url(self) -> str:
@@ -271,6 +277,7 @@ class TritonServer:
         except BaseException:
             self.stop()
             raise
+        self.shm_regions |= {region for _, region in python_stubs(self.process.pid).values()}
         return self
 
     def is_ready(self) -> bool:
@@ -348,10 +355,12 @@ class TritonServer:
         except ProcessLookupError:
             pass
         self.process.wait()
+        self._remove_shm_regions()
 
     def stop(self):
         """SIGINT (Triton drains for up to --exit-timeout-secs), then SIGKILL if it still runs."""
         if self.process is None or self.process.poll() is not None:
+            self._remove_shm_regions()
             return
         try:
             os.killpg(self.process.pid, signal.SIGINT)
@@ -361,6 +370,13 @@ class TritonServer:
             self.process.wait()
         except ProcessLookupError:
             pass
+        self._remove_shm_regions()
+
+    def _remove_shm_regions(self):
+        """A killed Triton leaves its stubs' shared-memory regions in /dev/shm (a clean exit removes them)."""
+        for region in self.shm_regions:
+            Path("/dev/shm", region).unlink(missing_ok=True)
+        self.shm_regions = set()
 
     def __enter__(self):
         return self.start() if self.process is None else self

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from fusedresnet.backend.serve import EXIT_STUB_DIED, TritonServer, free_ports
+from fusedresnet.backend.serve import EXIT_STUB_DIED, TritonServer, free_ports, python_stubs
 from fusedresnet.backend.spec import INPUT_UINT8, MODELS, OUTPUT_LOGITS
 from robustness_helpers import (CLIENT_TIMEOUT_S, Launcher, assert_correct, client, infer_uint8, record,
                                 results_dir, wait_until)
@@ -111,6 +111,7 @@ def test_killed_stub_fails_in_flight_requests_and_the_launcher_restores_correct_
             stubs = launcher.stub_pids()
             assert instance in stubs, stubs
             server_pid = launcher.server_pid()
+            shm_regions = [region for _, region in python_stubs(server_pid).values()]
             with TrafficLoop(launcher, model, images) as loop:
                 assert wait_until(lambda: any(isinstance(r[3], np.ndarray) for r in loop.snapshot()), 60)
                 killed_at = time.monotonic()
@@ -135,6 +136,8 @@ def test_killed_stub_fails_in_flight_requests_and_the_launcher_restores_correct_
             for _, _, first, logits in after:
                 assert_correct(logits, reference[first:first + loop.batch])
             assert launcher.server_pid() != server_pid, "the server was not restarted"
+            leaked = [r for r in shm_regions if os.path.exists(f"/dev/shm/{r}")]
+            assert not leaked, f"the killed server's shared-memory regions were left behind: {leaked}"
             assert f"Python stub of {instance} died; restarting Triton" in launcher.output()
             figures[model] = {
                 "recovery_s": round(recovered_at - killed_at, 2),
@@ -198,6 +201,8 @@ def test_server_stopped_under_load_answers_every_request_and_exits_within_the_ex
             triton.async_infer(MODELS[index % 2], [tensors[index % len(images)]], on_answer(index),
                                client_timeout=CLIENT_TIMEOUT_S)
         assert wait_until(lambda: len(answers) >= 1, 60, 0.05)
+        shm_regions = list(server.shm_regions)
+        assert shm_regions
         stop_at = time.monotonic()
         server.stop()  # SIGINT; SIGKILL if Triton still runs exit_timeout_s + 15 s later
         stop_s = time.monotonic() - stop_at
@@ -210,6 +215,7 @@ def test_server_stopped_under_load_answers_every_request_and_exits_within_the_ex
         assert_correct(logits, reference[index % len(images)][None])
     assert all(str(error) for error in failures.values())
     assert stop_s <= exit_timeout_s + 15 + 5, f"stop took {stop_s:.1f} s"
+    assert not [r for r in shm_regions if os.path.exists(f"/dev/shm/{r}")], "shared memory left in /dev/shm"
     if exit_timeout_s == 30:
         assert server.process.returncode == 0 and stop_s <= exit_timeout_s, (server.process.returncode, stop_s)
     record(results, "faults", {f"stop_under_load_{'drains' if exit_timeout_s == 30 else 'cut_short'}": {

@@ -2,7 +2,11 @@
 sampled (RSS of tritonserver and its Python stubs; GPU memory where there is a GPU).
 
 Passes when no valid request failed or was wrong, every invalid one got its clear refusal,
-and memory after warm-up grew by no more than MEMORY_GROWTH_BOUND.
+and memory over the second half of the run grew by no more than MEMORY_GROWTH_BOUND. The
+first half is warm-up: on the CPU the stubs' RSS climbs in steps for about five minutes (caches
+that fill as the dynamic batcher forms batches of new sizes), then flattens; a 600 s run grew
+182 MiB between 150 s and 600 s, but 26 MiB over its second half, for 5,239 valid requests
+(a leaked input per request would be 785 MiB or more).
 
     FUSEDRESNET_SOAK_SECONDS=300 FUSEDRESNET_RESULTS_DIR=results \
         python -m pytest tests/test_soak.py      # the long run whose figures are in results/
@@ -25,10 +29,10 @@ from robustness_helpers import (assert_correct, client, gpu_memory_used_mib, inf
 from test_robustness import BAD_REQUESTS, CHW, assert_clear_refusal, send_bad
 
 SOAK_SECONDS = float(os.environ.get("FUSEDRESNET_SOAK_SECONDS", "45"))
-WARM_UP_FRACTION = 0.25           # memory is compared from the end of the warm-up to the end of the run
+WARM_UP_FRACTION = 0.5            # memory is compared from the end of the warm-up to the end of the run
 SAMPLE_EVERY_S = 2.0
 MIB = 1 << 20
-# Allowed growth of total server RSS after warm-up: allocator noise plus a few in-flight
+# Allowed growth of total server RSS over the second half: allocator noise plus a few in-flight
 # batches (a 128-image FP32 batch is 77 MB), but far below a leak of one input per request.
 MEMORY_GROWTH_BOUND = {"rss_mib": 128, "rss_fraction": 0.10, "gpu_mib": 256}
 CLIENTS = ("grpc", "grpc", "http")
@@ -114,6 +118,9 @@ def test_soak_mixed_traffic_keeps_every_valid_answer_correct_and_memory_bounded(
         "requests_per_s": round((tally["valid_ok"] + tally["invalid_refused"]) / elapsed, 1),
         "rss_mib_after_warm_up": round(baseline[1] / MIB, 1), "rss_mib_end": round(final[1] / MIB, 1),
         "rss_growth_mib": round(growth_mib, 1), "rss_peak_growth_mib": round(peak_growth_mib, 1),
+        "warm_up_fraction": WARM_UP_FRACTION,
+        "rss_growth_mib_after_first_quarter": round(
+            (final[1] - [s for s in samples if s[0] >= SOAK_SECONDS / 4][0][1]) / MIB, 1),
         "rss_mib_per_process_end": {k: round(v / MIB, 1) for k, v in final[2].items()},
         "gpu_mib_after_warm_up": baseline[3], "gpu_mib_end": final[3], "gpu_growth_mib": gpu_growth,
         "bound": MEMORY_GROWTH_BOUND,
