@@ -30,10 +30,10 @@ from tritonclient.utils import InferenceServerException
 
 from fusedresnet.backend.serve import free_ports, python_stub_pids
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, INPUT_UINT8, OUTPUT_LOGITS
-from fusedresnet.client.agreement import compare_logits
+from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, compare_logits
 
 RESULTS_ENV = "FUSEDRESNET_RESULTS_DIR"
-REL_L2_TOLERANCE = 1e-2          # per image, against the in-process fp32 reference
+REL_L2_TOLERANCE = IMAGE_REL_L2_TOLERANCE  # per image, against the in-process fp32 reference
 CLIENT_TIMEOUT_S = 120.0         # no test request may wait longer than this for its answer
 PROTOCOLS = ("grpc", "http")
 

@@ -12,15 +12,12 @@ from tritonclient.utils import InferenceServerException
 
 from fusedresnet.backend.engines import custom_engine_plan
 from fusedresnet.backend.spec import INPUT_FP32, INPUT_UINT8, MODEL_CUDNN, MODELS, OUTPUT_LOGITS, load_labels
-from fusedresnet.client.agreement import compare_logits
+from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.client.preprocess import normalize
 from fusedresnet.client.resnet_client import ResNetClient
 
-# fp16 weights (custom) or fp16 compute (GPU) keep the relative L2 error of the logits under 1e-2 over
-# a set, and under 5e-2 for every single image (measured worst on the H100: 2.2e-2, fp16 cuDNN, on a
-# white-noise image); one image's logits put on another image's row would be off by O(1).
-REL_L2_TOLERANCE = 1e-2
-ROW_REL_L2_TOLERANCE = 5e-2
+REL_L2_TOLERANCE = SET_REL_L2_TOLERANCE
+ROW_REL_L2_TOLERANCE = IMAGE_REL_L2_TOLERANCE
 
 
 def client_for(server, model, protocol="grpc"):
