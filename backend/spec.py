@@ -23,6 +23,10 @@ MODELS = (MODEL_CUSTOM, MODEL_CUDNN)
 INPUT_UINT8 = "IMAGE"                  # UINT8 [224, 224, 3], HWC, RGB, not normalised
 INPUT_FP32 = "IMAGE_NORMALIZED"        # FP32 [3, 224, 224], CHW, normalised by the client
 OUTPUT_LOGITS = "LOGITS"               # FP32 [1000]
+# Normalised pixels lie within about -2.2..2.7. Far larger finite values (0..255 floats sent by
+# mistake, or 1e30) would come back as meaningless or non-finite logits (fp16 engines overflow
+# past 65504), so they are refused like NaN/Inf.
+FP32_INPUT_ABS_LIMIT = 100.0
 MAX_BATCH_SIZE = 128
 OUTPUT_ENGINE = "ENGINE"               # UINT8 [-1]: UTF-8 name of the engine that computed the response
 

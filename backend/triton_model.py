@@ -29,18 +29,14 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from .images import normalize_uint8
-from .spec import (CHANNELS, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8, MAX_BATCH_SIZE, OUTPUT_ENGINE,
-                   OUTPUT_LOGITS)
+from .spec import (CHANNELS, FP32_INPUT_ABS_LIMIT, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8, MAX_BATCH_SIZE,
+                   OUTPUT_ENGINE, OUTPUT_LOGITS)
 
 # Warm-up at load runs each batch size once, so that no first request pays for
 # kernel compilation, CUDA-graph capture or cuDNN's algorithm choice. On a GPU
 # every power of two up to the maximum batch (the fused engine's graph buckets).
 CPU_WARMUP_BATCH_SIZES = (1, 8)
 GPU_WARMUP_BATCH_SIZES = tuple(2 ** i for i in range(MAX_BATCH_SIZE.bit_length()) if 2 ** i <= MAX_BATCH_SIZE)
-# Normalised pixels lie within about -2.2..2.7. Far larger finite values (0..255 floats sent by
-# mistake, or 1e30) would come back as meaningless or non-finite logits (fp16 engines overflow
-# past 65504), so they are refused like NaN/Inf.
-FP32_INPUT_ABS_LIMIT = 100.0
 
 
 class RequestError(ValueError):

@@ -16,14 +16,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fusedresnet.backend.spec import INPUT_FP32, INPUT_UINT8, MODELS, NUM_CLASSES, OUTPUT_ENGINE, OUTPUT_LOGITS
+from fusedresnet.backend.spec import (FP32_INPUT_ABS_LIMIT, INPUT_FP32, INPUT_UINT8, MODELS, NUM_CLASSES, OUTPUT_ENGINE,
+                                      OUTPUT_LOGITS)
 from robustness_helpers import (PROTOCOLS, assert_correct, client, infer_uint8, raw_grpc_infer, raw_http_infer)
 
 FUZZ_SETTINGS = dict(deadline=None, derandomize=True, database=None,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 DTYPES = {"UINT8": 1, "INT8": 1, "BOOL": 1, "FP16": 2, "INT16": 2, "FP32": 4, "INT32": 4, "UINT32": 4,
           "FP64": 8, "INT64": 8, "BYTES": 1}
-FP32_INPUT_ABS_LIMIT = 100.0         # backend/triton_model.py (which imports Triton's stub-only module)
 MAX_PAYLOAD = 8 * 224 * 224 * 3 * 4   # at most 8 FP32 images: bigger requests are the overload tests' business
 HTTP_REFUSALS = {400, 404, 413}
 GRPC_REFUSALS = {"INVALID_ARGUMENT", "NOT_FOUND", "UNAVAILABLE"}
