@@ -342,14 +342,14 @@ def listening_addresses(ports) -> dict[int, set[str]]:
 
 
 def grpc_burst_in_process(grpc_url: str, model: str, images: np.ndarray, first_index: int, count: int,
-                          queue_timeout_us: int, stop_after_refusals: int) -> dict:
-    """One sender of a multi-process burst (run through a spawned process pool, so its gRPC channel
-    is its own): `count` single-image requests fired asynchronously, every 4th with a queue timeout
-    of `queue_timeout_us`, stopping early after `stop_after_refusals` queue-full refusals.
-    Returns {index: [(seconds to answer, logits or error text)]} for every request sent."""
+                          queue_timeout_us: int, stop_after_refusals: int, channels: int = 1) -> dict:
+    """One sender of a burst (alone, or one of a spawned process pool, so its gRPC channels are its
+    own): `count` single-image requests fired asynchronously over `channels` channels, every 4th with
+    a queue timeout of `queue_timeout_us`, stopping early after `stop_after_refusals` queue-full
+    refusals. Returns {index: [(seconds to answer, logits or error text)]} for every request sent."""
     import threading as _threading
 
-    triton = grpcclient.InferenceServerClient(grpc_url)
+    triton = [grpcclient.InferenceServerClient(grpc_url) for _ in range(channels)]
     tensors = []
     for i in range(len(images)):
         tensor = grpcclient.InferInput(INPUT_UINT8, [1, *images.shape[1:]], "UINT8")
@@ -372,12 +372,14 @@ def grpc_burst_in_process(grpc_url: str, model: str, images: np.ndarray, first_i
     while sent < count and refusals[0] < stop_after_refusals:
         index = first_index + sent
         sent_at[index] = time.monotonic()
-        triton.async_infer(model, [tensors[index % len(images)]], on_answer(index), client_timeout=CLIENT_TIMEOUT_S,
-                           timeout=queue_timeout_us if index % 4 == 3 else None)
+        triton[sent % channels].async_infer(model, [tensors[index % len(images)]], on_answer(index),
+                                            client_timeout=CLIENT_TIMEOUT_S,
+                                            timeout=queue_timeout_us if index % 4 == 3 else None)
         sent += 1
     wait_until(lambda: len(answers) == sent, CLIENT_TIMEOUT_S + 10, 0.1)
     time.sleep(0.5)  # a duplicate answer would arrive now
-    triton.close()
+    for channel in triton:
+        channel.close()
     with lock:
         return {index: list(outcomes) for index, outcomes in answers.items()} | \
             {first_index + i: [] for i in range(sent) if first_index + i not in answers}

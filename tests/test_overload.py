@@ -18,13 +18,11 @@ from __future__ import annotations
 import concurrent.futures
 import multiprocessing
 import re
-import threading
 import time
 from collections import Counter
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -75,42 +73,9 @@ def burst_images(varied_images, reference_logits):
 def grpc_burst(server, model, images, max_requests):
     """Fire single-image requests asynchronously over 4 channels until the server has refused
     ENOUGH_REFUSALS of them (or max_requests are out); wait for every answer."""
-    triton = [grpcclient.InferenceServerClient(server.grpc_url) for _ in range(4)]
-    tensors = []
-    for i in range(len(images)):
-        tensor = grpcclient.InferInput(INPUT_UINT8, [1, *images.shape[1:]], "UINT8")
-        tensor.set_data_from_numpy(images[i:i + 1])
-        tensors.append(tensor)
-    answers: dict[int, list] = {}
-    sent_at: dict[int, float] = {}
-    lock = threading.Lock()
-    refusals = [0]
-
-    def on_answer(index):
-        def callback(result, error):
-            outcome = error if error is not None else result.as_numpy(OUTPUT_LOGITS)
-            with lock:
-                answers.setdefault(index, []).append((time.monotonic() - sent_at[index], outcome))
-                refusals[0] += error is not None and QUEUE_FULL in str(error)
-        return callback
-
-    sent = 0
-    while sent < max_requests and refusals[0] < ENOUGH_REFUSALS:
-        sent_at[sent] = time.monotonic()
-        triton[sent % 4].async_infer(model, [tensors[sent % len(images)]], on_answer(sent),
-                                     client_timeout=CLIENT_TIMEOUT_S,
-                                     timeout=SHORT_TIMEOUT_US if sent % 4 == 3 else None)
-        sent += 1
-    deadline = time.monotonic() + CLIENT_TIMEOUT_S + 10
-    while time.monotonic() < deadline:
-        with lock:
-            if len(answers) == sent:
-                break
-        time.sleep(0.1)
-    time.sleep(0.5)  # a duplicate answer would arrive now
-    for t in triton:
-        t.close()
-    return sent, answers
+    answers = grpc_burst_in_process(server.grpc_url, model, images, 0, max_requests, SHORT_TIMEOUT_US,
+                                    ENOUGH_REFUSALS, channels=4)
+    return sorted(answers), answers  # request indices, answers
 
 
 def parallel_grpc_burst(server, model, images, per_sender, senders):
