@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -50,6 +51,7 @@ DEFAULT_READY_TIMEOUT_S = 300.0
 STUB_BINARY = "triton_python_backend_stub"
 STUB_SHM_REGION_ARG, STUB_INSTANCE_ARG = 2, 8  # argv: binary, model.py, shm region, 2 sizes, ppid, dir, timeout, instance
 MAX_RESTARTS, RESTART_WINDOW_S = 3, 600.0
+INSTANCE_NAME = re.compile(r"_\d+_\d+$")  # stubs of model instances (model_group_index), not auto-complete ones
 EXIT_STUB_DIED = 3
 
 
@@ -199,6 +201,7 @@ class TritonServer:
     use_gpu: bool | None = None        # None: detect
     process: subprocess.Popen | None = None
     restarts: int = 0
+    instance_stubs: set = field(default_factory=set)  # model instance names whose stubs the server started
     shm_regions: set = field(default_factory=set)  # the stubs' /dev/shm regions, removed if Triton is killed
 
     @property
@@ -289,10 +292,14 @@ class TritonServer:
 
     def wait_ready(self, timeout_s: float):
         deadline = time.monotonic() + timeout_s
+        self.instance_stubs = set()
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise ServerError(f"tritonserver exited with code {self.process.returncode} before it was ready"
                                   + self._log_tail())
+            # Note the model instances' stubs while the models load (each lives for seconds before
+            # the server is ready), so a stub killed right after readiness is still missed later.
+            self.instance_stubs |= {name for name in self.model_stub_pids() if INSTANCE_NAME.search(name)}
             if self.is_ready():
                 return
             time.sleep(0.25)
@@ -320,7 +327,7 @@ class TritonServer:
         a fresh server. A stub that goes away while the server is not ready is part
         of a shutdown, not a crash. Returns the exit status for the launcher.
         """
-        expected = set(self.model_stub_pids())
+        expected = set(self.instance_stubs)
         restart_times: list[float] = []
         while self.process.poll() is None:
             time.sleep(poll_s)
@@ -336,7 +343,7 @@ class TritonServer:
                 return EXIT_STUB_DIED
             self.restarts += 1
             self.start(ready_timeout_s)
-            expected = set(self.model_stub_pids())
+            expected = set(self.instance_stubs)
             print(f"fusedresnet: Triton ready again (restart {self.restarts})", file=sys.stderr, flush=True)
         return self.process.returncode
 
