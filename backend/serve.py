@@ -116,6 +116,15 @@ def private_backend_tree(triton: TritonInstallation) -> Path:
     return tree
 
 
+def http_ready(http_url: str) -> bool:
+    """Whether the Triton server at host:port answers its readiness probe."""
+    try:
+        with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def gpu_present() -> bool:
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return False
@@ -284,11 +293,7 @@ class TritonServer:
         return self
 
     def is_ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return http_ready(self.http_url)
 
     def wait_ready(self, timeout_s: float):
         deadline = time.monotonic() + timeout_s

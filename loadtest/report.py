@@ -114,6 +114,10 @@ def plot_latency_vs_throughput(table: dict, path: Path):
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
+    _save(figure, path)
+
+
+def _save(figure, path: Path):
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -135,9 +139,7 @@ def plot_throughput_by_users(table: dict, path: Path):
         ax.set_ylim(bottom=0)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save(figure, path)
 
 
 def plot_server_time(table: dict, path: Path):
@@ -161,9 +163,7 @@ def plot_server_time(table: dict, path: Path):
         ax.set_ylabel("ms per request")
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save(figure, path)
 
 
 # ---------------------------------------------------------------- markdown

@@ -28,7 +28,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from fusedresnet.backend.serve import free_ports, python_stub_pids
+from fusedresnet.backend.serve import free_ports, http_ready, python_stub_pids
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, INPUT_UINT8, OUTPUT_LOGITS
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, compare_logits
 
@@ -244,11 +244,7 @@ class Launcher:
         return self.output_file.read_text(errors="replace") if self.output_file.is_file() else ""
 
     def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return http_ready(self.http_url)
 
     def server_pid(self) -> int | None:
         """pid of the tritonserver that the launcher runs now (it changes when the launcher restarts it)."""
