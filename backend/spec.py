@@ -27,7 +27,6 @@ OUTPUT_LOGITS = "LOGITS"               # FP32 [1000]
 # mistake, or 1e30) would come back as meaningless or non-finite logits (fp16 engines overflow
 # past 65504), so they are refused like NaN/Inf.
 FP32_INPUT_ABS_LIMIT = 100.0
-MAX_BATCH_SIZE = 128
 OUTPUT_ENGINE = "ENGINE"               # UINT8 [-1]: UTF-8 name of the engine that computed the response
 
 # Files that `prepare` writes into each model's version folder.
@@ -49,6 +48,23 @@ RESTRICTED_APIS = ("model-repository", "shared-memory", "statistics", "trace", "
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 SAMPLES_DIR = REPO_ROOT / "client" / "samples"
+
+
+def model_config(model: str, repository: Path = MODEL_REPOSITORY):
+    """The model's `config.pbtxt` as Triton's ModelConfig message (the one place its batch limit is set)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+    return text_format.Parse((Path(repository) / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+
+
+def max_batch_size(model: str = MODEL_CUSTOM, repository: Path = MODEL_REPOSITORY) -> int:
+    """`max_batch_size` of the model's config (both models declare the same)."""
+    return model_config(model, repository).max_batch_size
+
+
+def power_of_two_buckets(limit: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to `limit`: the batch sizes the fused engine captures a CUDA graph for."""
+    return tuple(2 ** i for i in range(limit.bit_length()) if 2 ** i <= limit)
 
 
 def load_labels():

@@ -29,14 +29,13 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from .images import normalize_uint8
-from .spec import (CHANNELS, FP32_INPUT_ABS_LIMIT, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8, MAX_BATCH_SIZE,
-                   OUTPUT_ENGINE, OUTPUT_LOGITS)
+from .spec import (CHANNELS, FP32_INPUT_ABS_LIMIT, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8,
+                   OUTPUT_ENGINE, OUTPUT_LOGITS, power_of_two_buckets)
 
 # Warm-up at load runs each batch size once, so that no first request pays for
 # kernel compilation, CUDA-graph capture or cuDNN's algorithm choice. On a GPU
-# every power of two up to the maximum batch (the fused engine's graph buckets).
+# every power of two up to the config's max_batch_size (the fused engine's graph buckets).
 CPU_WARMUP_BATCH_SIZES = (1, 8)
-GPU_WARMUP_BATCH_SIZES = tuple(2 ** i for i in range(MAX_BATCH_SIZE.bit_length()) if 2 ** i <= MAX_BATCH_SIZE)
 
 
 class RequestError(ValueError):
@@ -47,7 +46,7 @@ def config_parameter(model_config: dict, key: str, default: str) -> str:
     return model_config.get("parameters", {}).get(key, {}).get("string_value", default)
 
 
-def read_request(request) -> tuple[str, torch.Tensor]:
+def read_request(request, max_batch: int) -> tuple[str, torch.Tensor]:
     """(input kind, tensor) of one request, or RequestError naming what is wrong."""
     tensors = {name: pb_utils.get_input_tensor_by_name(request, name) for name in (INPUT_UINT8, INPUT_FP32)}
     present = [name for name, tensor in tensors.items() if tensor is not None]
@@ -66,8 +65,8 @@ def read_request(request) -> tuple[str, torch.Tensor]:
     if tensor.dim() != 4 or tuple(tensor.shape[1:]) != expected_shape:
         raise RequestError(f"input {name} must have shape [N,{','.join(map(str, expected_shape))}], "
                            f"got {list(tensor.shape)}")
-    if not 1 <= tensor.shape[0] <= MAX_BATCH_SIZE:
-        raise RequestError(f"input {name}: batch size must be 1..{MAX_BATCH_SIZE}, got {tensor.shape[0]}")
+    if not 1 <= tensor.shape[0] <= max_batch:
+        raise RequestError(f"input {name}: batch size must be 1..{max_batch}, got {tensor.shape[0]}")
     if name == INPUT_FP32:
         peak = float(tensor.abs().amax())  # NaN propagates
         if not math.isfinite(peak):
@@ -88,6 +87,7 @@ class ResNetTritonModel:
     def initialize(self, args):
         self.model_config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
+        self.max_batch_size = int(self.model_config["max_batch_size"])
         outputs = {o["name"] for o in self.model_config["output"]}
         if not {OUTPUT_LOGITS, OUTPUT_ENGINE} <= outputs:
             raise pb_utils.TritonModelException(
@@ -109,7 +109,7 @@ class ResNetTritonModel:
 
     def _warm_up(self):
         generator = torch.Generator().manual_seed(0)
-        sizes = GPU_WARMUP_BATCH_SIZES if self.device.startswith("cuda") else CPU_WARMUP_BATCH_SIZES
+        sizes = power_of_two_buckets(self.max_batch_size) if self.device.startswith("cuda") else CPU_WARMUP_BATCH_SIZES
         for batch in sizes:
             images = torch.randint(0, 256, (batch, IMAGE_SIZE, IMAGE_SIZE, CHANNELS), dtype=torch.uint8,
                                    generator=generator)
@@ -132,7 +132,7 @@ class ResNetTritonModel:
         groups: dict[str, list[tuple[int, torch.Tensor]]] = {INPUT_UINT8: [], INPUT_FP32: []}
         for index, request in enumerate(requests):
             try:
-                kind, tensor = read_request(request)
+                kind, tensor = read_request(request, self.max_batch_size)
                 groups[kind].append((index, tensor))
             except RequestError as error:
                 responses[index] = pb_utils.InferenceResponse(

@@ -42,7 +42,8 @@ from tritonclient.utils import InferenceServerException
 
 from fusedresnet.backend.serve import BUILD_DIR, TritonServer, free_ports, gpu_present
 from fusedresnet.backend.spec import (DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT,
-                                      MAX_BATCH_SIZE, MODEL_REPOSITORY, MODELS, REPO_ROOT)
+                                      MODEL_REPOSITORY, MODELS, REPO_ROOT, max_batch_size,
+                                      power_of_two_buckets)
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.loadtest import report
 from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, as_model_input, build_image_pool, save_image_pool
@@ -238,7 +239,7 @@ def parse_args(argv=None):
     load.add_argument("--pool-size", type=int, default=DEFAULT_POOL_SIZE, help="distinct images sent")
     load.add_argument("--prewarm-sizes", type=lambda text: [int(v) for v in text.split(",") if v],
                       help="batch sizes sent once to each model before the sweep (default: powers of two up to "
-                           f"{MAX_BATCH_SIZE} on a GPU host, 1 elsewhere)")
+                           f"{max_batch_size()} on a GPU host, 1 elsewhere)")
     load.add_argument("--time-budget-s", type=float, default=0,
                       help="skip the remaining pairs of steps once this many seconds would be exceeded (0: none)")
     load.add_argument("--agreement-images", type=int, default=500,
@@ -252,8 +253,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     args.series = args.series or [Series.parse(text) for text in DEFAULT_SERIES]
     if args.prewarm_sizes is None:
-        args.prewarm_sizes = [2 ** k for k in range(MAX_BATCH_SIZE.bit_length()) if 2 ** k <= MAX_BATCH_SIZE] \
-            if gpu_present() else [1]
+        args.prewarm_sizes = list(power_of_two_buckets(max_batch_size())) if gpu_present() else [1]
     return args
 
 

@@ -26,7 +26,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from fusedresnet.backend.spec import INPUT_UINT8, MAX_BATCH_SIZE, MODEL_CUSTOM, MODEL_REPOSITORY, MODELS, OUTPUT_LOGITS
+from fusedresnet.backend.spec import (INPUT_UINT8, MODEL_CUSTOM, MODEL_REPOSITORY, MODELS, OUTPUT_LOGITS,
+                                      max_batch_size)
 from robustness_helpers import (CLIENT_TIMEOUT_S, assert_correct, client, counter_delta, grpc_burst_in_process,
                                 infer_uint8, metric, record, request_counters, results_dir)
 
@@ -166,7 +167,7 @@ def test_grpc_burst_beyond_the_queue_gets_one_answer_per_request_refusals_are_ex
     assert policy["timeout_action"] == "REJECT" and policy["allow_timeout_override"]
     before = request_counters(triton_server, model)
     # the queue plus one full batch in execution is the most the server holds; send well beyond it
-    most = 8 * (policy["max_queue_size"] + MAX_BATCH_SIZE)
+    most = 8 * (policy["max_queue_size"] + max_batch_size())
     sent, answers = grpc_burst(triton_server, model, images, most)
     senders = 1
     if not any(QUEUE_FULL in str(a[0][1]) for a in answers.values() if a):

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from fusedresnet.backend.spec import (CHANNELS, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8, MAX_BATCH_SIZE, MODELS,
-                                      OUTPUT_LOGITS)
+from fusedresnet.backend.spec import (CHANNELS, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8, MODELS, OUTPUT_LOGITS,
+                                      max_batch_size)
 from fusedresnet.client.preprocess import normalize
 from robustness_helpers import (PROTOCOLS, assert_correct, client, infer_uint8, raw_grpc_infer, raw_http_infer)
 
@@ -69,8 +69,8 @@ BAD_REQUESTS = [
     BadRequest("HWC layout sent as IMAGE_NORMALIZED", [(INPUT_FP32, "FP32", [1, *HWC], bytes(4 * IMAGE_BYTES))],
                ("unexpected shape for input 'IMAGE_NORMALIZED'", "expected [-1,3,224,224]")),
     BadRequest("batch larger than max_batch_size",
-               [(INPUT_UINT8, "UINT8", [MAX_BATCH_SIZE + 1, *HWC], bytes((MAX_BATCH_SIZE + 1) * IMAGE_BYTES))],
-               (f"batch-size must be <= {MAX_BATCH_SIZE}",)),
+               [(INPUT_UINT8, "UINT8", [max_batch_size() + 1, *HWC], bytes((max_batch_size() + 1) * IMAGE_BYTES))],
+               (f"batch-size must be <= {max_batch_size()}",)),
     BadRequest("empty batch", [(INPUT_UINT8, "UINT8", [0, *HWC], b"")], ("input byte size mismatch", "'IMAGE'")),
     BadRequest("truncated payload", [(INPUT_UINT8, "UINT8", [1, *HWC], bytes(IMAGE_BYTES - 100))],
                ("input byte size mismatch", f"expected {IMAGE_BYTES}, got {IMAGE_BYTES - 100}")),
