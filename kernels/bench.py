@@ -35,6 +35,7 @@ import cupy as cp
 import torch
 
 from ..backend.engine_cuda import FusedCudaEngine
+from ..backend.spec import INPUT_UINT8
 from ..backend.folding import STEM, fold_resnet18
 from ..backend.resnet import DEFAULT_SEED, build_resnet18
 from .check import layer_shapes
@@ -65,9 +66,9 @@ def reps_for(batch: int) -> int:
 
 
 def bench_custom(engine: FusedCudaEngine, batch: int) -> float:
-    plan = engine.plan(batch, "uint8", 224, 224)
+    plan = engine.plan(batch, INPUT_UINT8, 224, 224)
     plan.input[...] = cp.random.randint(0, 256, plan.input.shape, dtype=cp.int32).astype(cp.uint8)
-    stream = engine.stream
+    stream = engine.cupy_stream
     times = []
     with cp.cuda.Device(engine.device_id):
         for i in range(5 + reps_for(batch)):
