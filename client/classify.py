@@ -2,9 +2,13 @@
 
     python -m fusedresnet.client.classify photo.jpg other.png --model resnet18_cudnn --top-k 5
     python -m fusedresnet.client.classify client/samples/* --protocol http --batch-size 2 --input fp32
+    python -m fusedresnet.client.classify photo.jpg --shared-memory system --admin-token-file build/admin-token
 
 Images are resized and centre-cropped as torchvision does; with `--input uint8`
 (default) the server normalises, with `--input fp32` the client does.
+`--shared-memory system|cuda` (same host as the server) passes the images through a
+shared-memory region registered with the admin token (default $FUSEDRESNET_ADMIN_TOKEN,
+else build/admin-token); the region is unregistered and freed on exit.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 from fusedresnet.backend.spec import MODEL_CUSTOM, MODELS
 from fusedresnet.client.preprocess import normalize, preprocess_files
 from fusedresnet.client.resnet_client import DEFAULT_URLS, PROTOCOLS, ResNetClient
+from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser):
@@ -45,9 +50,15 @@ def main(argv=None) -> int:
     parser.add_argument("--top-k", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=8, help="images per request")
     parser.add_argument("--input", choices=("uint8", "fp32"), default="uint8", dest="input_format")
+    parser.add_argument("--shared-memory", choices=SHARED_MEMORY_KINDS, default="none",
+                        help="pass the images through system or CUDA shared memory (client on the server's host)")
+    parser.add_argument("--admin-token-file", type=Path,
+                        help="file holding the admin token that registering shared memory needs "
+                             "(default: $FUSEDRESNET_ADMIN_TOKEN, else build/admin-token)")
     args = parser.parse_args(argv)
     try:
-        with ResNetClient(args.model, args.protocol, args.url) as client:
+        with ResNetClient(args.model, args.protocol, args.url, shared_memory=args.shared_memory,
+                          admin_token_file=args.admin_token_file) as client:
             for chunk, result in classify_files(client, args.images, args.top_k, args.batch_size,
                                                 args.input_format):
                 print(f"-- request of {len(chunk)} image(s): {result.latency_ms:.1f} ms, engine {result.engine}")
@@ -58,7 +69,7 @@ def main(argv=None) -> int:
         print(f"error from {args.model} over {args.protocol}: {error.message()}", file=sys.stderr)
         return 1
     except OSError as error:
-        print(f"cannot read image: {error}", file=sys.stderr)
+        print(f"cannot read {error.filename}: {error.strerror or error}", file=sys.stderr)
         return 1
     return 0
 

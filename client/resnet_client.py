@@ -6,19 +6,34 @@
 
 `images` is either uint8 [N, 224, 224, 3] (sent as IMAGE, normalised on the
 server) or float32 [N, 3, 224, 224] (sent as IMAGE_NORMALIZED).
+
+On the server's host, `shared_memory="system"` (or `"cuda"`, with cuda-python and
+a GPU) passes the input, and for `infer` the LOGITS, through shared-memory regions
+instead of the request and response (client/shared_memory.py). Registering them
+takes the admin token (`admin_token`, default $FUSEDRESNET_ADMIN_TOKEN or
+build/admin-token). The regions grow to the largest batch sent and are unregistered
+and freed by `close()` (use the client in a `with` block). `classify` keeps its
+top-k answer in the response: Triton's classification output cannot go to shared memory.
+
+`build_request` is the one place requests are built, for this client and for the
+load generators (loadtest/locustfile.py, loadtest/grpc_flood.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from fusedresnet.backend.spec import (DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT, INPUT_FP32, INPUT_UINT8,
-                                      OUTPUT_ENGINE, OUTPUT_LOGITS)
+                                      NUM_CLASSES, OUTPUT_ENGINE, OUTPUT_LOGITS)
+from fusedresnet.client.shared_memory import (SHARED_MEMORY_KINDS, RequestRegions, read_admin_token,
+                                              request_regions)
 
 PROTOCOLS = ("grpc", "http")
 DEFAULT_URLS = {"grpc": f"{DEFAULT_HOST}:{DEFAULT_GRPC_PORT}", "http": f"{DEFAULT_HOST}:{DEFAULT_HTTP_PORT}"}
@@ -50,15 +65,78 @@ def parse_classification(entries) -> list[tuple[float, int, str]]:
     return top
 
 
+LOGITS_BYTES_PER_IMAGE = NUM_CLASSES * np.dtype(np.float32).itemsize
+
+
+@dataclass(frozen=True)
+class SharedMemorySlot:
+    """Where one request's input is (already written) and where its LOGITS go, by registered region name."""
+    input_region: str
+    logits_region: str
+    input_offset: int = 0
+    logits_offset: int = 0
+
+
+def build_request(protocol: str, images: np.ndarray, class_count: int = 0, engine: bool = True,
+                  shared_memory: SharedMemorySlot | None = None) -> tuple[list, list]:
+    """(inputs, requested outputs) of one request carrying `images` (uint8 NHWC or float32 NCHW).
+
+    With `shared_memory`, the input is read by the server from the slot's input region (the caller
+    wrote `images` there) and LOGITS is written into its logits region, unless `class_count` asks for
+    Triton's top-k strings, which only travel in the response. ENGINE always comes in the response.
+    """
+    lib = grpcclient if protocol == "grpc" else httpclient
+    name = input_name_for(images)
+    tensor = lib.InferInput(name, list(images.shape), "UINT8" if name == INPUT_UINT8 else "FP32")
+    if shared_memory is None:
+        tensor.set_data_from_numpy(np.ascontiguousarray(images))
+    else:
+        tensor.set_shared_memory(shared_memory.input_region, images.nbytes, offset=shared_memory.input_offset)
+    logits = lib.InferRequestedOutput(OUTPUT_LOGITS, class_count=class_count)
+    if shared_memory is not None and not class_count:
+        logits.set_shared_memory(shared_memory.logits_region, len(images) * LOGITS_BYTES_PER_IMAGE,
+                                 offset=shared_memory.logits_offset)
+    outputs = [logits] + ([lib.InferRequestedOutput(OUTPUT_ENGINE)] if engine else [])
+    return [tensor], outputs
+
+
+def output_shape(result, name: str) -> tuple[int, ...] | None:
+    """The shape the response declares for output `name` (also when its data went to shared memory)."""
+    output = result.get_output(name)
+    if output is None:
+        return None
+    return tuple(int(d) for d in (output["shape"] if isinstance(output, dict) else output.shape))
+
+
+def check_logits_received(result, images_sent: int, in_shared_memory: bool):
+    """Raise unless the response holds (or, with shared memory, declares) LOGITS [images_sent, 1000]."""
+    expected = (images_sent, NUM_CLASSES)
+    if in_shared_memory:
+        shape = output_shape(result, OUTPUT_LOGITS)
+    else:
+        logits = result.as_numpy(OUTPUT_LOGITS)
+        shape = None if logits is None else logits.shape
+    if shape != expected:
+        raise ValueError(f"expected logits {list(expected)}, got {None if shape is None else list(shape)}")
+
+
 class ResNetClient:
     def __init__(self, model: str, protocol: str = "grpc", url: str | None = None, timeout_s: float = 60.0,
-                 headers: dict | None = None):
+                 headers: dict | None = None, shared_memory: str = "none", admin_token: str | None = None,
+                 admin_token_file: Path | str | None = None, cuda_device: int = 0):
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
+        if shared_memory not in SHARED_MEMORY_KINDS:
+            raise ValueError(f"shared_memory must be one of {SHARED_MEMORY_KINDS}, not {shared_memory!r}")
         self.model, self.protocol = model, protocol
         self.url = url or DEFAULT_URLS[protocol]
         self.timeout_s, self.headers = timeout_s, headers
-        self.lib = grpcclient if protocol == "grpc" else httpclient
+        self.shared_memory, self.cuda_device = shared_memory, cuda_device
+        self.admin_token = admin_token
+        if shared_memory != "none" and admin_token is None:
+            self.admin_token = read_admin_token(admin_token_file)
+        self._regions: RequestRegions | None = None
+        self._regions_exit = contextlib.ExitStack()
         if protocol == "grpc":
             self.client = grpcclient.InferenceServerClient(self.url)
         else:
@@ -66,7 +144,10 @@ class ResNetClient:
                                                            connection_timeout=timeout_s)
 
     def close(self):
-        self.client.close()
+        try:
+            self._regions_exit.close()     # unregister and free this client's regions
+        finally:
+            self.client.close()
 
     def __enter__(self):
         return self
@@ -74,20 +155,31 @@ class ResNetClient:
     def __exit__(self, *exc):
         self.close()
 
+    def _regions_for(self, images: np.ndarray) -> RequestRegions:
+        """This client's regions, replaced by larger ones when `images` do not fit."""
+        input_bytes, logits_bytes = images.nbytes, len(images) * LOGITS_BYTES_PER_IMAGE
+        regions = self._regions
+        if regions is None or regions.input.byte_size < input_bytes or regions.logits.byte_size < logits_bytes:
+            if regions is not None:
+                input_bytes = max(input_bytes, regions.input.byte_size)
+                logits_bytes = max(logits_bytes, regions.logits.byte_size)
+            self._regions = None
+            self._regions_exit.close()
+            self._regions = self._regions_exit.enter_context(request_regions(
+                self.client, self.protocol, self.shared_memory, input_bytes, logits_bytes, self.admin_token,
+                self.cuda_device))
+        return self._regions
+
     def _request(self, images: np.ndarray, class_count: int):
-        name = input_name_for(images)
-        tensor = self.lib.InferInput(name, list(images.shape), "UINT8" if name == INPUT_UINT8 else "FP32")
-        tensor.set_data_from_numpy(np.ascontiguousarray(images))
-        if self.protocol == "grpc":
-            outputs = [grpcclient.InferRequestedOutput(OUTPUT_LOGITS, class_count=class_count),
-                       grpcclient.InferRequestedOutput(OUTPUT_ENGINE)]
-            kwargs = {"client_timeout": self.timeout_s}
-        else:
-            outputs = [httpclient.InferRequestedOutput(OUTPUT_LOGITS, binary_data=True, class_count=class_count),
-                       httpclient.InferRequestedOutput(OUTPUT_ENGINE, binary_data=True)]
-            kwargs = {}
+        slot = None
+        if self.shared_memory != "none":
+            regions = self._regions_for(images)
+            regions.input.write(images)
+            slot = SharedMemorySlot(regions.input.name, regions.logits.name)
+        inputs, outputs = build_request(self.protocol, images, class_count, shared_memory=slot)
+        kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
         started = time.perf_counter()
-        result = self.client.infer(self.model, [tensor], outputs=outputs, headers=self.headers, **kwargs)
+        result = self.client.infer(self.model, inputs, outputs=outputs, headers=self.headers, **kwargs)
         latency_ms = (time.perf_counter() - started) * 1e3
         return result, latency_ms
 
@@ -97,7 +189,12 @@ class ResNetClient:
 
     def infer(self, images: np.ndarray) -> InferResult:
         result, latency_ms = self._request(images, class_count=0)
-        return InferResult(result.as_numpy(OUTPUT_LOGITS), None, self._engine(result), latency_ms)
+        if self.shared_memory == "none":
+            logits = result.as_numpy(OUTPUT_LOGITS)
+        else:
+            check_logits_received(result, len(images), in_shared_memory=True)
+            logits = self._regions.logits.read(np.float32, (len(images), NUM_CLASSES))
+        return InferResult(logits, None, self._engine(result), latency_ms)
 
     def classify(self, images: np.ndarray, top_k: int = 5) -> InferResult:
         result, latency_ms = self._request(images, class_count=top_k)
