@@ -7,6 +7,8 @@ How a batch runs:
 1. The input (uint8 [N,H,W,3] or fp32 [N,3,H,W], CPU or CUDA) is copied into a
    static device buffer of the plan for (batch bucket, input kind, H, W); the
    bucket is the next power of two >= N (up to 256; larger batches go in chunks).
+   The Triton model writes straight into that buffer (`input_buffer`, the
+   serving interface of `backend/engines.py`), so a served batch is copied once.
 2. The plan's CUDA graph is replayed: stem conv (normalisation fused into its
    loader, the 3x3/2 max-pool into its epilogue) -> 8 BasicBlocks, each conv
    an implicit-GEMM kernel (tile shape and split-K per layer from the tuning
@@ -14,6 +16,11 @@ How a batch runs:
    the downsample conv on a second captured stream, concurrent with the
    block's first conv -> avgpool + fc in one kernel.
 3. The first N rows of the logits are copied out and handed to PyTorch by DLPack.
+
+A CUDA input is read on the engine's own stream after the caller's current torch
+stream has reached this point (the engine's stream waits on it), so an input
+produced by earlier torch work on the current stream is complete; results are
+ready when a call returns.
 
 Every buffer of a plan is allocated when the plan is built (first use of a
 bucket and shape), never during a replay. No cuDNN, cuBLAS or torch op runs on
@@ -31,9 +38,12 @@ import torch
 from ..kernels.configs import STEM_KG_PADDED
 from ..kernels.launch import conv_out_size, library
 from .folding import MAXPOOL_KERNEL, MAXPOOL_PADDING, MAXPOOL_STRIDE, STEM, load_folded, resnet18_blocks
-from .spec import IMAGENET_MEAN, IMAGENET_STD
+from .engines import next_power_of_two
+from .spec import IMAGENET_MEAN, IMAGENET_STD, INPUT_FP32, INPUT_UINT8, power_of_two_buckets
 
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_BUCKETS = power_of_two_buckets(256)
+# The kernels' name for the dtype of each Triton input.
+KERNEL_INPUT_KIND = {INPUT_UINT8: "uint8", INPUT_FP32: "float32"}
 MIN_SIZE = 32
 INT32_LIMIT = 2 ** 31 - 1
 
@@ -50,18 +60,16 @@ def stage_sizes(h: int, w: int) -> list[tuple[int, int]]:
 class _Plan:
     """Buffers, launch plans and the captured graph for one (bucket, kind, H, W)."""
 
-    def __init__(self, engine: "FusedCudaEngine", batch: int, kind: str, h: int, w: int):
+    def __init__(self, engine: "FusedCudaEngine", batch: int, input_name: str, h: int, w: int):
         lib = engine.lib
-        self.batch, self.kind, self.h, self.w = batch, kind, h, w
-        if kind == "uint8":
+        self.batch, self.input_name, self.h, self.w = batch, input_name, h, w
+        self.kernel_kind = KERNEL_INPUT_KIND[input_name]
+        if input_name == INPUT_UINT8:
             self.input = cp.zeros((batch, h, w, 3), dtype=cp.uint8)
         else:
             self.input = cp.zeros((batch, 3, h, w), dtype=cp.float32)
-        (h1, w1), (h2, w2) = stage_sizes(h, w)[:2]
-        # The fused stem+pool kernel writes the pooled map directly; the unfused
-        # path (fuse_stem_pool=False) keeps the stem output.
-        self.stem_out = (None if engine.fuse_stem_pool else
-                         cp.empty((batch, h1, w1, STEM.out_channels), dtype=cp.float16))
+        h2, w2 = stage_sizes(h, w)[1]
+        # The fused stem+pool kernel writes the pooled map directly.
         self.pool_out = cp.empty((batch, h2, w2, STEM.out_channels), dtype=cp.float16)
         self.steps = []   # (block, conv1 out, downsample out or None, block out, plans, events)
         x_shape = self.pool_out.shape
@@ -94,6 +102,9 @@ class _Plan:
         self.workspace_main = cp.empty(max(workspace_main, 1), dtype=cp.float32)
         self.workspace_side = cp.empty(max(workspace_side, 1), dtype=cp.float32)
         self.graph = None
+        # The same memory seen by torch (the Triton model copies into / out of these).
+        self.input_torch = torch.from_dlpack(self.input)
+        self.logits_torch = torch.from_dlpack(self.logits)
 
     @staticmethod
     def _workspace(plan, outputs: int) -> int:
@@ -103,27 +114,24 @@ class _Plan:
 class FusedCudaEngine:
     """ResNet-18 forward pass on our fused fp16 kernels, one CUDA graph per batch bucket and input shape."""
 
-    @staticmethod
-    def describe(device: str) -> str:
-        return "fused-cuda-fp16"
+    name = "fused-cuda-fp16"
 
-    def __init__(self, params_or_path, device: str = "cuda:0", concurrent_downsample: bool = True,
-                 fuse_stem_pool: bool = True):
+    def __init__(self, params_or_path, device: str = "cuda:0"):
         params = load_folded(params_or_path) if not isinstance(params_or_path, dict) else params_or_path
         self.torch_device = torch.device(device)
         if self.torch_device.type != "cuda":
             raise ValueError(f"FusedCudaEngine runs on a CUDA device, not {device!r}")
         self.device_id = self.torch_device.index if self.torch_device.index is not None else 0
-        self.name = self.describe(device)
+        self.device = torch.device("cuda", self.device_id)
         self.blocks = resnet18_blocks()
-        self.concurrent_downsample = concurrent_downsample
-        self.fuse_stem_pool = fuse_stem_pool
         self._lock = threading.Lock()
         self._plans: dict[tuple, _Plan] = {}
         with cp.cuda.Device(self.device_id):
             self.lib = library(self.device_id)
-            self.stream = cp.cuda.Stream(non_blocking=True)
+            self.cupy_stream = cp.cuda.Stream(non_blocking=True)
             self.side_stream = cp.cuda.Stream(non_blocking=True)
+            # The same CUDA stream seen by torch: the serving interface's `stream`.
+            self.stream = torch.cuda.ExternalStream(self.cupy_stream.ptr, device=self.device)
             convs = params["convs"]
             self.weights = {}
             for name, conv in convs.items():
@@ -154,80 +162,81 @@ class FusedCudaEngine:
             raise ValueError(f"input {h}x{w} is too large for the fused engine")
         return fitting[-1]
 
-    def plan(self, batch: int, kind: str, h: int, w: int) -> _Plan:
-        key = (batch, kind, h, w)
+    def plan(self, batch: int, input_name: str, h: int, w: int) -> _Plan:
+        key = (batch, input_name, h, w)
         plan = self._plans.get(key)
         if plan is None:
             with cp.cuda.Device(self.device_id):
-                plan = _Plan(self, batch, kind, h, w)
-                with self.stream:
+                plan = _Plan(self, batch, input_name, h, w)
+                with self.cupy_stream:
                     self._forward(plan)          # first run: loads the module, checks the launches
-                self.stream.synchronize()
-                self.stream.begin_capture()
+                self.cupy_stream.synchronize()
+                self.cupy_stream.begin_capture()
                 try:
-                    with self.stream:
+                    with self.cupy_stream:
                         self._forward(plan)
                 finally:
-                    plan.graph = self.stream.end_capture()
+                    plan.graph = self.cupy_stream.end_capture()
                 self._plans[key] = plan
         return plan
 
     def _forward(self, plan: _Plan):
-        """Launch the whole network on the current stream (self.stream)."""
+        """Launch the whole network on the current CuPy stream (self.cupy_stream)."""
         lib = self.lib
-        if self.fuse_stem_pool:
-            lib.stem_pool(plan.input, self.stem_weight, self.stem_bias, plan.pool_out, kind=plan.kind,
-                          in_scale=self.in_scale, in_shift=self.in_shift)
-        else:
-            lib.stem(plan.input, self.stem_weight, self.stem_bias, plan.stem_out, kind=plan.kind,
-                     in_scale=self.in_scale, in_shift=self.in_shift)
-            lib.maxpool_3x3s2(plan.stem_out, plan.pool_out)
+        lib.stem_pool(plan.input, self.stem_weight, self.stem_bias, plan.pool_out, kind=plan.kernel_kind,
+                      in_scale=self.in_scale, in_shift=self.in_shift)
         x = plan.pool_out
         for block, t, d, out, plans, events in plan.steps:
             identity = x
             joined = None
-            if block.downsample is not None:
+            if block.downsample is not None:   # on the side stream, concurrent with conv1
                 w_d, b_d = self.weights[block.downsample.name]
-                if self.concurrent_downsample:
-                    fork, joined = events
-                    fork.record(self.stream)
-                    self.side_stream.wait_event(fork)
-                    with self.side_stream:
-                        lib.conv(x, w_d, b_d, d, stride=block.downsample.stride, pad=0, relu=False,
-                                 plan=plans["downsample"], workspace=plan.workspace_side)
-                    joined.record(self.side_stream)
-                else:
+                fork, joined = events
+                fork.record(self.cupy_stream)
+                self.side_stream.wait_event(fork)
+                with self.side_stream:
                     lib.conv(x, w_d, b_d, d, stride=block.downsample.stride, pad=0, relu=False,
                              plan=plans["downsample"], workspace=plan.workspace_side)
+                joined.record(self.side_stream)
                 identity = d
             w1, b1 = self.weights[block.conv1.name]
             lib.conv(x, w1, b1, t, stride=block.conv1.stride, pad=1, relu=True, plan=plans["conv1"],
                      workspace=plan.workspace_main)
             if joined is not None:
-                self.stream.wait_event(joined)
+                self.cupy_stream.wait_event(joined)
             w2, b2 = self.weights[block.conv2.name]
             lib.conv(t, w2, b2, out, stride=1, pad=1, relu=True, residual=identity, plan=plans["conv2"],
                      workspace=plan.workspace_main)
             x = out
         lib.avgpool_fc(x, self.fc_weight, self.fc_bias, plan.logits)
 
-    # -- public interface ----------------------------------------------------
-    def _to_cupy(self, images: torch.Tensor):
-        if images.is_cuda:
-            if images.device != self.torch_device:
-                images = images.to(self.torch_device)
-            return cp.from_dlpack(images.contiguous())
-        return cp.asarray(images.contiguous().numpy())
+    # -- serving interface (backend/engines.py) -------------------------------
+    def bucket(self, count: int) -> int:
+        if count > BATCH_BUCKETS[-1]:
+            raise ValueError(f"batch of {count}: the serving interface runs at most {BATCH_BUCKETS[-1]} images")
+        return next_power_of_two(count)
 
-    def _run(self, images: torch.Tensor, kind: str, want: str) -> torch.Tensor:
-        if kind == "uint8":
+    def input_buffer(self, input_name: str, bucket: int, h: int = 224, w: int = 224) -> torch.Tensor:
+        with self._lock:
+            return self.plan(bucket, input_name, h, w).input_torch
+
+    def run_buffer(self, input_name: str, bucket: int, count: int, h: int = 224, w: int = 224) -> torch.Tensor:
+        """Replay the plan's graph on its input buffer (queued on `stream`); fp32 logits [count, 1000]."""
+        with self._lock:
+            plan = self.plan(bucket, input_name, h, w)
+            with cp.cuda.Device(self.device_id):
+                plan.graph.launch(self.cupy_stream)
+            return plan.logits_torch[:count]
+
+    # -- library interface ----------------------------------------------------
+    def _run(self, images: torch.Tensor, input_name: str, want: str) -> torch.Tensor:
+        if input_name == INPUT_UINT8:
             if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[3] != 3:
                 raise ValueError(f"expected uint8 [N,H,W,3] images, got {images.dtype} {tuple(images.shape)}")
             n, h, w = images.shape[0], images.shape[1], images.shape[2]
         else:
             if images.dim() != 4 or images.shape[1] != 3:
                 raise ValueError(f"expected float [N,3,H,W] images, got {images.dtype} {tuple(images.shape)}")
-            images = images.float()
             n, h, w = images.shape[0], images.shape[2], images.shape[3]
         if h < MIN_SIZE or w < MIN_SIZE:
             raise ValueError(f"input {h}x{w}: the fused engine needs H, W >= {MIN_SIZE}")
@@ -235,45 +244,32 @@ class FusedCudaEngine:
             raise ValueError("empty batch")
         chunk = self.max_chunk(h, w)
         outputs = []
-        with self._lock, cp.cuda.Device(self.device_id), self.stream:
-            source = self._to_cupy(images)
+        with self._lock, torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            if images.is_cuda:   # produced on the caller's current stream: wait for it
+                self.stream.wait_stream(torch.cuda.current_stream(images.device))
             for start in range(0, n, chunk):
-                part = source[start:start + chunk]
+                part = images[start:start + chunk]
                 count = part.shape[0]
-                bucket = next(b for b in BATCH_BUCKETS if b >= count)
-                plan = self.plan(bucket, kind, h, w)
-                plan.input[:count] = part
-                plan.graph.launch(self.stream)
+                plan = self.plan(next_power_of_two(count), input_name, h, w)
+                plan.input_torch[:count].copy_(part, non_blocking=True)
+                with cp.cuda.Device(self.device_id):
+                    plan.graph.launch(self.cupy_stream)
                 if want == "logits":
-                    outputs.append(plan.logits[:count].copy())
+                    outputs.append(plan.logits_torch[:count].clone())
                 else:   # fp32 NCHW features, like torch's
-                    outputs.append(plan.features[:count].astype(cp.float32).transpose(0, 3, 1, 2).copy())
-            result = outputs[0] if len(outputs) == 1 else cp.concatenate(outputs)
+                    outputs.append(torch.from_dlpack(plan.features[:count]).permute(0, 3, 1, 2).float())
+            result = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
             self.stream.synchronize()
-        return torch.from_dlpack(result)
+        return result
 
     def classify_uint8(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [N,H,W,3] RGB pixels (CPU or CUDA) -> fp32 logits [N,1000] on this engine's device."""
-        return self._run(images, "uint8", "logits")
+        return self._run(images, INPUT_UINT8, "logits")
 
     def classify_normalized(self, images: torch.Tensor) -> torch.Tensor:
         """fp32 [N,3,H,W] ImageNet-normalised images -> fp32 logits [N,1000] on this engine's device."""
-        return self._run(images, "float32", "logits")
+        return self._run(images, INPUT_FP32, "logits")
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
         """Features before the head, fp32 [N,512,H/32,W/32]: uint8 NHWC or fp32 NCHW normalised input."""
-        return self._run(images, "uint8" if images.dtype == torch.uint8 else "float32", "features")
-
-    def warm_up(self, batches=BATCH_BUCKETS[:8], size: tuple[int, int] = (224, 224), kinds=("uint8",)):
-        """Build and capture the plans ahead of the first requests (a Triton model's initialize)."""
-        with self._lock:
-            for kind in kinds:
-                for batch in batches:
-                    self.plan(batch, kind, *size)
-
-    def replay(self, batch: int, h: int = 224, w: int = 224, kind: str = "uint8"):
-        """Launch one captured forward pass on the plan's current input (benchmarks); does not wait."""
-        plan = self.plan(batch, kind, h, w)
-        with cp.cuda.Device(self.device_id):
-            plan.graph.launch(self.stream)
-        return plan
+        return self._run(images, INPUT_UINT8 if images.dtype == torch.uint8 else INPUT_FP32, "features")

@@ -16,19 +16,115 @@ load log and in every response, so nobody mistakes one engine for another.
 - The fused CUDA engine (``fusedresnet.backend.engine_cuda``) runs the same
   folded parameters on our own kernels; `create_custom_engine` picks it when a
   GPU and CuPy are present.
+
+Serving interface (what the Triton models use, `backend/triton_model.py`), the
+same for every engine so that both models get the same treatment:
+
+    bucket = engine.bucket(count)                  # batch size actually run for `count` images
+    buffer = engine.input_buffer(input_name, bucket)   # device tensor the batch is written into
+    logits = engine.run_buffer(input_name, bucket, count)  # fp32 [count, 1000] on the device
+
+`input_name` is the Triton input the batch came in (`INPUT_UINT8`: uint8
+[N,224,224,3] pixels; `INPUT_FP32`: float32 [N,3,224,224] normalised). The work
+is queued on `engine.stream` (a torch stream; None on the CPU), which the caller
+also uses for its copies. An engine that replays CUDA graphs pads a batch to the
+next captured power of two; an eager engine runs exactly `count` images.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
 
 from .folding import MAXPOOL_KERNEL, MAXPOOL_PADDING, MAXPOOL_STRIDE, STEM, load_folded, resnet18_blocks
 from .images import normalize_uint8
+from .spec import CHANNELS, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8
+
+# Warm-up and CUDA-graph capture run each bucket a few times first (cuDNN's algorithm
+# choice and TorchScript's profiling executor settle in the first runs).
+GRAPH_WARMUP_RUNS = 3
 
 
-class TorchScriptEngine:
-    """The baseline: torchvision-equivalent ResNet-18 as TorchScript, cuDNN on a GPU."""
+def input_shape(input_name: str, batch: int, h: int = IMAGE_SIZE, w: int = IMAGE_SIZE) -> tuple[tuple, torch.dtype]:
+    """Shape and dtype of a batch of the given Triton input."""
+    if input_name == INPUT_UINT8:
+        return (batch, h, w, CHANNELS), torch.uint8
+    if input_name == INPUT_FP32:
+        return (batch, CHANNELS, h, w), torch.float32
+    raise ValueError(f"unknown input {input_name!r}")
+
+
+def next_power_of_two(count: int) -> int:
+    return 1 << (count - 1).bit_length()
+
+
+class TorchServing:
+    """The serving interface for the engines built on PyTorch ops (eager, or one CUDA graph per bucket)."""
+
+    device: torch.device
+
+    def _init_serving(self, cuda_graphs: bool):
+        on_gpu = self.device.type == "cuda"
+        self.cuda_graphs = cuda_graphs and on_gpu
+        self.stream = torch.cuda.Stream(self.device) if on_gpu else None
+        self._buffers: dict[str, torch.Tensor] = {}              # eager: one buffer per input, grown on demand
+        self._graphs: dict[tuple[str, int], tuple] = {}          # graphs: (input, bucket) -> (graph, input, output)
+        self._graph_pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
+
+    def _classify(self, input_name: str, images: torch.Tensor) -> torch.Tensor:
+        run = self.classify_uint8 if input_name == INPUT_UINT8 else self.classify_normalized
+        return run(images)
+
+    def bucket(self, count: int) -> int:
+        return next_power_of_two(count) if self.cuda_graphs else count
+
+    def _stream_context(self):
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
+    def input_buffer(self, input_name: str, bucket: int) -> torch.Tensor:
+        if self.cuda_graphs:
+            return self._graph(input_name, bucket)[1]
+        buffer = self._buffers.get(input_name)
+        if buffer is None or buffer.shape[0] < bucket:
+            shape, dtype = input_shape(input_name, bucket)
+            buffer = self._buffers[input_name] = torch.empty(shape, dtype=dtype, device=self.device)
+        return buffer[:bucket]
+
+    @torch.inference_mode()
+    def run_buffer(self, input_name: str, bucket: int, count: int) -> torch.Tensor:
+        with self._stream_context():
+            if self.cuda_graphs:
+                graph, _, output = self._graph(input_name, bucket)
+                graph.replay()
+                return output[:count]
+            return self._classify(input_name, self._buffers[input_name][:count])
+
+    @torch.inference_mode()
+    def _graph(self, input_name: str, bucket: int):
+        entry = self._graphs.get((input_name, bucket))
+        if entry is None:
+            shape, dtype = input_shape(input_name, bucket)
+            static_input = torch.zeros(shape, dtype=dtype, device=self.device)
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.stream):
+                for _ in range(GRAPH_WARMUP_RUNS):
+                    self._classify(input_name, static_input)
+            self.stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool, stream=self.stream):
+                static_output = self._classify(input_name, static_input)
+            entry = self._graphs[(input_name, bucket)] = (graph, static_input, static_output)
+        return entry
+
+
+class TorchScriptEngine(TorchServing):
+    """The baseline: torchvision-equivalent ResNet-18 as TorchScript, cuDNN on a GPU.
+
+    With `cuda_graphs` (on a GPU) each serving bucket replays a captured CUDA graph,
+    what a careful user deploying cuDNN would do; the name says so.
+    """
 
     @staticmethod
     def effective_precision(device: str, precision: str) -> str:
@@ -37,14 +133,7 @@ class TorchScriptEngine:
         # fp16 convolutions on the CPU are slow and not what users compare against.
         return precision if str(device).startswith("cuda") else "fp32"
 
-    @classmethod
-    def describe(cls, device: str, precision: str) -> str:
-        """The engine name for this device and requested precision, without building it."""
-        precision = cls.effective_precision(device, precision)
-        library = "cudnn" if str(device).startswith("cuda") else "cpu"
-        return f"torchscript-{library}-{precision}" + ("-channels-last" if precision == "fp16" else "")
-
-    def __init__(self, path, device: str = "cpu", precision: str = "fp32"):
+    def __init__(self, path, device: str = "cpu", precision: str = "fp32", cuda_graphs: bool = False):
         precision = self.effective_precision(device, precision)
         self.device = torch.device(device)
         self.precision = precision
@@ -57,7 +146,10 @@ class TorchScriptEngine:
         if precision == "fp16":
             module = module.to(memory_format=torch.channels_last)
         self.module = torch.jit.freeze(module)
-        self.name = self.describe(device, precision)
+        self._init_serving(cuda_graphs)
+        library = "cudnn" if self.device.type == "cuda" else "cpu"
+        self.name = (f"torchscript-{library}-{precision}" + ("-channels-last" if precision == "fp16" else "")
+                     + ("-cuda-graphs" if self.cuda_graphs else ""))
 
     @torch.inference_mode()
     def classify_normalized(self, images: torch.Tensor) -> torch.Tensor:
@@ -71,17 +163,14 @@ class TorchScriptEngine:
         return self.classify_normalized(normalize_uint8(images.to(self.device, non_blocking=True)))
 
 
-class TorchFoldedEngine:
+class TorchFoldedEngine(TorchServing):
     """The folded network (conv + bias [+ residual] [+ ReLU]) on plain PyTorch ops, fp32 compute."""
-
-    @staticmethod
-    def describe(device: str) -> str:
-        return f"torch-folded-{torch.device(device).type}-fp32"
 
     def __init__(self, params_or_path, device: str = "cpu"):
         params = load_folded(params_or_path) if not isinstance(params_or_path, dict) else params_or_path
         self.device = torch.device(device)
-        self.name = self.describe(device)
+        self.name = f"torch-folded-{self.device.type}-fp32"
+        self._init_serving(cuda_graphs=False)
         self.blocks = resnet18_blocks()
         self.weights = {}
         for name, conv in params["convs"].items():
@@ -137,14 +226,6 @@ def custom_engine_plan(device: str, choice: str = "auto") -> tuple[str, str]:
             raise
         return "torch", f"fused CUDA engine unavailable ({error})"
     return "cuda", "GPU present"
-
-
-def describe_custom_engine(device: str, choice: str = "auto") -> str:
-    kind, _ = custom_engine_plan(device, choice)
-    if kind == "torch":
-        return TorchFoldedEngine.describe(device)
-    from .engine_cuda import FusedCudaEngine
-    return FusedCudaEngine.describe(device)
 
 
 def create_custom_engine(params_path, device: str = "cpu", choice: str = "auto"):

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from .spec import CHANNELS, IMAGE_SIZE, IMAGENET_MEAN, IMAGENET_STD
 
 
+@functools.cache
+def _mean_std(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    # Made once per device: a host-to-device copy per call would stall the stream
+    # and cannot happen inside a CUDA-graph capture.
+    mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1)
+    return mean, std
+
+
 def normalize_uint8(images: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     """[N, H, W, 3] uint8 -> [N, 3, H, W] ImageNet-normalised, as torchvision's ToTensor + Normalize."""
     x = images.permute(0, 3, 1, 2).to(torch.float32).div_(255.0)
-    mean = torch.tensor(IMAGENET_MEAN, device=x.device).view(1, 3, 1, 1)
-    std = torch.tensor(IMAGENET_STD, device=x.device).view(1, 3, 1, 1)
+    mean, std = _mean_std(x.device)
     return x.sub_(mean).div_(std).to(dtype)
 
 

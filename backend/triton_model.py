@@ -6,9 +6,20 @@ Both `model_repository/*/1/model.py` files are thin subclasses of
 - placement: the instance kind and device id Triton gives (`KIND_AUTO`
   becomes GPU on a GPU host, CPU elsewhere);
 - batching: with dynamic batching `execute()` receives several requests. Each
-  is validated on its own; the valid ones are concatenated (one batch per
-  input kind), run once, and the logits split back in order. A malformed
-  request gets its own INVALID_ARG error; the others still get their answers.
+  is validated on its own; the valid ones are gathered (one batch per input),
+  run once, and the logits split back in order. A malformed request gets its
+  own INVALID_ARG error; the others still get their answers.
+- few copies (docs/SERVING.md): each request's input is copied once, into the
+  pinned staging buffer of its input (a GPU input, from a client's CUDA shared
+  memory, goes device-to-device instead); one asynchronous host-to-device copy
+  per batch lands in the engine's own input buffer of the batch bucket
+  (`engine.input_buffer`); normalisation happens on the GPU, inside the engine;
+  the logits come back in one device-to-host copy.
+- threads: each instance sets its own torch/OpenMP thread count at load
+  (`torch_threads`), so any Triton start gets it: several stub processes each
+  running a thread per core would oversubscribe the CPU.
+- timing: the time of each phase of `execute()` is added to Triton's metrics
+  endpoint as `fusedresnet_execute_phase_us{model,phase}`.
 - the engine in use: this Python backend (Triton 2.51) has no response
   parameters and keeps auto-completed config parameters out of the model
   configuration, so every response carries the engine's name in the output
@@ -23,19 +34,24 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 
 import torch
 import triton_python_backend_utils as pb_utils
 
-from .images import normalize_uint8
+from .engines import input_shape
 from .spec import (CHANNELS, FP32_INPUT_ABS_LIMIT, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8,
                    OUTPUT_ENGINE, OUTPUT_LOGITS, power_of_two_buckets)
 
 # Warm-up at load runs each batch size once, so that no first request pays for
 # kernel compilation, CUDA-graph capture or cuDNN's algorithm choice. On a GPU
-# every power of two up to the config's max_batch_size (the fused engine's graph buckets).
+# every power of two up to the config's max_batch_size (the engines' graph buckets).
 CPU_WARMUP_BATCH_SIZES = (1, 8)
+# Phases of execute() reported on Triton's metrics endpoint; flushed at most this often,
+# since each metric update is a message from the stub to the server.
+EXECUTE_PHASES = ("read", "gather", "h2d", "engine", "d2h", "respond")
+METRICS_FLUSH_S = 0.5
 
 
 class RequestError(ValueError):
@@ -44,6 +60,22 @@ class RequestError(ValueError):
 
 def config_parameter(model_config: dict, key: str, default: str) -> str:
     return model_config.get("parameters", {}).get(key, {}).get("string_value", default)
+
+
+def torch_threads(model_config: dict, on_gpu: bool) -> int:
+    """Intra-op threads of this instance: config `torch_threads`, or auto.
+
+    Auto: 1 on a GPU (the host work per batch is a few copies; more threads in each
+    of several stub processes only fight over the cores); on a CPU-only host the
+    usable cores shared among this model's instances.
+    """
+    value = config_parameter(model_config, "torch_threads", "auto")
+    if value != "auto":
+        return max(1, int(value))
+    if on_gpu:
+        return 1
+    instances = sum(int(group.get("count", 1)) for group in model_config.get("instance_group", [])) or 1
+    return max(1, len(os.sched_getaffinity(0)) // instances)
 
 
 def read_request(request, max_batch: int) -> tuple[str, torch.Tensor]:
@@ -77,11 +109,47 @@ def read_request(request, max_batch: int) -> tuple[str, torch.Tensor]:
     return name, tensor
 
 
+class ExecuteTimer:
+    """Seconds per phase of execute(), added to a Triton counter now and then (see METRICS_FLUSH_S)."""
+
+    def __init__(self, model_name: str, instance_name: str):
+        # The family must outlive its metrics: keep both.
+        self.family = family = pb_utils.MetricFamily(name="fusedresnet_execute_phase_us",
+                                       description="Cumulative microseconds spent in each phase of the model's "
+                                                   "execute() (h2d, engine, d2h: GPU time between CUDA events)",
+                                       kind=pb_utils.MetricFamily.COUNTER)
+        self.metrics = {phase: family.Metric(labels={"model": model_name, "instance": instance_name,
+                                                      "phase": phase})
+                        for phase in EXECUTE_PHASES}
+        self.pending = dict.fromkeys(EXECUTE_PHASES, 0.0)
+        self.last_flush = time.monotonic()
+
+    def add(self, phase: str, seconds: float):
+        self.pending[phase] += seconds
+
+    def discard(self):
+        self.pending = dict.fromkeys(EXECUTE_PHASES, 0.0)
+
+    def close(self):
+        self.metrics.clear()     # metrics before their family (the backend requires that order)
+        self.family = None
+
+    def flush_now_and_then(self):
+        now = time.monotonic()
+        if now - self.last_flush < METRICS_FLUSH_S:
+            return
+        self.last_flush = now
+        for phase, seconds in self.pending.items():
+            if seconds:
+                self.metrics[phase].increment(seconds * 1e6)
+        self.discard()
+
+
 class ResNetTritonModel:
     """Base of both models' `TritonPythonModel`; a subclass implements `create_engine`."""
 
     def create_engine(self, model_dir: str, device: str, model_config: dict):
-        """Return (engine, reason the engine was chosen)."""
+        """Return (engine, reason the engine was chosen); the engine has the serving interface of engines.py."""
         raise NotImplementedError
 
     def initialize(self, args):
@@ -92,7 +160,14 @@ class ResNetTritonModel:
         if not {OUTPUT_LOGITS, OUTPUT_ENGINE} <= outputs:
             raise pb_utils.TritonModelException(
                 f"{self.model_name}: config must declare outputs {OUTPUT_LOGITS} and {OUTPUT_ENGINE}")
-        if args["model_instance_kind"] == "GPU":
+        on_gpu = args["model_instance_kind"] == "GPU"
+        threads = torch_threads(self.model_config, on_gpu)
+        torch.set_num_threads(threads)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:   # only possible before any inter-op work in this process
+            pass
+        if on_gpu:
             device = f"cuda:{args['model_instance_device_id']}"
             torch.cuda.set_device(device)
         else:
@@ -100,59 +175,131 @@ class ResNetTritonModel:
         model_dir = f"{args['model_repository']}/{args['model_version']}"
         started = time.perf_counter()
         self.engine, reason = self.create_engine(model_dir, device, self.model_config)
-        self.device = device
+        self.device = torch.device(device)
+        self.on_gpu = on_gpu
         self.engine_name_bytes = torch.frombuffer(bytearray(self.engine.name.encode()), dtype=torch.uint8)
+        self.engine_rows: dict[int, torch.Tensor] = {}   # batch size -> ENGINE output of that many rows
+        self.host_staging: dict[str, torch.Tensor] = {}  # input name -> pinned [max_batch_size, ...]
+        if on_gpu:
+            self.events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+        self.timer = ExecuteTimer(self.model_name, args["model_instance_name"])
         self._warm_up()
+        self.timer.discard()     # the figures describe served requests only
         pb_utils.Logger.log_info(
-            f"{self.model_name}: engine {self.engine.name} on {device} ({reason}); "
+            f"{self.model_name}: engine {self.engine.name} on {device} ({reason}), {threads} torch thread(s); "
             f"loaded and warmed up in {time.perf_counter() - started:.1f} s")
 
     def _warm_up(self):
         generator = torch.Generator().manual_seed(0)
-        sizes = power_of_two_buckets(self.max_batch_size) if self.device.startswith("cuda") else CPU_WARMUP_BATCH_SIZES
-        for batch in sizes:
-            images = torch.randint(0, 256, (batch, IMAGE_SIZE, IMAGE_SIZE, CHANNELS), dtype=torch.uint8,
-                                   generator=generator)
-            for logits in (self.engine.classify_uint8(images),
-                           self.engine.classify_normalized(normalize_uint8(images))):
+        sizes = power_of_two_buckets(self.max_batch_size) if self.on_gpu else CPU_WARMUP_BATCH_SIZES
+        for input_name in (INPUT_UINT8, INPUT_FP32):
+            for batch in sizes:
+                shape, dtype = input_shape(input_name, batch)
+                if dtype == torch.uint8:
+                    images = torch.randint(0, 256, shape, dtype=dtype, generator=generator)
+                else:
+                    images = torch.randn(shape, dtype=dtype, generator=generator)
+                logits = self._run_batch(input_name, [images])
                 if not bool(torch.isfinite(logits).all()):
                     raise pb_utils.TritonModelException(f"{self.model_name}: warm-up produced non-finite logits")
 
-    def _run(self, kind: str, batch: torch.Tensor) -> torch.Tensor:
-        run = self.engine.classify_uint8 if kind == INPUT_UINT8 else self.engine.classify_normalized
-        return run(batch).float().cpu().contiguous()
+    def _staging(self, input_name: str) -> torch.Tensor:
+        buffer = self.host_staging.get(input_name)
+        if buffer is None:
+            shape, dtype = input_shape(input_name, self.max_batch_size)
+            buffer = self.host_staging[input_name] = torch.empty(shape, dtype=dtype).pin_memory()
+        return buffer
 
-    def _respond(self, logits: torch.Tensor):
-        engine = self.engine_name_bytes.expand(logits.shape[0], -1).contiguous()
-        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor.from_dlpack(OUTPUT_LOGITS, logits),
-                                                          pb_utils.Tensor.from_dlpack(OUTPUT_ENGINE, engine)])
+    def _run_batch(self, input_name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The requests' images as one batch through the engine; fp32 logits [count, 1000] on the CPU."""
+        count = sum(tensor.shape[0] for tensor in tensors)
+        bucket = self.engine.bucket(count)
+        started = time.perf_counter()
+        engine_input = self.engine.input_buffer(input_name, bucket)
+        if not self.on_gpu:
+            torch.cat(tensors, out=engine_input[:count])
+            self.timer.add("gather", time.perf_counter() - started)
+            started = time.perf_counter()
+            logits = self.engine.run_buffer(input_name, bucket, count)
+            self.timer.add("engine", time.perf_counter() - started)
+            return logits
+        on_host = [tensor for tensor in tensors if not tensor.is_cuda]
+        staging = self._staging(input_name)[:count]
+        if len(on_host) == len(tensors):
+            torch.cat(tensors, out=staging)
+        else:
+            start = 0
+            for tensor in tensors:
+                if not tensor.is_cuda:
+                    staging[start:start + tensor.shape[0]].copy_(tensor)
+                start += tensor.shape[0]
+        self.timer.add("gather", time.perf_counter() - started)
+        before_h2d, before_engine, before_d2h, done = self.events
+        with torch.cuda.stream(self.engine.stream):
+            before_h2d.record()
+            if on_host:
+                engine_input[:count].copy_(staging, non_blocking=True)
+            if len(on_host) != len(tensors):   # inputs in the client's CUDA shared memory: device to device
+                start = 0
+                for tensor in tensors:
+                    if tensor.is_cuda:
+                        engine_input[start:start + tensor.shape[0]].copy_(tensor, non_blocking=True)
+                    start += tensor.shape[0]
+            before_engine.record()
+            logits = self.engine.run_buffer(input_name, bucket, count)
+            before_d2h.record()
+            logits = logits.to("cpu")          # waits for the stream
+            done.record()
+        done.synchronize()
+        for phase, (first, last) in (("h2d", (before_h2d, before_engine)), ("engine", (before_engine, before_d2h)),
+                                     ("d2h", (before_d2h, done))):
+            self.timer.add(phase, first.elapsed_time(last) / 1e3)
+        return logits
+
+    def _engine_output(self, rows: int) -> torch.Tensor:
+        output = self.engine_rows.get(rows)
+        if output is None:
+            output = self.engine_rows[rows] = self.engine_name_bytes.expand(rows, -1).contiguous()
+        return output
+
+    def _respond(self, request, logits: torch.Tensor):
+        outputs = [pb_utils.Tensor.from_dlpack(OUTPUT_LOGITS, logits)]
+        if OUTPUT_ENGINE in request.requested_output_names():
+            outputs.append(pb_utils.Tensor.from_dlpack(OUTPUT_ENGINE, self._engine_output(logits.shape[0])))
+        return pb_utils.InferenceResponse(output_tensors=outputs)
 
     def execute(self, requests):
+        started = time.perf_counter()
         responses = [None] * len(requests)
         groups: dict[str, list[tuple[int, torch.Tensor]]] = {INPUT_UINT8: [], INPUT_FP32: []}
         for index, request in enumerate(requests):
             try:
-                kind, tensor = read_request(request, self.max_batch_size)
-                groups[kind].append((index, tensor))
+                input_name, tensor = read_request(request, self.max_batch_size)
+                groups[input_name].append((index, tensor))
             except RequestError as error:
                 responses[index] = pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG))
-        for kind, items in groups.items():
+        self.timer.add("read", time.perf_counter() - started)
+        for input_name, items in groups.items():
             if not items:
                 continue
             try:
-                logits = self._run(kind, torch.cat([tensor for _, tensor in items]))
+                logits = self._run_batch(input_name, [tensor for _, tensor in items])
             except Exception as error:  # an engine failure fails this batch, not the model
                 for index, _ in items:
                     responses[index] = pb_utils.InferenceResponse(
                         error=pb_utils.TritonError(f"{self.model_name}: inference failed: {error}"))
                 continue
+            started = time.perf_counter()
             start = 0
             for index, tensor in items:
                 count = tensor.shape[0]
-                responses[index] = self._respond(logits[start:start + count])
+                responses[index] = self._respond(requests[index], logits[start:start + count])
                 start += count
+            self.timer.add("respond", time.perf_counter() - started)
+        self.timer.flush_now_and_then()
         return responses
 
     def finalize(self):
         self.engine = None
+        self.timer.close()
