@@ -1,6 +1,6 @@
 """Write the generated files of the model repository (they are gitignored).
 
-    python -m fusedresnet.backend.prepare [--weights resnet18-f37072fd.pth] [--repository DIR]
+    python -m fusedresnet.backend.prepare [--weights resnet18-f37072fd.pth | model.onnx] [--repository DIR]
 
 - resnet18_cudnn/1/resnet18_traced.pt : the baseline as traced TorchScript
   (frozen at load time, after the cast to the precision the config asks for)
@@ -8,20 +8,31 @@
   KRSC fp16 weights and fp32 biases for the NHWC kernels
 - <model>/labels.txt                   : the ImageNet class names (`label_filename`)
 
-Without --weights the seeded default weights of `fusedresnet.backend.resnet` are
-used. A stamp file records the weights source, so `make` can skip the step.
+--weights takes a torchvision checkpoint (.pth) or a ResNet-18 ONNX file (.onnx,
+torchvision's export, opset 13 and later, BatchNorm folded or not; see
+`fusedresnet.backend.onnx_import`). Without it the seeded default weights of
+`fusedresnet.backend.resnet` are used. A stamp file records the weights source,
+so `make` can skip the step.
+
+Weights that cannot be read (a missing file, a wrong key or shape, an ONNX graph
+that is not ResNet-18) fail before anything is written; the files are written
+under temporary names and renamed into place only once all of them are complete,
+so a failed run leaves the repository as it was.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch
 
 from .folding import fold_resnet18
+from .onnx_import import OnnxImportError
 from .resnet import DEFAULT_SEED, build_resnet18
 from .spec import (FOLDED_PARAMS_FILE, IMAGE_SIZE, LABELS_FILE, LABELS_FILENAME, MODEL_CUDNN, MODEL_CUSTOM,
                    MODEL_REPOSITORY, MODELS, TORCHSCRIPT_FILE)
@@ -37,23 +48,48 @@ def prepare(repository: Path = MODEL_REPOSITORY, weights: str | None = None, see
     example = torch.randn(1, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         traced = torch.jit.trace(model, example)
-    torch.jit.save(traced, str(repository / MODEL_CUDNN / "1" / TORCHSCRIPT_FILE))
-    torch.save(fold_resnet18(model, source), repository / MODEL_CUSTOM / "1" / FOLDED_PARAMS_FILE)
-    for name in MODELS:
-        shutil.copyfile(LABELS_FILE, repository / name / LABELS_FILENAME)
-
+    folded = fold_resnet18(model, source)
     stamp = {"weights": source, "torch": torch.__version__}
-    (repository / STAMP_FILE).write_text(json.dumps(stamp, indent=1) + "\n")
+    writers = {
+        repository / MODEL_CUDNN / "1" / TORCHSCRIPT_FILE: lambda path: torch.jit.save(traced, str(path)),
+        repository / MODEL_CUSTOM / "1" / FOLDED_PARAMS_FILE: lambda path: torch.save(folded, path),
+    }
+    for name in MODELS:
+        writers[repository / name / LABELS_FILENAME] = lambda path: shutil.copyfile(LABELS_FILE, path)
+    # The stamp last: `make` and the tests take its presence to mean the other files are complete.
+    writers[repository / STAMP_FILE] = lambda path: path.write_text(json.dumps(stamp, indent=1) + "\n")
+    write_all_or_nothing(writers)
     return stamp
+
+
+def write_all_or_nothing(writers: dict) -> None:
+    """Call writer(temporary path) for each target, then rename all into place; on failure remove them all."""
+    temporary = {target: target.with_name(f".{target.name}.{os.getpid()}.tmp") for target in writers}
+    started = []
+    try:
+        for target, write in writers.items():
+            started.append(temporary[target])
+            write(temporary[target])
+    except BaseException:
+        for path in started:
+            if path.is_file():
+                path.unlink()
+        raise
+    for target, path in temporary.items():
+        os.replace(path, target)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--weights", help="torchvision ResNet-18 checkpoint (.pth); default: seeded weights")
+    parser.add_argument("--weights", help="torchvision ResNet-18 checkpoint (.pth) or ONNX file (.onnx); "
+                                          "default: seeded weights")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the default weights")
     parser.add_argument("--repository", type=Path, default=MODEL_REPOSITORY)
     args = parser.parse_args(argv)
-    stamp = prepare(args.repository, args.weights, args.seed)
+    try:
+        stamp = prepare(args.repository, args.weights, args.seed)
+    except OnnxImportError as error:
+        sys.exit(f"prepare: {error}")
     print(f"prepared {args.repository} with weights {stamp['weights']}")
 
 
