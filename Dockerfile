@@ -12,13 +12,12 @@ FROM nvcr.io/nvidia/tritonserver:24.10-py3
 
 WORKDIR /opt/fusedresnet
 COPY pyproject.toml README.md ./
-COPY fusedresnet fusedresnet
 COPY backend backend
 COPY kernels kernels
 COPY client client
 COPY loadtest loadtest
 COPY model_repository model_repository
-RUN python3 -m pip install --no-cache-dir -e '.[gpu]' \
+RUN python3 -m pip install --no-cache-dir -e '.[server,gpu]' \
  && python3 -m fusedresnet.backend.prepare
 ENV CUPY_CACHE_DIR=/opt/fusedresnet/build/cupy-cache
 EXPOSE 8000 8001 8002

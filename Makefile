@@ -6,6 +6,7 @@
 #   make serve   run the server in the foreground (Ctrl-C stops it)
 #   make loadtest  A/B load-test sweep of both models against a server it starts
 #   make setup   virtual environment + dependencies + model repository files
+#   make lint    ruff (pinned in pyproject.toml) over the whole tree; `make test` runs it first
 #
 # VENV=.venv by default; `make VENV= ...` uses the python3 on PATH as it is
 # (a GPU host without a package index: nothing is downloaded then).
@@ -22,7 +23,7 @@ endif
 STAMP := model_repository/.prepared.json
 PYTEST_ARGS ?=
 
-.PHONY: setup prepare serve demo test loadtest clean
+.PHONY: setup prepare serve demo lint test loadtest clean
 
 setup: $(INSTALLED) $(STAMP)
 
@@ -32,7 +33,7 @@ ifeq ($(strip $(VENV)),)
 	mkdir -p build && touch $@
 else
 	$(PYTHON3) -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[server,client,loadtest,dev]'
 	touch $@
 endif
 
@@ -48,7 +49,10 @@ serve: setup
 demo: setup
 	$(PY) -m fusedresnet.client.demo
 
-test: setup
+lint: $(INSTALLED)
+	$(PY) -m ruff check .
+
+test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 loadtest: setup

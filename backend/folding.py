@@ -14,7 +14,7 @@ weight as fp16 in KRSC order (output channel, kernel row, kernel column, input
 channel: the filter layout of NHWC convolution) and the bias as fp32.
 
 The first convolution stays in normalised space: an engine that reads UINT8
-pixels folds the ImageNet normalisation in itself (see `stem_for_uint8`).
+pixels folds the ImageNet normalisation in itself (`engine_cuda`, exact at the border).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 from .resnet import STAGE_CHANNELS, ResNet18
-from .spec import IMAGENET_MEAN, IMAGENET_STD
 
 FORMAT_VERSION = 1
 
@@ -119,21 +118,3 @@ def load_folded(path) -> dict:
         raise ValueError(f"{path}: parameter format {params.get('format_version')!r}, expected {FORMAT_VERSION}; "
                          "run `make prepare` again")
     return params
-
-
-def stem_for_uint8(weight_krsc: torch.Tensor, bias: torch.Tensor):
-    """Fold the ImageNet normalisation into the stem for UINT8 [0, 255] input.
-
-    conv(W, (x/255 - mean)/std) + b = conv(W / (255 std), x) + b - sum(W * mean/std)
-    holds only where the window lies inside the image: zero padding in
-    normalised space is the pixel value 255*mean in UINT8 space. So the engine
-    pads with `pad_value` (per input channel) instead of zero, and the result
-    is exact at the border too. Returns (weight KRSC float32, bias float32,
-    pad_value float32 [C]).
-    """
-    mean = torch.tensor(IMAGENET_MEAN, dtype=torch.float64)
-    std = torch.tensor(IMAGENET_STD, dtype=torch.float64)
-    w = weight_krsc.double()
-    w_uint8 = w / (255.0 * std)  # broadcasts over the last (C) axis
-    b_uint8 = bias.double() - (w * (mean / std)).sum(dim=(1, 2, 3))
-    return w_uint8.float(), b_uint8.float(), (255.0 * mean).float()

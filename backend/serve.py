@@ -2,9 +2,8 @@
 
     python -m fusedresnet.backend.serve [--host 127.0.0.1] [--http-port 8000] ...
 
-Finds `tritonserver` ($TRITON_HOME, PATH, or the server bundled in the
-nvidia-pytriton wheel), prepares a private copy of its backend tree with the
-Python-backend stub that matches this interpreter, and starts it:
+Starts the `tritonserver` that `triton_install` finds and prepares, with the admin
+token of `admin_token`, and supervises its Python-backend stubs (`stub_processes`):
 
 - bound to 127.0.0.1 unless --host says otherwise;
 - model control mode none; Triton's admin APIs (model repository, shared
@@ -17,7 +16,7 @@ Python-backend stub that matches this interpreter, and starts it:
   Triton build returns empty outputs on CPU-only hosts);
 - waits for readiness with a timeout; on failure it says why and shows the
   end of the server log. Ctrl-C stops the server cleanly;
-- supervises the models' Python-backend stub processes: this Triton build does
+- watches the models' Python-backend stub processes: this Triton build does
   not restart a stub that died (the model stays "ready" while every request
   fails with "Stub process ... is not healthy"), so the launcher restarts the
   server on the same ports (at most MAX_RESTARTS within RESTART_WINDOW_S), or
@@ -28,170 +27,35 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .spec import (ADMIN_TOKEN_ENV, ADMIN_TOKEN_HEADER, DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT,
-                   DEFAULT_METRICS_PORT, MODEL_REPOSITORY, REPO_ROOT, RESTRICTED_APIS)
+from .admin_token import DEFAULT_TOKEN_FILE, read_or_create_token
+from .network import http_ready
+from .spec import (
+    ADMIN_TOKEN_ENV,
+    ADMIN_TOKEN_HEADER,
+    BUILD_DIR,
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HOST,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_METRICS_PORT,
+    MODEL_REPOSITORY,
+    PACKAGE_ROOT,
+    RESTRICTED_APIS,
+)
+from .stub_processes import python_stubs
+from .triton_install import ServerError, TritonInstallation, find_triton, gpu_present, private_backend_tree
 
-BUILD_DIR = REPO_ROOT / "build"
-DEFAULT_TOKEN_FILE = BUILD_DIR / "admin-token"
 DEFAULT_READY_TIMEOUT_S = 300.0
-STUB_BINARY = "triton_python_backend_stub"
-STUB_SHM_REGION_ARG, STUB_INSTANCE_ARG = 2, 8  # argv: binary, model.py, shm region, 2 sizes, ppid, dir, timeout, instance
 MAX_RESTARTS, RESTART_WINDOW_S = 3, 600.0
-INSTANCE_NAME = re.compile(r"_\d+_\d+$")  # stubs of model instances (model_group_index), not auto-complete ones
 EXIT_STUB_DIED = 3
-
-
-class ServerError(RuntimeError):
-    pass
-
-
-@dataclass
-class TritonInstallation:
-    home: Path            # holds bin/tritonserver, backends/, caches/, python_backend_stubs/
-    library_dirs: list[Path]
-
-    @property
-    def binary(self) -> Path:
-        return self.home / "bin" / "tritonserver"
-
-
-def find_triton() -> TritonInstallation:
-    candidates = []
-    if os.environ.get("TRITON_HOME"):
-        candidates.append(Path(os.environ["TRITON_HOME"]))
-    on_path = shutil.which("tritonserver")
-    if on_path:
-        candidates.append(Path(on_path).resolve().parent.parent)
-    try:
-        import pytriton  # the nvidia-pytriton wheel bundles a complete server
-        candidates.append(Path(pytriton.__file__).parent / "tritonserver")
-    except ImportError:
-        pass
-    for home in candidates:
-        if (home / "bin" / "tritonserver").is_file():
-            wheel_libs = home.parent.parent / "nvidia_pytriton.libs"
-            return TritonInstallation(home, [wheel_libs] if wheel_libs.is_dir() else [])
-    raise ServerError("tritonserver not found: install nvidia-pytriton (make setup), put tritonserver on PATH, "
-                      "or set TRITON_HOME to the folder holding bin/tritonserver")
-
-
-def python_stub_for_interpreter(triton: TritonInstallation) -> Path:
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = triton.home / "python_backend_stubs" / version / "triton_python_backend_stub"
-    if stub.is_file():
-        return stub
-    if (triton.home / "backends" / "python" / "triton_python_backend_stub").is_file():
-        return triton.home / "backends" / "python" / "triton_python_backend_stub"
-    raise ServerError(f"no Python-backend stub for Python {version} in {triton.home}")
-
-
-def private_backend_tree(triton: TritonInstallation) -> Path:
-    """A copy of the backends folder with the stub for this interpreter placed in backends/python."""
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    tree = BUILD_DIR / f"triton-backends-py{version}"
-    stub = python_stub_for_interpreter(triton)
-    target = tree / "python" / "triton_python_backend_stub"
-    marker = tree / ".source"
-    source = f"{triton.home.resolve()}:{stub.stat().st_mtime_ns}"
-    if not (target.is_file() and marker.is_file() and marker.read_text() == source):
-        shutil.rmtree(tree, ignore_errors=True)
-        shutil.copytree(triton.home / "backends", tree)
-        shutil.copy2(stub, target)
-        target.chmod(0o755)
-        marker.write_text(source)
-    return tree
-
-
-def http_ready(http_url: str) -> bool:
-    """Whether the Triton server at host:port answers its readiness probe."""
-    try:
-        with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def gpu_present() -> bool:
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return False
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return False
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
-
-
-def free_port(host: str = DEFAULT_HOST) -> int:
-    return free_ports(1, host)[0]
-
-
-def free_ports(count: int, host: str = DEFAULT_HOST) -> list[int]:
-    """`count` distinct ports that were free a moment ago (all held open together while chosen)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def python_stub_pids(server_pid: int) -> dict[str, int]:
-    """Model instance name -> pid of each live (not zombie) Python-backend stub that tritonserver `server_pid` started."""
-    return {instance: pid for instance, (pid, _) in python_stubs(server_pid).items()}
-
-
-def python_stubs(server_pid: int) -> dict[str, tuple[int, str]]:
-    """Model instance name -> (pid, shared-memory region name) of each live Python-backend stub of `server_pid`."""
-    stubs = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-        if (int(ppid) == server_pid and state != "Z" and argv[0].endswith(STUB_BINARY.encode())
-                and len(argv) > STUB_INSTANCE_ARG):
-            stubs[argv[STUB_INSTANCE_ARG].decode()] = (int(entry.name), argv[STUB_SHM_REGION_ARG].decode())
-    return stubs
-
-
-def read_or_create_token(token_file: Path | None = None) -> str:
-    if os.environ.get(ADMIN_TOKEN_ENV):
-        return os.environ[ADMIN_TOKEN_ENV]
-    path = Path(token_file) if token_file else DEFAULT_TOKEN_FILE
-    if path.is_file():
-        token = path.read_text().strip()
-        if token:
-            return token
-    if token_file:
-        raise ServerError(f"admin token file {path} is missing or empty")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_urlsafe(32) + "\n")
-    return path.read_text().strip()
 
 
 @dataclass
@@ -211,7 +75,8 @@ class TritonServer:
     process: subprocess.Popen | None = None
     restarts: int = 0
     instance_stubs: set = field(default_factory=set)  # model instance names whose stubs the server started
-    shm_regions: set = field(default_factory=set)  # the stubs' /dev/shm regions, removed if Triton is killed
+    # The stubs' shared-memory regions are named <prefix><uuid> in /dev/shm; a killed Triton leaves them behind.
+    shm_region_prefix: str = field(default_factory=lambda: f"fusedresnet_{secrets.token_hex(6)}_")
 
     @property
     def http_url(self) -> str:
@@ -236,6 +101,10 @@ class TritonServer:
             f"--backend-directory={backends}",
             f"--cache-directory={triton.home / 'caches'}",
             "--model-control-mode=none",
+            # Both configs are complete; without auto-complete the Python backend starts no short-lived
+            # stubs at load, so every stub of the server is a model instance to supervise.
+            "--disable-auto-complete-config",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_region_prefix}",
             "--strict-readiness=true",
             f"--exit-timeout-secs={self.exit_timeout_s}",
             f"--http-address={self.host}", f"--http-port={self.http_port}",
@@ -258,6 +127,10 @@ class TritonServer:
         if libpython_dir:
             libdirs.append(libpython_dir)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(libdirs + [env.get("LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
+        if PACKAGE_ROOT.name == "fusedresnet":
+            # A regular (not editable) install: tell the stub where this interpreter found the package.
+            search_path = [str(PACKAGE_ROOT.parent), env.get("PYTHONPATH", "")]
+            env["PYTHONPATH"] = os.pathsep.join(search_path).rstrip(os.pathsep)
         env.setdefault("CUPY_CACHE_DIR", str(BUILD_DIR / "cupy-cache"))
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.pop(ADMIN_TOKEN_ENV, None)  # the models have no use for it
@@ -265,7 +138,7 @@ class TritonServer:
             env["CUDA_VISIBLE_DEVICES"] = ""
         return env
 
-    def start(self, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> "TritonServer":
+    def start(self, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> TritonServer:
         if self.use_gpu is None:
             self.use_gpu = gpu_present()
         if self.admin_token is None:
@@ -289,7 +162,6 @@ class TritonServer:
         except BaseException:
             self.stop()
             raise
-        self.shm_regions |= {region for _, region in python_stubs(self.process.pid).values()}
         return self
 
     def is_ready(self) -> bool:
@@ -304,7 +176,7 @@ class TritonServer:
                                   + self._log_tail())
             # Note the model instances' stubs while the models load (each lives for seconds before
             # the server is ready), so a stub killed right after readiness is still missed later.
-            self.instance_stubs |= {name for name in self.model_stub_pids() if INSTANCE_NAME.search(name)}
+            self.instance_stubs |= set(self.model_stub_pids())
             if self.is_ready():
                 return
             time.sleep(0.25)
@@ -320,7 +192,7 @@ class TritonServer:
         """Model instance name (e.g. resnet18_custom_0_0) -> pid, for each live Python-backend stub of this server."""
         if self.process is None or self.process.poll() is not None:
             return {}
-        return python_stub_pids(self.process.pid)
+        return {instance: stub.pid for instance, stub in python_stubs(self.process.pid).items()}
 
     def supervise(self, restart: bool = True, poll_s: float = 1.0,
                   ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> int:
@@ -384,11 +256,15 @@ class TritonServer:
             pass
         self._remove_shm_regions()
 
+    @property
+    def shm_regions(self) -> list[str]:
+        """The shared-memory regions of this server's stubs that exist now."""
+        return sorted(path.name for path in Path("/dev/shm").glob(f"{self.shm_region_prefix}*"))
+
     def _remove_shm_regions(self):
         """A killed Triton leaves its stubs' shared-memory regions in /dev/shm (a clean exit removes them)."""
         for region in self.shm_regions:
             Path("/dev/shm", region).unlink(missing_ok=True)
-        self.shm_regions = set()
 
     def __enter__(self):
         return self.start() if self.process is None else self

@@ -4,6 +4,7 @@ Everything that a client, the server-side models, the tests and the load
 tests must agree on lives here. Pure Python: clients import it without torch.
 """
 
+import os
 from pathlib import Path
 
 # ImageNet preprocessing, exactly as torchvision's reference transforms:
@@ -45,9 +46,17 @@ GRPC_ADMIN_TOKEN_HEADER = "triton-grpc-protocol-" + ADMIN_TOKEN_HEADER  # Triton
 # Triton endpoints that only the holder of the admin token may call.
 RESTRICTED_APIS = ("model-repository", "shared-memory", "statistics", "trace", "logging")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+# The installed package: the checkout itself under an editable install (`make setup`), else
+# site-packages/fusedresnet. The sample photos are package data, so they are found either way.
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+SAMPLES_DIR = PACKAGE_ROOT / "client" / "samples"
+# The checkout: it holds the model repository and build/. An editable install knows it; a regular
+# install takes $FUSEDRESNET_HOME, else the working directory.
+PROJECT_HOME_ENV = "FUSEDRESNET_HOME"
+REPO_ROOT = Path(os.environ.get(PROJECT_HOME_ENV)
+                 or (PACKAGE_ROOT if (PACKAGE_ROOT / "model_repository").is_dir() else Path.cwd())).resolve()
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
-SAMPLES_DIR = REPO_ROOT / "client" / "samples"
+BUILD_DIR = REPO_ROOT / "build"
 
 
 def model_config(model: str, repository: Path = MODEL_REPOSITORY):

@@ -24,8 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fusedresnet.backend.serve import BUILD_DIR
-from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, load_labels
+from fusedresnet.backend.spec import BUILD_DIR, MODEL_CUDNN, MODEL_CUSTOM, load_labels
 from fusedresnet.client.agreement import compare_logits
 from fusedresnet.client.preprocess import normalize, preprocess_files, sample_photo_paths
 from fusedresnet.client.resnet_client import DEFAULT_URLS, PROTOCOLS, ResNetClient
@@ -126,7 +125,7 @@ def plot_latencies(agreement: dict, path: Path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fusedresnet.loadtest.report import MODEL_COLORS   # the same colour for a model in every plot
+    from fusedresnet.loadtest.report import MODEL_COLORS  # the same colour for a model in every plot
 
     figure, ax = plt.subplots(figsize=(7, 4))
     everything = np.concatenate([np.asarray(v) for v in agreement["latencies_ms"].values()])

@@ -12,27 +12,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 
-from fusedresnet.backend.serve import DEFAULT_HTTP_PORT, ServerError, TritonServer, free_ports
+from fusedresnet.backend.network import free_ports, port_is_free
 from fusedresnet.backend.prepare import STAMP_FILE
-from fusedresnet.backend.spec import MODEL_REPOSITORY, MODELS
+from fusedresnet.backend.serve import ServerError, TritonServer
+from fusedresnet.backend.spec import (
+    BUILD_DIR,
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_METRICS_PORT,
+    MODEL_REPOSITORY,
+    MODELS,
+)
 from fusedresnet.client.agreement import compare_logits
 from fusedresnet.client.preprocess import preprocess_files, sample_photo_paths
 from fusedresnet.client.resnet_client import ResNetClient
 
 TIMED_REPEATS = 5
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def describe_weights() -> str:
@@ -75,12 +73,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.url:
         return run_demo(args.url)
-    ports = [DEFAULT_HTTP_PORT, DEFAULT_HTTP_PORT + 1, DEFAULT_HTTP_PORT + 2]
+    ports = [DEFAULT_HTTP_PORT, DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT]
     if not all(port_is_free(p) for p in ports):
         ports = free_ports(3)
-    server = TritonServer(http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
-                          log_file="build/demo-server.log")
-    print("starting Triton with both models; server log in build/demo-server.log ...", flush=True)
+    log_file = BUILD_DIR / "demo-server.log"
+    server = TritonServer(http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2], log_file=log_file)
+    print(f"starting Triton with both models; server log in {log_file} ...", flush=True)
     try:
         with server:
             print(f"ready: gRPC {server.grpc_url}, HTTP {server.http_url} "

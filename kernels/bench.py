@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import math
+import os
 import statistics
 import sys
 import time
@@ -35,9 +35,9 @@ import cupy as cp
 import torch
 
 from ..backend.engine_cuda import FusedCudaEngine
-from ..backend.spec import INPUT_UINT8
 from ..backend.folding import STEM, fold_resnet18
 from ..backend.resnet import DEFAULT_SEED, build_resnet18
+from ..backend.spec import INPUT_UINT8
 from .check import layer_shapes
 from .launch import conv_out_size, library
 from .tune import time_graph
@@ -186,10 +186,11 @@ def plot(rows, path: Path, device: str):
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# Fused CUDA engine benchmark", "",
+    lines = ["# Fused CUDA engine benchmark", "",
              f"- device: {result['device']}", f"- date: {result['date']}", f"- command: `{result['command']}`",
              f"- measured tensor-core peak (cuBLAS fp16 8192^3): {result['peak_tflops']:.0f} TFLOP/s", "",
-             "| batch | custom ms (img/s) | TS fp32 ms | TS fp16 CL ms | fp16 CL + graph ms | compile max-autotune ms | custom vs graph |",
+             "| batch | custom ms (img/s) | TS fp32 ms | TS fp16 CL ms | fp16 CL + graph ms "
+             "| compile max-autotune ms | custom vs graph |",
              "|---|---|---|---|---|---|---|"]
     for r in result["whole_network"]:
         fmt = lambda k: f"{r[k]:.3f}" if r.get(k) else "-"   # noqa: E731
@@ -258,7 +259,8 @@ def main(argv=None):
     print(f"{'batch':>5} {'custom':>8} {'ts32':>8} {'ts16':>8} {'graph16':>8} {'img/s':>9}")
     for r in rows:
         print(f"{r['batch']:>5} {r['custom_ms']:>8.3f} {r.get('ts_fp32_ms', math.nan):>8.3f} "
-              f"{r.get('ts_fp16_ms', math.nan):>8.3f} {r.get('graph_fp16_ms', math.nan):>8.3f} {r['custom_img_s']:>9.0f}")
+              f"{r.get('ts_fp16_ms', math.nan):>8.3f} {r.get('graph_fp16_ms', math.nan):>8.3f} "
+              f"{r['custom_img_s']:>9.0f}")
     worst = sorted(layers, key=lambda r: r["pct_peak"])[:8]
     for r in worst:
         print("slow layer", r)

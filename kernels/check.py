@@ -32,7 +32,6 @@ import sys
 import time
 
 import cupy as cp
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -86,6 +85,7 @@ class Checker:
         self.lib = library(0)
         self.model = build_resnet18(None, DEFAULT_SEED)
         self.params = fold_resnet18(self.model, "seeded")
+        self.engine = FusedCudaEngine(self.params, "cuda:0")
         self.results = []
         self.failures = 0
         self.gen = torch.Generator(device="cuda").manual_seed(int(time.time()))
@@ -105,12 +105,15 @@ class Checker:
         weight = self.params["convs"][spec.name]["weight"].cuda()        # fp16 KRSC
         bias = self.params["convs"][spec.name]["bias"].cuda().float()
         x = self.randn(n, h, w, spec.in_channels).relu().half()          # post-ReLU activations
-        p, q = conv_out_size(h, spec.kernel, spec.stride, spec.padding), conv_out_size(w, spec.kernel, spec.stride, spec.padding)
+        p = conv_out_size(h, spec.kernel, spec.stride, spec.padding)
+        q = conv_out_size(w, spec.kernel, spec.stride, spec.padding)
         residual = self.randn(n, p, q, spec.out_channels).half() if spec.adds_residual else None
         y = poisoned((n, p, q, spec.out_channels), cp.float16)
         if plan is None:
-            plan = self.lib.plan(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.kernel, spec.stride, spec.padding)
-        workspace = cp.empty(plan.splits * n * p * q * spec.out_channels + 1, dtype=cp.float32) if plan.splits > 1 else None
+            plan = self.lib.plan(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.kernel, spec.stride,
+                                 spec.padding)
+        workspace = (cp.empty(plan.splits * n * p * q * spec.out_channels + 1, dtype=cp.float32)
+                     if plan.splits > 1 else None)
         self.lib.conv(cp.from_dlpack(x), cp.from_dlpack(weight), cp.from_dlpack(bias), y, stride=spec.stride,
                       pad=spec.padding, relu=spec.relu, residual=None if residual is None else cp.from_dlpack(residual),
                       plan=plan, workspace=workspace)
@@ -143,7 +146,8 @@ class Checker:
             self.lib.stem(cp.from_dlpack(normalized.contiguous()), engine.stem_weight, engine.stem_bias, y,
                           kind="float32", method=method)
         cp.cuda.Device().synchronize()
-        ref = F.conv2d(normalized, weight.float().permute(0, 3, 1, 2), bias, stride=2, padding=3).relu().permute(0, 2, 3, 1)
+        ref = F.conv2d(normalized, weight.float().permute(0, 3, 1, 2), bias, stride=2, padding=3).relu()
+        ref = ref.permute(0, 2, 3, 1)
         out = to_torch(y).float()
         unwritten = int(torch.isnan(out).sum())
         err = rel_l2(out, ref) if not unwritten else float("nan")
@@ -190,10 +194,10 @@ class Checker:
             out = to_torch(logits)
             unwritten = int(torch.isnan(out).sum())
             err = rel_l2(out, ref) if not unwritten else float("nan")
-            self.record(f"avgpool_fc N={n} {hw}x{hw}", unwritten == 0 and err <= HEAD_TOL, rel_l2=err, unwritten=unwritten)
+            self.record(f"avgpool_fc N={n} {hw}x{hw}", unwritten == 0 and err <= HEAD_TOL, rel_l2=err,
+                        unwritten=unwritten)
 
     def kernels(self):
-        self.engine = FusedCudaEngine(self.params, "cuda:0")
         batches = (1, 7) if self.quick else BATCHES
         for n in batches:
             for kind in ("uint8", "float32"):
@@ -211,18 +215,21 @@ class Checker:
                 self.conv_case(spec, n, h, w)
         for spec, h, w in layer_shapes():
             k_tiles = spec.kernel * spec.kernel * spec.in_channels // BK
-            m = 7 * conv_out_size(h, spec.kernel, spec.stride, spec.padding) * conv_out_size(w, spec.kernel, spec.stride, spec.padding)
+            m = (7 * conv_out_size(h, spec.kernel, spec.stride, spec.padding)
+                 * conv_out_size(w, spec.kernel, spec.stride, spec.padding))
             for tile in PATCH_TILES:
                 if patch_applies(tile, spec.in_channels, spec.out_channels, spec.kernel, spec.stride, spec.padding):
                     p = conv_out_size(h, 3, 1, 1)
                     plan = make_plan(tile, 1, m, spec.out_channels, k_tiles, 7, p, p)
                     self.conv_case(spec, 7, h, w, plan, " (forced)")
-                    self.conv_case(spec, 2, 17, 45, make_plan(tile, 1, 2 * 17 * 45, spec.out_channels, k_tiles, 2, 17, 45), " (forced, odd size)")
+                    forced = make_plan(tile, 1, 2 * 17 * 45, spec.out_channels, k_tiles, 2, 17, 45)
+                    self.conv_case(spec, 2, 17, 45, forced, " (forced, odd size)")
             for tile in CONV_TILES:
                 for splits in (1, 4):
                     per = math.ceil(k_tiles / splits)
                     real = math.ceil(k_tiles / per)
-                    plan = ConvPlan(tile, real, per, (math.ceil(m / tile.bm), math.ceil(spec.out_channels / tile.bn), real))
+                    grid = (math.ceil(m / tile.bm), math.ceil(spec.out_channels / tile.bn), real)
+                    plan = ConvPlan(tile, real, per, grid)
                     self.conv_case(spec, 7, h, w, plan, " (forced)")
         for n in (1, 7, 33):
             self.pool_head_cases(n)
@@ -239,7 +246,8 @@ class Checker:
         seed = self.network_seed
         photos = torch.from_numpy(preprocess_files(sample_photo_paths()))
         parts = [smooth_random_images(256, seed),
-                 torch.randint(0, 256, (240, 224, 224, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)),
+                 torch.randint(0, 256, (240, 224, 224, 3), dtype=torch.uint8,
+                               generator=torch.Generator().manual_seed(seed)),
                  photos, photos.flip(2)]
         images = torch.cat(parts)
         logits, refs = [], []
@@ -272,7 +280,8 @@ class Checker:
             ref = self.model.features(normalize_uint8(small.cuda())).float()
         ok = tuple(feats.shape) == (9, 512, 2, 2) and rel_l2(feats, ref) <= NETWORK_TOL
         self.record("features uint8 64x64 N=9", ok, shape=str(tuple(feats.shape)), rel_l2=rel_l2(feats, ref))
-        odd = torch.randint(0, 256, (5, 97, 130, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed + 1))
+        odd = torch.randint(0, 256, (5, 97, 130, 3), dtype=torch.uint8,
+                            generator=torch.Generator().manual_seed(seed + 1))
         out = engine.classify_uint8(odd)
         with torch.inference_mode():
             ref = model(normalize_uint8(odd.cuda())).float()

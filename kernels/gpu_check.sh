@@ -8,13 +8,7 @@ set -o pipefail
 what=${1:-all}; shift || true
 OUT=${OUT:-$PWD/gpu-out}; REPO=$PWD; mkdir -p "$OUT/results"
 export PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/cupy-cache
-# The namespace mapping (fusedresnet.kernels = kernels/) through symlinks: works
-# whether or not an editable install of the package is importable here.
-pip uninstall -y -q fusedresnet >/dev/null 2>&1 || true   # an editable install may shadow the mapping
-mkdir -p /tmp/ns/fusedresnet && cp fusedresnet/__init__.py /tmp/ns/fusedresnet/
-for d in backend kernels client loadtest; do ln -sfn "$REPO/$d" /tmp/ns/fusedresnet/$d; done
-export PYTHONPATH=/tmp/ns
-cd /tmp   # not the repo root: its fusedresnet/ (no subpackages) would come first on sys.path
+bash "$REPO/scripts/install_offline.sh" || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
 t0=$(date +%s)
 python3 -c "from fusedresnet.kernels.launch import library; import time; t=time.time(); library(0); print(f'compile+load {time.time()-t:.1f}s')" 2>&1 | tail -5

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fusedresnet.backend.serve import free_ports
+from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.spec import MODELS
 from fusedresnet.client.resnet_client import PROTOCOLS
 from fusedresnet.loadtest import measurements, report, triton_metrics
@@ -54,7 +54,7 @@ class Series:
     levels: tuple[int, ...]
 
     @classmethod
-    def parse(cls, text: str) -> "Series":
+    def parse(cls, text: str) -> Series:
         """PROTOCOL/IMAGES[/FORMAT]@LEVELS, e.g. grpc/1@1,2,4 or http/8/fp32@4,16."""
         try:
             head, levels = text.split("@")
@@ -62,8 +62,9 @@ class Series:
             protocol, images = parts[0], int(parts[1])
             input_format = parts[2] if len(parts) > 2 else "uint8"
             levels = tuple(int(level) for level in levels.split(","))
-        except (ValueError, IndexError):
-            raise argparse.ArgumentTypeError(f"series must look like grpc/1@1,2,4 or http/8/fp32@4,16: {text!r}")
+        except (ValueError, IndexError) as error:
+            raise argparse.ArgumentTypeError(f"series must look like grpc/1@1,2,4 or http/8/fp32@4,16: {text!r}") \
+                from error
         if protocol not in PROTOCOLS or input_format not in INPUT_FORMATS or images < 1 or min(levels) < 1:
             raise argparse.ArgumentTypeError(f"bad series {text!r}")
         return cls(protocol, images, input_format, levels)
@@ -206,10 +207,7 @@ def run_locust_step(step: Step, endpoints: Endpoints, settings: SweepSettings, s
     limit_s = settings.warmup_s + settings.measure_s + RUN_TIME_MARGIN_S + STOP_TIMEOUT_S + 60
     with open(step_dir / LOCUST_LOG, "wb") as log:
         locust = subprocess.Popen(locust_command(step, endpoints, settings, step_dir), stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True,
-                                  # not the repository root: locust puts its working directory first on
-                                  # sys.path, where the bare fusedresnet/ folder would hide the packages
-                                  cwd=step_dir)
+                                  stderr=subprocess.STDOUT, start_new_session=True)
         snapshots, during = watch_locust(locust, step_dir, metrics_url, limit_s)
     records = measurements.read_request_records(step_dir)
     expected = triton_metrics.requests_seen(before, step.model) + records.sent

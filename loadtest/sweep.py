@@ -40,10 +40,21 @@ from pathlib import Path
 
 from tritonclient.utils import InferenceServerException
 
-from fusedresnet.backend.serve import BUILD_DIR, TritonServer, free_ports, gpu_present
-from fusedresnet.backend.spec import (DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT, DEFAULT_METRICS_PORT,
-                                      MODEL_REPOSITORY, MODELS, REPO_ROOT, max_batch_size,
-                                      power_of_two_buckets)
+from fusedresnet.backend.network import free_ports, http_ready
+from fusedresnet.backend.serve import TritonServer
+from fusedresnet.backend.spec import (
+    BUILD_DIR,
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HOST,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_METRICS_PORT,
+    MODEL_REPOSITORY,
+    MODELS,
+    REPO_ROOT,
+    max_batch_size,
+    power_of_two_buckets,
+)
+from fusedresnet.backend.triton_install import gpu_present
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.loadtest import report
 from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, as_model_input, build_image_pool, save_image_pool
@@ -101,13 +112,7 @@ def git_commit() -> str | None:
 
 def wait_until_ready(http_url: str, timeout_s: float = 10.0):
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
+    while not http_ready(http_url):
         if time.monotonic() > deadline:
             raise SystemExit(f"no ready Triton server at http://{http_url} (start one, or pass --start-server)")
         time.sleep(0.5)

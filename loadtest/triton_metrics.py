@@ -18,10 +18,11 @@ GPU utilisation (`nv_gpu_utilization`, a 0..1 gauge per GPU, refreshed every
 
 from __future__ import annotations
 
-import re
 import time
 import urllib.request
 from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
 
 SUCCESS = "nv_inference_request_success"
 FAILURE = "nv_inference_request_failure"
@@ -39,10 +40,6 @@ CPU_UTILIZATION = "nv_cpu_utilization"
 TIME_BREAKDOWN = {"queue_us": QUEUE_US, "compute_input_us": COMPUTE_INPUT_US,
                   "compute_infer_us": COMPUTE_INFER_US, "compute_output_us": COMPUTE_OUTPUT_US}
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
 @dataclass(frozen=True)
 class Sample:
     name: str
@@ -51,15 +48,8 @@ class Sample:
 
 
 def parse_prometheus_text(text: str) -> list[Sample]:
-    samples = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if match:
-            name, labels, value = match.groups()
-            samples.append(Sample(name, dict(_LABEL.findall(labels or "")), float(value)))
-    return samples
+    return [Sample(sample.name, sample.labels, sample.value)
+            for family in text_string_to_metric_families(text) for sample in family.samples]
 
 
 @dataclass
@@ -67,10 +57,11 @@ class MetricsSnapshot:
     taken_at: float           # epoch seconds
     samples: list[Sample]
 
-    def total(self, name: str, model: str | None = None) -> float:
-        """Sum of `name` over all its label sets (of one model when given)."""
+    def total(self, name: str, model: str | None = None, **labels) -> float:
+        """Sum of `name` over all its label sets (of one model, and with the given labels, when given)."""
         return sum(s.value for s in self.samples
-                   if s.name == name and (model is None or s.labels.get("model") == model))
+                   if s.name == name and (model is None or s.labels.get("model") == model)
+                   and all(s.labels.get(key) == value for key, value in labels.items()))
 
     def values(self, name: str) -> list[float]:
         return [s.value for s in self.samples if s.name == name]

@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from fusedresnet.backend.images import normalize_uint8, smooth_random_images
+from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.prepare import STAMP_FILE, prepare
 from fusedresnet.backend.resnet import DEFAULT_SEED, build_resnet18
-from fusedresnet.backend.serve import TritonServer, free_ports, gpu_present
+from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import ADMIN_TOKEN_HEADER, GRPC_ADMIN_TOKEN_HEADER, MODEL_REPOSITORY
+from fusedresnet.backend.triton_install import gpu_present
 from fusedresnet.client.preprocess import preprocess_files, sample_photo_paths
 
 

@@ -13,7 +13,6 @@ import ipaddress
 import json
 import os
 import platform
-import re
 import shutil
 import signal
 import subprocess
@@ -24,16 +23,18 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import psutil
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from fusedresnet.backend.serve import free_ports, http_ready, python_stub_pids
+from fusedresnet.backend.network import free_ports, http_ready
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, INPUT_UINT8, OUTPUT_LOGITS
+from fusedresnet.backend.stub_processes import python_stubs
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, compare_logits
+from fusedresnet.loadtest import triton_metrics
 
 RESULTS_ENV = "FUSEDRESNET_RESULTS_DIR"
-REL_L2_TOLERANCE = IMAGE_REL_L2_TOLERANCE  # per image, against the in-process fp32 reference
 CLIENT_TIMEOUT_S = 120.0         # no test request may wait longer than this for its answer
 PROTOCOLS = ("grpc", "http")
 
@@ -41,11 +42,11 @@ PROTOCOLS = ("grpc", "http")
 # ---------------------------------------------------------------- answers
 
 def assert_correct(logits: np.ndarray, reference: np.ndarray):
-    """Each row's logits within REL_L2_TOLERANCE (relative L2) of its reference row."""
+    """Each row's logits within IMAGE_REL_L2_TOLERANCE (relative L2) of its reference row."""
     assert logits.shape == reference.shape, (logits.shape, reference.shape)
     for row, ref in zip(logits, reference):
         stats = compare_logits(row[None], ref[None])
-        assert stats["rel_l2"] <= REL_L2_TOLERANCE, stats
+        assert stats["rel_l2"] <= IMAGE_REL_L2_TOLERANCE, stats
 
 
 def client(server, protocol: str, **kwargs):
@@ -119,23 +120,12 @@ def raw_grpc_infer(server, model: str, inputs: list[tuple[str, str, list[int]]],
 
 # ---------------------------------------------------------------- Triton's own counters
 
-def metric(server, name: str, model: str, **labels) -> float:
-    """Sum of Prometheus metric `name` over the series of `model` whose labels include `labels`."""
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    total = 0.0
-    for label_text, value in re.findall(rf"^{name}{{([^}}]*)}} ([0-9.e+-]+)$", text, flags=re.M):
-        series = dict(re.findall(r'(\w+)="([^"]*)"', label_text))
-        if series.get("model") == model and all(series.get(k) == v for k, v in labels.items()):
-            total += float(value)
-    return total
-
-
 def request_counters(server, model: str) -> dict:
-    return {"success": metric(server, "nv_inference_request_success", model),
-            "failure": metric(server, "nv_inference_request_failure", model),
-            "rejected": metric(server, "nv_inference_request_failure", model, reason="REJECTED"),
-            "backend": metric(server, "nv_inference_request_failure", model, reason="BACKEND")}
+    snapshot = triton_metrics.scrape(server.metrics_url, timeout_s=10)
+    return {"success": snapshot.total(triton_metrics.SUCCESS, model),
+            "failure": snapshot.total(triton_metrics.FAILURE, model),
+            "rejected": snapshot.total(triton_metrics.FAILURE, model, reason="REJECTED"),
+            "backend": snapshot.total(triton_metrics.FAILURE, model, reason="BACKEND")}
 
 
 def counter_delta(after: dict, before: dict) -> dict:
@@ -144,22 +134,35 @@ def counter_delta(after: dict, before: dict) -> dict:
 
 # ---------------------------------------------------------------- processes and memory
 
-def rss_bytes(pid: int) -> int:
+def rss_bytes(process: psutil.Process) -> int:
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+        return process.memory_info().rss
+    except psutil.NoSuchProcess:
+        return 0
 
 
 def server_rss_bytes(server_pid: int) -> dict[str, int]:
     """Resident memory of tritonserver and of each of its Python stubs."""
-    sizes = {"tritonserver": rss_bytes(server_pid)}
-    for instance, pid in python_stub_pids(server_pid).items():
-        sizes[instance] = rss_bytes(pid)
+    sizes = {"tritonserver": rss_bytes(psutil.Process(server_pid))}
+    for instance, stub in python_stubs(server_pid).items():
+        sizes[instance] = rss_bytes(stub)
     return sizes
+
+
+def stub_pids(server_pid: int | None) -> dict[str, int]:
+    """Model instance name -> pid of each live Python-backend stub of tritonserver `server_pid`."""
+    return {instance: stub.pid for instance, stub in python_stubs(server_pid).items()} if server_pid else {}
+
+
+def shm_regions_of_stubs(server_pid: int) -> list[str]:
+    """The /dev/shm regions the Python-backend stubs of `server_pid` have mapped."""
+    regions = set()
+    for stub in python_stubs(server_pid).values():
+        try:
+            regions |= {Path(m.path).name for m in stub.memory_maps() if m.path.startswith("/dev/shm/")}
+        except psutil.NoSuchProcess:
+            continue
+    return sorted(regions)
 
 
 def gpu_memory_used_mib() -> float | None:
@@ -222,7 +225,7 @@ class Launcher:
     grpc_url = property(lambda self: f"127.0.0.1:{self.grpc_port}")
     metrics_url = property(lambda self: f"http://127.0.0.1:{self.metrics_port}/metrics")
 
-    def start(self, ready_timeout_s: float = 300.0) -> "Launcher":
+    def start(self, ready_timeout_s: float = 300.0) -> Launcher:
         env = dict(os.environ)
         env.pop(ADMIN_TOKEN_ENV, None)
         if self.admin_token is not None:  # None: the launcher finds the token itself (--admin-token-file)
@@ -250,21 +253,20 @@ class Launcher:
         """pid of the tritonserver that the launcher runs now (it changes when the launcher restarts it)."""
         if self.process is None:
             return None
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
+        try:
+            children = psutil.Process(self.process.pid).children()
+        except psutil.NoSuchProcess:
+            return None
+        for child in children:
             try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                argv0 = (entry / "cmdline").read_bytes().split(b"\0")[0]
-            except (OSError, IndexError, ValueError):
+                if child.name() == "tritonserver" and child.status() != psutil.STATUS_ZOMBIE:
+                    return child.pid
+            except psutil.NoSuchProcess:
                 continue
-            if ppid == self.process.pid and argv0.endswith(b"tritonserver"):
-                return int(entry.name)
         return None
 
     def stub_pids(self) -> dict[str, int]:
-        pid = self.server_pid()
-        return python_stub_pids(pid) if pid else {}
+        return stub_pids(self.server_pid())
 
     def stop(self, timeout_s: float | None = None):
         """Ctrl-C to the launcher (it stops Triton, which drains); SIGKILL for whatever is left after the timeout."""
@@ -315,25 +317,15 @@ def record(folder: Path, name: str, figures: dict):
 
 
 def listening_addresses(ports) -> dict[int, set[str]]:
-    """port -> local addresses with a listening TCP socket on it (from /proc/net/tcp and tcp6)."""
+    """port -> local addresses with a listening TCP socket on it."""
     found: dict[int, set[str]] = {port: set() for port in ports}
-    for table, family in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 6)):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
+    for connection in psutil.net_connections(kind="tcp"):
+        if connection.status != psutil.CONN_LISTEN or connection.laddr.port not in found:
             continue
-        for line in lines:
-            local, state = line.split()[1], line.split()[3]
-            address, port = local.split(":")
-            if state != "0A" or int(port, 16) not in found:
-                continue
-            raw = bytes.fromhex(address)
-            if family == 4:
-                ip = ipaddress.IPv4Address(raw[::-1])
-            else:  # four host-order 32-bit words
-                ip = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
-                ip = ip.ipv4_mapped or ip  # gRPC listens on ::ffff:127.0.0.1 for 127.0.0.1
-            found[int(port, 16)].add(str(ip))
+        ip = ipaddress.ip_address(connection.laddr.ip.split("%")[0])
+        if ip.version == 6:
+            ip = ip.ipv4_mapped or ip  # gRPC listens on ::ffff:127.0.0.1 for 127.0.0.1
+        found[connection.laddr.port].add(str(ip))
     return found
 
 

@@ -8,10 +8,9 @@ import pytest
 
 from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM
 from fusedresnet.client import ab
+from fusedresnet.client.agreement import SET_REL_L2_TOLERANCE
 from fusedresnet.client.preprocess import sample_photo_paths
 
-# Same bound as the serving tests: fp16 or folded weights keep the logits' relative L2 error well under 1e-2.
-REL_L2_TOLERANCE = 1e-2
 CI_GENERATED = 12
 
 
@@ -38,7 +37,7 @@ def test_agreement_command_sends_photos_and_generated_images_to_both_models(agre
 def test_both_models_agree_on_the_same_images(agreement_run):
     _, agreement, _ = agreement_run
     for stats in agreement["sets"].values():
-        assert stats["rel_l2"] <= REL_L2_TOLERANCE, stats
+        assert stats["rel_l2"] <= SET_REL_L2_TOLERANCE, stats
         assert stats["clear_disagreements"] == 0, stats
         assert stats["top1_agree"] >= stats["inputs"] - stats["near_tie_disagreements"]
         assert stats["min_cosine"] > 0.999
@@ -57,9 +56,5 @@ def test_agreement_over_http_with_client_normalised_input_matches_too(triton_ser
     agreement = ab.run_agreement(ab.agreement_image_sets(generated=4), "http", triton_server.http_url,
                                  batch_size=3, input_format="fp32")
     for stats in agreement["sets"].values():
-        assert stats["rel_l2"] <= REL_L2_TOLERANCE and stats["clear_disagreements"] == 0
+        assert stats["rel_l2"] <= SET_REL_L2_TOLERANCE and stats["clear_disagreements"] == 0
     assert agreement["latency"][MODEL_CUSTOM]["requests"] == 2 + 2   # 5 photos and 4 images, 3 per request
-
-
-def test_agreement_command_defaults_to_at_least_500_generated_images():
-    assert ab.DEFAULT_GENERATED >= 500

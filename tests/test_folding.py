@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from fusedresnet.backend.engines import TorchFoldedEngine
-from fusedresnet.backend.folding import STEM, conv_and_batchnorm, all_convs, fold_batchnorm, fold_resnet18, stem_for_uint8
+from fusedresnet.backend.folding import all_convs, conv_and_batchnorm, fold_batchnorm, fold_resnet18
 from fusedresnet.backend.images import normalize_uint8, smooth_random_images
 from fusedresnet.backend.resnet import build_resnet18
 from fusedresnet.client.agreement import compare_logits
@@ -69,17 +69,3 @@ def test_folded_engine_matches_unfolded_network():
     stats = compare_logits(engine.classify_uint8(images).numpy(), reference)
     assert stats["rel_l2"] < 5e-3, stats  # fp16 weights, fp32 compute
     assert stats["clear_disagreements"] == 0, stats
-
-
-def test_uint8_stem_folding_is_exact_including_the_border():
-    weight_krsc = torch.randn(64, 7, 7, 3)
-    bias = torch.randn(64)
-    images = torch.randint(0, 256, (2, 31, 29, 3), dtype=torch.uint8)
-    expected = F.conv2d(normalize_uint8(images).double(), weight_krsc.permute(0, 3, 1, 2).double(),
-                        bias.double(), stride=STEM.stride, padding=STEM.padding)
-    w, b, pad_value = stem_for_uint8(weight_krsc, bias)
-    raw = images.permute(0, 3, 1, 2).double()
-    padded = pad_value.double().view(1, 3, 1, 1).expand(2, 3, 31 + 6, 29 + 6).clone()
-    padded[:, :, 3:-3, 3:-3] = raw
-    got = F.conv2d(padded, w.permute(0, 3, 1, 2).double(), b.double(), stride=STEM.stride)
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)

@@ -16,9 +16,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fusedresnet.backend.spec import (FP32_INPUT_ABS_LIMIT, INPUT_FP32, INPUT_UINT8, MODELS, NUM_CLASSES, OUTPUT_ENGINE,
-                                      OUTPUT_LOGITS)
-from robustness_helpers import (PROTOCOLS, assert_correct, client, infer_uint8, raw_grpc_infer, raw_http_infer)
+from fusedresnet.backend.spec import (
+    FP32_INPUT_ABS_LIMIT,
+    INPUT_FP32,
+    INPUT_UINT8,
+    MODELS,
+    NUM_CLASSES,
+    OUTPUT_ENGINE,
+    OUTPUT_LOGITS,
+)
+
+from robustness_helpers import PROTOCOLS, assert_correct, client, infer_uint8, raw_grpc_infer, raw_http_infer
 
 FUZZ_SETTINGS = dict(deadline=None, derandomize=True, database=None,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

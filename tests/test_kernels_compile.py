@@ -50,8 +50,8 @@ def _find_nvrtc():
     import ctypes
     import ctypes.util
     import glob
-    import site
     import os
+    import site
     candidates = [os.environ.get("FUSEDRESNET_NVRTC"), ctypes.util.find_library("nvrtc")]
     for root in site.getsitepackages() + [site.getusersitepackages()]:
         candidates += sorted(glob.glob(f"{root}/nvidia/*/lib/libnvrtc.so*"))
@@ -77,7 +77,8 @@ def test_kernels_compile_under_nvrtc_like_cupy():
     if nvrtc is None:
         pytest.skip("libnvrtc not found (CUDA toolkit or the nvidia-cuda-nvrtc wheel)")
     program = ctypes.c_void_p()
-    assert nvrtc.nvrtcCreateProgram(ctypes.byref(program), source_text().encode(), b"fusedresnet.cu", 0, None, None) == 0
+    created = nvrtc.nvrtcCreateProgram(ctypes.byref(program), source_text().encode(), b"fusedresnet.cu", 0, None, None)
+    assert created == 0
     names = name_expressions()
     for name in names:
         assert nvrtc.nvrtcAddNameExpression(program, name.encode()) == 0

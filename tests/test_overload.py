@@ -26,10 +26,20 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from fusedresnet.backend.spec import (INPUT_UINT8, MODEL_CUSTOM, MODEL_REPOSITORY, MODELS, OUTPUT_LOGITS,
-                                      max_batch_size)
-from robustness_helpers import (CLIENT_TIMEOUT_S, assert_correct, client, counter_delta, grpc_burst_in_process,
-                                infer_uint8, metric, record, request_counters, results_dir)
+from fusedresnet.backend.spec import INPUT_UINT8, MODEL_CUSTOM, MODEL_REPOSITORY, MODELS, OUTPUT_LOGITS, max_batch_size
+
+from robustness_helpers import (
+    CLIENT_TIMEOUT_S,
+    assert_correct,
+    client,
+    counter_delta,
+    grpc_burst_in_process,
+    infer_uint8,
+    metric,
+    record,
+    request_counters,
+    results_dir,
+)
 
 QUEUE_FULL = "Exceeds maximum queue size"
 QUEUE_TIMEOUT = "Request timeout expired"

@@ -6,8 +6,13 @@ import torch
 from PIL import Image
 
 from fusedresnet.backend.images import normalize_uint8
-from fusedresnet.client.preprocess import (center_crop_uint8, normalize, preprocess_files, resized_size,
-                                          sample_photo_paths)
+from fusedresnet.client.preprocess import (
+    center_crop_uint8,
+    normalize,
+    preprocess_files,
+    resized_size,
+    sample_photo_paths,
+)
 
 
 @pytest.mark.parametrize("size, expected", [

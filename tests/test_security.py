@@ -18,9 +18,16 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from fusedresnet.backend import serve
-from fusedresnet.backend.spec import (ADMIN_TOKEN_ENV, ADMIN_TOKEN_HEADER, GRPC_ADMIN_TOKEN_HEADER, MODELS,
-                                      RESTRICTED_APIS)
+from fusedresnet.backend import admin_token, serve
+from fusedresnet.backend.spec import (
+    ADMIN_TOKEN_ENV,
+    ADMIN_TOKEN_HEADER,
+    GRPC_ADMIN_TOKEN_HEADER,
+    MODELS,
+    RESTRICTED_APIS,
+)
+from fusedresnet.backend.triton_install import ServerError, find_triton
+
 from robustness_helpers import Launcher, assert_correct, client, infer_uint8, listening_addresses
 
 MODEL = MODELS[0]
@@ -179,7 +186,7 @@ def test_server_listens_on_loopback_only(triton_server):
 
 
 def test_exposing_the_service_takes_an_explicit_host(tmp_path):
-    triton = serve.find_triton()
+    triton = find_triton()
     default = serve.TritonServer(admin_token="t").command(triton, tmp_path)
     exposed = serve.TritonServer(host="0.0.0.0", admin_token="t").command(triton, tmp_path)
     for flag in ("--http-address", "--grpc-address", "--metrics-address"):
@@ -195,17 +202,17 @@ def test_exposing_the_service_takes_an_explicit_host(tmp_path):
 def test_generated_admin_token_is_random_private_reused_and_overridden_by_the_environment(tmp_path,
                                                                                             monkeypatch):
     monkeypatch.delenv(ADMIN_TOKEN_ENV, raising=False)
-    monkeypatch.setattr(serve, "DEFAULT_TOKEN_FILE", tmp_path / "build" / "admin-token")
-    token = serve.read_or_create_token()
-    assert len(token) >= 32 and token == serve.read_or_create_token()
+    monkeypatch.setattr(admin_token, "DEFAULT_TOKEN_FILE", tmp_path / "build" / "admin-token")
+    token = admin_token.read_or_create_token()
+    assert len(token) >= 32 and token == admin_token.read_or_create_token()
     assert stat.S_IMODE(os.stat(tmp_path / "build" / "admin-token").st_mode) == 0o600
-    monkeypatch.setattr(serve, "DEFAULT_TOKEN_FILE", tmp_path / "other" / "admin-token")
-    assert serve.read_or_create_token() != token  # a fresh secret, not a fixed default
+    monkeypatch.setattr(admin_token, "DEFAULT_TOKEN_FILE", tmp_path / "other" / "admin-token")
+    assert admin_token.read_or_create_token() != token  # a fresh secret, not a fixed default
     monkeypatch.setenv(ADMIN_TOKEN_ENV, "from-the-environment")
-    assert serve.read_or_create_token() == "from-the-environment"
-    with pytest.raises(serve.ServerError, match="missing or empty"):
+    assert admin_token.read_or_create_token() == "from-the-environment"
+    with pytest.raises(ServerError, match="missing or empty"):
         monkeypatch.delenv(ADMIN_TOKEN_ENV)
-        serve.read_or_create_token(tmp_path / "no-such-file")
+        admin_token.read_or_create_token(tmp_path / "no-such-file")
 
 
 def test_launcher_defaults_to_loopback_takes_the_token_from_a_file_and_never_prints_it(tmp_path, varied_images,

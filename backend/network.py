@@ -1,0 +1,42 @@
+"""Loopback ports and Triton's readiness probe: what the launcher, the load tests and the tests share.
+
+Standard library only, so a client-only install can use it.
+"""
+
+from __future__ import annotations
+
+import socket
+import urllib.error
+import urllib.request
+
+from .spec import DEFAULT_HOST
+
+
+def free_ports(count: int, host: str = DEFAULT_HOST) -> list[int]:
+    """`count` distinct ports that were free a moment ago (all held open together while chosen)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def port_is_free(port: int, host: str = DEFAULT_HOST) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def http_ready(http_url: str) -> bool:
+    """Whether the Triton server at host:port answers its readiness probe."""
+    try:
+        with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False

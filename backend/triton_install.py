@@ -1,0 +1,91 @@
+"""Where the Triton server comes from, and what it needs to run here.
+
+Finds `tritonserver` ($TRITON_HOME, PATH, or the server bundled in the nvidia-pytriton
+wheel), and prepares a private copy of its backend tree with the Python-backend stub that
+matches this interpreter (the wheel ships one stub per Python version).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .spec import BUILD_DIR
+
+
+class ServerError(RuntimeError):
+    """The server cannot be started, or did not become ready."""
+
+
+@dataclass
+class TritonInstallation:
+    home: Path            # holds bin/tritonserver, backends/, caches/, python_backend_stubs/
+    library_dirs: list[Path]
+
+    @property
+    def binary(self) -> Path:
+        return self.home / "bin" / "tritonserver"
+
+
+def find_triton() -> TritonInstallation:
+    candidates = []
+    if os.environ.get("TRITON_HOME"):
+        candidates.append(Path(os.environ["TRITON_HOME"]))
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        candidates.append(Path(on_path).resolve().parent.parent)
+    try:
+        import pytriton  # the nvidia-pytriton wheel bundles a complete server
+        candidates.append(Path(pytriton.__file__).parent / "tritonserver")
+    except ImportError:
+        pass
+    for home in candidates:
+        if (home / "bin" / "tritonserver").is_file():
+            wheel_libs = home.parent.parent / "nvidia_pytriton.libs"
+            return TritonInstallation(home, [wheel_libs] if wheel_libs.is_dir() else [])
+    raise ServerError("tritonserver not found: install nvidia-pytriton (make setup), put tritonserver on PATH, "
+                      "or set TRITON_HOME to the folder holding bin/tritonserver")
+
+
+def python_stub_for_interpreter(triton: TritonInstallation) -> Path:
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = triton.home / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if stub.is_file():
+        return stub
+    if (triton.home / "backends" / "python" / "triton_python_backend_stub").is_file():
+        return triton.home / "backends" / "python" / "triton_python_backend_stub"
+    raise ServerError(f"no Python-backend stub for Python {version} in {triton.home}")
+
+
+def private_backend_tree(triton: TritonInstallation) -> Path:
+    """A copy of the backends folder with the stub for this interpreter placed in backends/python."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    tree = BUILD_DIR / f"triton-backends-py{version}"
+    stub = python_stub_for_interpreter(triton)
+    target = tree / "python" / "triton_python_backend_stub"
+    marker = tree / ".source"
+    source = f"{triton.home.resolve()}:{stub.stat().st_mtime_ns}"
+    if not (target.is_file() and marker.is_file() and marker.read_text() == source):
+        shutil.rmtree(tree, ignore_errors=True)
+        shutil.copytree(triton.home / "backends", tree)
+        shutil.copy2(stub, target)
+        target.chmod(0o755)
+        marker.write_text(source)
+    return tree
+
+
+def gpu_present() -> bool:
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
