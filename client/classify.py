@@ -62,7 +62,7 @@ def main(argv=None) -> int:
             for chunk, result in classify_files(client, args.images, args.top_k, args.batch_size,
                                                 args.input_format):
                 print(f"-- request of {len(chunk)} image(s): {result.latency_ms:.1f} ms, engine {result.engine}")
-                for path, top in zip(chunk, result.top):
+                for path, top in zip(chunk, result.top, strict=True):
                     labels = ", ".join(f"{label} ({score:.2f})" for score, _, label in top)
                     print(f"{path.name}: {labels}")
     except InferenceServerException as error:
