@@ -71,7 +71,7 @@ class FusedResNet18(nn.Module):
 
     @classmethod
     def from_torchvision(cls, model_or_checkpoint, device: str | torch.device = "cuda",
-                         engine: str | None = None) -> "FusedResNet18":
+                         engine: str | None = None) -> FusedResNet18:
         """From a torchvision ResNet-18: an nn.Module, or the path of a checkpoint (.pth) or ONNX file (.onnx)."""
         if isinstance(model_or_checkpoint, nn.Module):
             network = ResNet18()
@@ -87,7 +87,7 @@ class FusedResNet18(nn.Module):
 
     @classmethod
     def from_prepared(cls, path=None, device: str | torch.device = "cuda",
-                      engine: str | None = None) -> "FusedResNet18":
+                      engine: str | None = None) -> FusedResNet18:
         """From the parameter file `prepare` writes (default: the model repository's)."""
         return cls(Path(path or MODEL_REPOSITORY / MODEL_CUSTOM / "1" / FOLDED_PARAMS_FILE), device, engine)
 

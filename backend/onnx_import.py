@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .folding import STEM, ConvSpec, MAXPOOL_KERNEL, MAXPOOL_PADDING, MAXPOOL_STRIDE, resnet18_blocks
+from .folding import MAXPOOL_KERNEL, MAXPOOL_PADDING, MAXPOOL_STRIDE, STEM, ConvSpec, resnet18_blocks
 from .resnet import ResNet18
 
 MIN_OPSET = 13

@@ -34,8 +34,17 @@ import torch
 from .folding import fold_resnet18
 from .onnx_import import OnnxImportError
 from .resnet import DEFAULT_SEED, build_resnet18
-from .spec import (FOLDED_PARAMS_FILE, IMAGE_SIZE, LABELS_FILE, LABELS_FILENAME, MODEL_CUDNN, MODEL_CUSTOM,
-                   MODEL_REPOSITORY, MODELS, TORCHSCRIPT_FILE)
+from .spec import (
+    FOLDED_PARAMS_FILE,
+    IMAGE_SIZE,
+    LABELS_FILE,
+    LABELS_FILENAME,
+    MODEL_CUDNN,
+    MODEL_CUSTOM,
+    MODEL_REPOSITORY,
+    MODELS,
+    TORCHSCRIPT_FILE,
+)
 
 STAMP_FILE = ".prepared.json"
 

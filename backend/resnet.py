@@ -114,7 +114,7 @@ def build_resnet18(weights: str | None = None, seed: int = DEFAULT_SEED) -> ResN
     else seeded weights."""
     model = ResNet18()
     if weights and str(weights).lower().endswith(".onnx"):
-        from .onnx_import import state_dict_from_onnx   # imports this module: import here, not at the top
+        from .onnx_import import state_dict_from_onnx  # imports this module: import here, not at the top
         model.load_state_dict(state_dict_from_onnx(weights), strict=True)
     elif weights:
         state = torch.load(weights, map_location="cpu", weights_only=True)
