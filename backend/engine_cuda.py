@@ -37,8 +37,8 @@ import torch
 
 from ..kernels.configs import STEM_KG_PADDED
 from ..kernels.launch import conv_out_size, library
-from .folding import MAXPOOL_KERNEL, MAXPOOL_PADDING, MAXPOOL_STRIDE, STEM, load_folded, resnet18_blocks
 from .engines import next_power_of_two
+from .folding import MAXPOOL_KERNEL, MAXPOOL_PADDING, MAXPOOL_STRIDE, STEM, load_folded, resnet18_blocks
 from .spec import IMAGENET_MEAN, IMAGENET_STD, INPUT_FP32, INPUT_UINT8, power_of_two_buckets
 
 BATCH_BUCKETS = power_of_two_buckets(256)

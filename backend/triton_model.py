@@ -41,8 +41,16 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from .engines import input_shape
-from .spec import (CHANNELS, FP32_INPUT_ABS_LIMIT, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8,
-                   OUTPUT_ENGINE, OUTPUT_LOGITS, power_of_two_buckets)
+from .spec import (
+    CHANNELS,
+    FP32_INPUT_ABS_LIMIT,
+    IMAGE_SIZE,
+    INPUT_FP32,
+    INPUT_UINT8,
+    OUTPUT_ENGINE,
+    OUTPUT_LOGITS,
+    power_of_two_buckets,
+)
 
 # Warm-up at load runs each batch size once, so that no first request pays for
 # kernel compilation, CUDA-graph capture or cuDNN's algorithm choice. On a GPU

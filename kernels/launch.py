@@ -14,11 +14,32 @@ import functools
 import cupy as cp
 import numpy as np
 
-from .configs import (BK, COMPILE_OPTIONS, CONV_TILES, HEAD_BLOCKS_X, HEAD_IMGS, STEM_KERNELS, STEM_KG_PADDED,
-                      STEM_POOL_KERNELS, STEM_POOL_SMEM_BYTES, STEM_POOL_TILE_H, STEM_POOL_TILE_W,
-                      STEM_SMEM_BYTES, STEM_TILE_H, STEM_TILE_W, STEM_TILES,
-                      ConvPlan, PatchConfig, TileConfig, PATCH_TILES, load_tuned_plans, make_plan, name_expressions, plan_conv, plan_key,
-                      source_text)
+from .configs import (
+    BK,
+    COMPILE_OPTIONS,
+    CONV_TILES,
+    HEAD_BLOCKS_X,
+    HEAD_IMGS,
+    PATCH_TILES,
+    STEM_KERNELS,
+    STEM_KG_PADDED,
+    STEM_POOL_KERNELS,
+    STEM_POOL_SMEM_BYTES,
+    STEM_POOL_TILE_H,
+    STEM_POOL_TILE_W,
+    STEM_SMEM_BYTES,
+    STEM_TILE_H,
+    STEM_TILE_W,
+    STEM_TILES,
+    ConvPlan,
+    PatchConfig,
+    load_tuned_plans,
+    make_plan,
+    name_expressions,
+    plan_conv,
+    plan_key,
+    source_text,
+)
 
 
 def _ptr(a) -> np.uint64:
