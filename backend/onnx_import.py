@@ -5,7 +5,9 @@
 Reads the graph that ``torch.onnx.export`` writes for torchvision's ``resnet18``
 (opset 13 and later): Conv [-> BatchNormalization] -> Relu -> MaxPool, eight
 BasicBlocks (Conv, Relu, Conv, Add, Relu, with a 1x1 Conv on the shortcut of
-the first block of stages 2-4), GlobalAveragePool -> Flatten -> Gemm.
+the first block of stages 2-4), GlobalAveragePool -> Flatten -> Gemm (the
+TorchScript exporter, ``dynamo=False``) or ReduceMean -> Reshape -> Gemm (the
+dynamo exporter, torch's default, which needs onnxscript).
 
 The initialiser names carry no meaning (an eval-mode export folds each
 BatchNorm into its convolution and names the results ``onnx::Conv_193``), so
@@ -34,11 +36,11 @@ import numpy as np
 import torch
 
 from .folding import MAXPOOL_KERNEL, MAXPOOL_PADDING, MAXPOOL_STRIDE, STEM, ConvSpec, resnet18_blocks
-from .resnet import ResNet18
+from .resnet import STAGE_CHANNELS, ResNet18
 
 MIN_OPSET = 13
-GRAPH_OPS = ("Conv", "BatchNormalization", "Relu", "MaxPool", "Add", "GlobalAveragePool", "Flatten", "Gemm",
-             "Identity")
+GRAPH_OPS = ("Conv", "BatchNormalization", "Relu", "MaxPool", "Add", "GlobalAveragePool", "ReduceMean", "Flatten",
+             "Reshape", "Gemm", "Identity")
 VALUE_OPS = ("Constant",)   # hold initialiser-like values, not part of the walk
 BATCHNORM_EPS = 1e-5        # torch.nn.BatchNorm2d's default, what the state dict implies
 
@@ -182,6 +184,35 @@ def _conv_relu(graph: _Graph, value: str, spec: ConvSpec, template: dict, state:
     return graph.next_node(out, "Relu", spec.name).output[0]
 
 
+def _global_average_pool(graph: _Graph, x: str) -> str:
+    """GlobalAveragePool (TorchScript exporter), or ReduceMean over H and W (dynamo exporter); its output."""
+    found = graph.consumers.get(graph.resolve(x), [])
+    if len(found) == 1 and found[0].op_type == "ReduceMean":
+        node = graph.visit(found[0])
+        attrs = graph.attributes(node)
+        axes = attrs.get("axes") if "axes" in attrs else (
+            graph.initializer(node, 1, "axes").tolist() if len(node.input) > 1 and node.input[1] else None)
+        if axes is None or sorted(a % 4 for a in axes) != [2, 3]:
+            graph.fail(node, f"ReduceMean over axes {axes}, expected the spatial axes [2, 3]")
+        return node.output[0]
+    return graph.next_node(x, "GlobalAveragePool", "layer4").output[0]
+
+
+def _flatten(graph: _Graph, pooled: str) -> str:
+    """Flatten(axis 1) or Reshape to [N, 512] after the pool, if any (a ReduceMean without keepdims needs none)."""
+    found = graph.consumers.get(graph.resolve(pooled), [])
+    if len(found) != 1 or found[0].op_type not in ("Flatten", "Reshape"):
+        return pooled
+    node = graph.visit(found[0])
+    if node.op_type == "Flatten":
+        graph.expect_attributes(node, {"axis": 1}, {"axis": 1})
+    else:
+        shape = graph.initializer(node, 1, "shape").tolist()
+        if len(shape) != 2 or shape[1] != STAGE_CHANNELS[-1]:   # any batch: a static export says [1, 512]
+            graph.fail(node, f"Reshape to {shape}, expected [N, {STAGE_CHANNELS[-1]}]")
+    return node.output[0]
+
+
 def _walk(graph: _Graph, template: dict) -> dict:
     state: dict[str, torch.Tensor] = {}
     if len(graph.inputs) != 1:
@@ -219,10 +250,8 @@ def _walk(graph: _Graph, template: dict) -> dict:
         if {graph.resolve(i) for i in add.input} != {graph.resolve(out), graph.resolve(identity)}:
             graph.fail(add, f"{where}: expected the sum of conv2 and the shortcut")
         x = graph.next_node(add.output[0], "Relu", f"{where} Add").output[0]
-    pooled = graph.next_node(x, "GlobalAveragePool", "layer4").output[0]
-    flatten = graph.next_node(pooled, "Flatten", "GlobalAveragePool")
-    graph.expect_attributes(flatten, {"axis": 1}, {"axis": 1})
-    gemm = graph.next_node(flatten.output[0], "Gemm", "Flatten")
+    pooled = _global_average_pool(graph, x)
+    gemm = graph.next_node(_flatten(graph, pooled), "Gemm", "the average pool")
     attrs = graph.attributes(gemm)
     if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
         graph.fail(gemm, "expected Gemm with transA 0, alpha 1, beta 1")

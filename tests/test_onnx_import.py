@@ -67,6 +67,18 @@ def test_imported_weights_reproduce_onnxruntime_logits(onnx_files, kind, images)
     assert stats["rel_l2"] < 1e-5 and stats["top1_disagreements"] == 0, stats   # float32 both sides
 
 
+def test_dynamo_export_imports_too(tmp_path, images):
+    pytest.importorskip("onnxscript")   # torch's default exporter needs it; CI has none
+    path = tmp_path / "resnet18_dynamo.onnx"
+    torch.onnx.export(build_resnet18(), (torch.randn(1, 3, 224, 224),), str(path), dynamo=True)
+    model = build_resnet18(str(path))
+    normalized = normalize_uint8(torch.from_numpy(images[:3]))
+    with torch.inference_mode():
+        logits = model(normalized).numpy()
+    expected = np.concatenate([onnxruntime_logits(path, normalized[i:i + 1].numpy()) for i in range(3)])
+    assert compare_logits(logits, expected)["rel_l2"] < 1e-5
+
+
 def test_imported_state_dict_has_torchvision_keys_and_batchnorm_of_unfolded_export(onnx_files):
     seeded = build_resnet18().state_dict()
     state = state_dict_from_onnx(onnx_files["unfolded"])
