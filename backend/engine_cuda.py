@@ -39,12 +39,11 @@ from ..kernels.configs import STEM_KG_PADDED
 from ..kernels.launch import conv_out_size, library
 from .engines import next_power_of_two
 from .folding import MAXPOOL_KERNEL, MAXPOOL_PADDING, MAXPOOL_STRIDE, STEM, load_folded, resnet18_blocks
-from .spec import IMAGENET_MEAN, IMAGENET_STD, INPUT_FP32, INPUT_UINT8, power_of_two_buckets
+from .spec import IMAGENET_MEAN, IMAGENET_STD, INPUT_FP32, INPUT_UINT8, MIN_INPUT_SIZE, power_of_two_buckets
 
 BATCH_BUCKETS = power_of_two_buckets(256)
 # The kernels' name for the dtype of each Triton input.
 KERNEL_INPUT_KIND = {INPUT_UINT8: "uint8", INPUT_FP32: "float32"}
-MIN_SIZE = 32
 INT32_LIMIT = 2 ** 31 - 1
 
 
@@ -60,7 +59,7 @@ def stage_sizes(h: int, w: int) -> list[tuple[int, int]]:
 class _Plan:
     """Buffers, launch plans and the captured graph for one (bucket, kind, H, W)."""
 
-    def __init__(self, engine: "FusedCudaEngine", batch: int, input_name: str, h: int, w: int):
+    def __init__(self, engine: FusedCudaEngine, batch: int, input_name: str, h: int, w: int):
         lib = engine.lib
         self.batch, self.input_name, self.h, self.w = batch, input_name, h, w
         self.kernel_kind = KERNEL_INPUT_KIND[input_name]
@@ -229,7 +228,22 @@ class FusedCudaEngine:
             return plan.logits_torch[:count]
 
     # -- library interface ----------------------------------------------------
-    def _run(self, images: torch.Tensor, input_name: str, want: str) -> torch.Tensor:
+    @staticmethod
+    def _outputs(plan: _Plan, count: int, want: str) -> dict[str, torch.Tensor]:
+        """Copies of the first `count` rows of what `want` names, on the engine's stream (fp32, NCHW)."""
+        def nchw(buffer):
+            return torch.from_dlpack(buffer[:count]).permute(0, 3, 1, 2).float()
+        if want == "logits":
+            return {"logits": plan.logits_torch[:count].clone()}
+        if want == "features":
+            return {"features": nchw(plan.features)}
+        outputs = {"stem+maxpool": nchw(plan.pool_out)}
+        for block, _, _, out, _, _ in plan.steps:
+            outputs[block.conv1.name.rsplit(".", 1)[0]] = nchw(out)
+        outputs["logits"] = plan.logits_torch[:count].clone()
+        return outputs
+
+    def _run(self, images: torch.Tensor, input_name: str, want: str) -> dict[str, torch.Tensor]:
         if input_name == INPUT_UINT8:
             if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[3] != 3:
                 raise ValueError(f"expected uint8 [N,H,W,3] images, got {images.dtype} {tuple(images.shape)}")
@@ -238,15 +252,19 @@ class FusedCudaEngine:
             if images.dim() != 4 or images.shape[1] != 3:
                 raise ValueError(f"expected float [N,3,H,W] images, got {images.dtype} {tuple(images.shape)}")
             n, h, w = images.shape[0], images.shape[2], images.shape[3]
-        if h < MIN_SIZE or w < MIN_SIZE:
-            raise ValueError(f"input {h}x{w}: the fused engine needs H, W >= {MIN_SIZE}")
+        if h < MIN_INPUT_SIZE or w < MIN_INPUT_SIZE:
+            raise ValueError(f"input {h}x{w}: the fused engine needs H, W >= {MIN_INPUT_SIZE}")
         if n == 0:
             raise ValueError("empty batch")
         chunk = self.max_chunk(h, w)
-        outputs = []
+        # The caller's stream, taken before ours becomes current: an input it wrote must be complete
+        # before our stream reads it, and our outputs must not be reused while it still reads them.
+        caller = torch.cuda.current_stream(self.device)
+        parts: list[dict[str, torch.Tensor]] = []
         with self._lock, torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            if images.is_cuda:   # produced on the caller's current stream: wait for it
-                self.stream.wait_stream(torch.cuda.current_stream(images.device))
+            if images.is_cuda:
+                self.stream.wait_stream(caller if images.device == self.device
+                                        else torch.cuda.current_stream(images.device))
             for start in range(0, n, chunk):
                 part = images[start:start + chunk]
                 count = part.shape[0]
@@ -254,22 +272,26 @@ class FusedCudaEngine:
                 plan.input_torch[:count].copy_(part, non_blocking=True)
                 with cp.cuda.Device(self.device_id):
                     plan.graph.launch(self.cupy_stream)
-                if want == "logits":
-                    outputs.append(plan.logits_torch[:count].clone())
-                else:   # fp32 NCHW features, like torch's
-                    outputs.append(torch.from_dlpack(plan.features[:count]).permute(0, 3, 1, 2).float())
-            result = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+                parts.append(self._outputs(plan, count, want))
+            result = parts[0] if len(parts) == 1 else {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
             self.stream.synchronize()
+        for tensor in result.values():
+            tensor.record_stream(caller)
         return result
 
     def classify_uint8(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [N,H,W,3] RGB pixels (CPU or CUDA) -> fp32 logits [N,1000] on this engine's device."""
-        return self._run(images, INPUT_UINT8, "logits")
+        return self._run(images, INPUT_UINT8, "logits")["logits"]
 
     def classify_normalized(self, images: torch.Tensor) -> torch.Tensor:
         """fp32 [N,3,H,W] ImageNet-normalised images -> fp32 logits [N,1000] on this engine's device."""
-        return self._run(images, INPUT_FP32, "logits")
+        return self._run(images, INPUT_FP32, "logits")["logits"]
 
     def features(self, images: torch.Tensor) -> torch.Tensor:
         """Features before the head, fp32 [N,512,H/32,W/32]: uint8 NHWC or fp32 NCHW normalised input."""
-        return self._run(images, INPUT_UINT8 if images.dtype == torch.uint8 else INPUT_FP32, "features")
+        return self._run(images, INPUT_UINT8 if images.dtype == torch.uint8 else INPUT_FP32, "features")["features"]
+
+    def checkpoint_outputs(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        """fp32 NCHW activations after the stem + max-pool and after each BasicBlock, and the logits
+        (the layer-by-layer diff tool, kernels/diff.py); uint8 NHWC or fp32 NCHW normalised input."""
+        return self._run(images, INPUT_UINT8 if images.dtype == torch.uint8 else INPUT_FP32, "checkpoints")

@@ -43,10 +43,8 @@ from torch import nn
 from .engines import create_custom_engine
 from .folding import fold_resnet18, load_folded
 from .resnet import ResNet18, build_resnet18
-from .spec import CHANNELS, FOLDED_PARAMS_FILE, MODEL_CUSTOM, MODEL_REPOSITORY
+from .spec import CHANNELS, FOLDED_PARAMS_FILE, MIN_INPUT_SIZE, MODEL_CUSTOM, MODEL_REPOSITORY
 
-# The fused engine's smallest input (its MIN_SIZE; engine_cuda needs CuPy to import, so it is repeated here).
-MIN_INPUT_SIZE = 32
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 

@@ -28,6 +28,8 @@ OUTPUT_LOGITS = "LOGITS"               # FP32 [1000]
 # mistake, or 1e30) would come back as meaningless or non-finite logits (fp16 engines overflow
 # past 65504), so they are refused like NaN/Inf.
 FP32_INPUT_ABS_LIMIT = 100.0
+# Smallest H and W the fused engine (and its nn.Module) takes: five stride-2 stages leave 1x1.
+MIN_INPUT_SIZE = 32
 OUTPUT_ENGINE = "ENGINE"               # UINT8 [-1]: UTF-8 name of the engine that computed the response
 
 # Files that `prepare` writes into each model's version folder.
