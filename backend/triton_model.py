@@ -43,6 +43,8 @@ import triton_python_backend_utils as pb_utils
 from .engines import input_shape
 from .spec import (
     CHANNELS,
+    EXECUTE_PHASE_METRIC,
+    EXECUTE_PHASES,
     FP32_INPUT_ABS_LIMIT,
     IMAGE_SIZE,
     INPUT_FP32,
@@ -58,7 +60,6 @@ from .spec import (
 CPU_WARMUP_BATCH_SIZES = (1, 8)
 # Phases of execute() reported on Triton's metrics endpoint; flushed at most this often,
 # since each metric update is a message from the stub to the server.
-EXECUTE_PHASES = ("read", "gather", "h2d", "engine", "d2h", "respond")
 METRICS_FLUSH_S = 0.5
 
 
@@ -122,9 +123,9 @@ class ExecuteTimer:
 
     def __init__(self, model_name: str, instance_name: str):
         # The family must outlive its metrics: keep both.
-        self.family = family = pb_utils.MetricFamily(name="fusedresnet_execute_phase_us",
-                                       description="Cumulative microseconds spent in each phase of the model's "
-                                                   "execute() (h2d, engine, d2h: GPU time between CUDA events)",
+        self.family = family = pb_utils.MetricFamily(name=EXECUTE_PHASE_METRIC,
+                                       description="Microseconds spent in each phase of the model's execute(), "
+                                                   "summed (h2d, engine, d2h: GPU time between CUDA events)",
                                        kind=pb_utils.MetricFamily.COUNTER)
         self.metrics = {phase: family.Metric(labels={"model": model_name, "instance": instance_name,
                                                       "phase": phase})

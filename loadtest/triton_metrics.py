@@ -12,6 +12,9 @@ step is the difference of a snapshot taken after it and one taken before it:
     nv_inference_compute_{input,infer,output}_duration_us
                                               copying inputs in, running the model, copying outputs out
 
+The models add the time of each phase of their execute() (backend/triton_model.py),
+summed over executions: `fusedresnet_execute_phase_us{model,instance,phase}`.
+
 GPU utilisation (`nv_gpu_utilization`, a 0..1 gauge per GPU, refreshed every
 --metrics-interval-ms) only exists on a GPU host; it is sampled, not differenced.
 """
@@ -23,6 +26,8 @@ import urllib.request
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from fusedresnet.backend.spec import EXECUTE_PHASE_METRIC, EXECUTE_PHASES
 
 SUCCESS = "nv_inference_request_success"
 FAILURE = "nv_inference_request_failure"
@@ -97,6 +102,10 @@ def model_delta(before: MetricsSnapshot, after: MetricsSnapshot, model: str) -> 
     }
     for key, name in TIME_BREAKDOWN.items():
         summary[key] = delta(name) / succeeded if succeeded else None
+    for phase in EXECUTE_PHASES:   # per execution, inside the model's execute()
+        spent = (after.total(EXECUTE_PHASE_METRIC, model, phase=phase)
+                 - before.total(EXECUTE_PHASE_METRIC, model, phase=phase))
+        summary[f"execute_{phase}_us"] = spent / executions if executions else None
     return summary
 
 
