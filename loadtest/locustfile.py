@@ -15,8 +15,13 @@ FUSEDRESNET_IMAGES_PER_REQUEST=8):
   --warmup-s            requests that finish in the first N seconds are reported under "(warm-up)"
   --measure-s           length of the measurement window after the warm-up; when given, the test
                         stops (gracefully: requests in flight finish) when the window closes
-  --results-dir         where each process writes every request it sent (requests-<pid>.npz) and the
-                        master writes the measurement-window markers: what `loadtest.sweep` reads
+  --results-dir         where each process writes every request it sent (requests-<pid>.npz, with its
+                        own CPU seconds inside the window) and the master writes the measurement-window
+                        markers: what `loadtest.sweep` reads
+  --shared-memory       none | system | cuda: each user passes its input and LOGITS through its own
+                        shared-memory regions (same host as the server; client/shared_memory.py)
+  --admin-token-file    the admin token that registering shared memory needs (default
+                        $FUSEDRESNET_ADMIN_TOKEN, else build/admin-token)
 
 Each user owns one client, created in `on_start` (after `--processes` has forked), sends one
 request at a time with no wait, and fires a locust request event with the time it measured.
@@ -25,15 +30,16 @@ The gRPC client needs gevent-aware gRPC: `init_gevent()` runs here, before any c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
-import sys
 import time
 from pathlib import Path
 
 import gevent
 import grpc.experimental.gevent as grpc_gevent
 import numpy as np
+import psutil
 from locust import User, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
@@ -42,13 +48,24 @@ grpc_gevent.init_gevent()
 import tritonclient.grpc as grpcclient  # noqa: E402  (after init_gevent)
 import tritonclient.http as httpclient  # noqa: E402
 
-from fusedresnet.backend.spec import (INPUT_FP32, INPUT_UINT8, MODEL_CUSTOM, MODELS, NUM_CLASSES,  # noqa: E402
-                                      OUTPUT_LOGITS)
-from fusedresnet.client.resnet_client import DEFAULT_URLS, PROTOCOLS  # noqa: E402
-from fusedresnet.loadtest.image_pool import (DEFAULT_POOL_SIZE, INPUT_FORMATS, RequestWindows,  # noqa: E402
-                                             as_model_input, load_image_pool)
-from fusedresnet.loadtest.step_files import (MEASURE_END_MARKER, MEASURE_START_MARKER, WARMUP_SUFFIX,  # noqa: E402
-                                             request_log_name)
+from fusedresnet.backend.spec import MODEL_CUSTOM, MODELS  # noqa: E402
+from fusedresnet.client.resnet_client import (  # noqa: E402
+    DEFAULT_URLS,
+    LOGITS_BYTES_PER_IMAGE,
+    PROTOCOLS,
+    SharedMemorySlot,
+    build_request,
+    check_logits_received,
+)
+from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS, read_admin_token, request_regions  # noqa: E402
+from fusedresnet.loadtest.image_pool import (  # noqa: E402
+    DEFAULT_POOL_SIZE,
+    INPUT_FORMATS,
+    RequestWindows,
+    as_model_input,
+    load_image_pool,
+)
+from fusedresnet.loadtest.step_files import MEASURE_END_MARKER, MEASURE_START_MARKER, WARMUP_SUFFIX, request_log_name  # noqa: E402
 
 REQUEST_TIMEOUT_S = 60.0
 MARKER_GRACE_S = 0.3   # the load goes on this long after the window closes, while the sweep scrapes Triton
@@ -68,6 +85,15 @@ def add_options(parser):
     parser.add_argument("--warmup-s", type=float, default=0.0, env_var="FUSEDRESNET_WARMUP_S")
     parser.add_argument("--measure-s", type=float, default=0.0, env_var="FUSEDRESNET_MEASURE_S")
     parser.add_argument("--results-dir", default="", env_var="FUSEDRESNET_RESULTS_DIR", include_in_web_ui=False)
+    parser.add_argument("--shared-memory", choices=SHARED_MEMORY_KINDS, default="none",
+                        env_var="FUSEDRESNET_SHARED_MEMORY")
+    parser.add_argument("--admin-token-file", default="", include_in_web_ui=False,
+                        help="file holding the admin token (default $FUSEDRESNET_ADMIN_TOKEN, else build/admin-token)")
+
+
+def process_cpu_seconds() -> float:
+    times = psutil.Process().cpu_times()
+    return times.user + times.system
 
 
 class RequestLog:
@@ -82,7 +108,19 @@ class RequestLog:
         self.latency_ms: list[float] = []
         self.succeeded: list[bool] = []
         self.cpu_warnings = 0          # locust's samples of this process above 90% CPU: the client may be the limit
+        self.cpu_s = 0.0               # CPU seconds (user + system) this process used inside the measurement window
+        self.cpu_window_s = 0.0        # ... over this many seconds
+        self.cpu_window_started: tuple[float, float] | None = None   # (CPU seconds, monotonic time) at its start
         self.test_started_at = time.time()
+
+    def start_cpu_window(self):
+        self.cpu_window_started = (process_cpu_seconds(), time.monotonic())
+
+    def end_cpu_window(self):
+        """Close the CPU window (when it ends, or when the test stops first); only the first call counts."""
+        if self.cpu_window_started and not self.cpu_window_s:
+            cpu, started = self.cpu_window_started
+            self.cpu_s, self.cpu_window_s = process_cpu_seconds() - cpu, time.monotonic() - started
 
     def add(self, started_at: float, latency_ms: float, succeeded: bool):
         self.started_at.append(started_at)
@@ -94,7 +132,8 @@ class RequestLog:
         np.savez(folder / request_log_name(os.getpid()), sent=np.int64(self.sent),
                  started_at=np.asarray(self.started_at, np.float64),
                  latency_ms=np.asarray(self.latency_ms, np.float64),
-                 succeeded=np.asarray(self.succeeded, bool), cpu_warnings=np.int64(self.cpu_warnings))
+                 succeeded=np.asarray(self.succeeded, bool), cpu_warnings=np.int64(self.cpu_warnings),
+                 cpu_s=np.float64(self.cpu_s), cpu_window_s=np.float64(self.cpu_window_s))
 
 
 REQUEST_LOG = RequestLog()
@@ -127,10 +166,20 @@ def measurement_window(environment, folder: Path | None, warmup_s: float, measur
     environment.runner.quit()
 
 
+def measure_own_cpu(warmup_s: float, measure_s: float):
+    """This process's CPU use over (about) the measurement window: is the load generator the limit?"""
+    gevent.sleep(warmup_s)
+    REQUEST_LOG.start_cpu_window()
+    gevent.sleep(measure_s)
+    REQUEST_LOG.end_cpu_window()
+
+
 @events.test_start.add_listener
 def on_test_start(environment, **_):
     REQUEST_LOG.clear()
     options = environment.parsed_options
+    if options and options.measure_s > 0 and not isinstance(environment.runner, MasterRunner):
+        gevent.spawn(measure_own_cpu, options.warmup_s, options.measure_s)
     if options and options.measure_s > 0 and not isinstance(environment.runner, WorkerRunner):
         folder = Path(options.results_dir) if options.results_dir else None
         if folder:
@@ -142,11 +191,15 @@ def on_test_start(environment, **_):
 def on_test_stop(environment, **_):
     options = environment.parsed_options
     if options and options.results_dir and not isinstance(environment.runner, MasterRunner):
+        REQUEST_LOG.end_cpu_window()
         REQUEST_LOG.write(Path(options.results_dir))
     if isinstance(environment.runner, WorkerRunner):
         # Report the last requests now, before this worker tells the master it has stopped:
         # otherwise they wait for the next periodic report, which may come after the master's summary.
-        environment.runner._send_stats()
+        # (What the worker's own stats reporter sends, through locust's public event and message API.)
+        report = {}
+        environment.events.report_to_master.fire(client_id=environment.runner.client_id, data=report)
+        environment.runner.send_message("stats", report)
         if options and options.measure_s > 0:
             # A stopped worker is forgotten by the master, so it would never get the master's `quit`
             # and would linger until the heartbeat times out (60 s): leave once `client_stopped` is sent.
@@ -158,26 +211,12 @@ def on_cpu_warning(**_):
     REQUEST_LOG.cpu_warnings += 1
 
 
-RUNNERS = []   # this process's runner, kept from the init event
-
-
 @events.init.add_listener
 def on_init(environment, **_):
-    RUNNERS.append(environment.runner)
     # Load (and for fp32, normalise) the image pool now, before the test starts, rather than
     # in the first user's on_start, where it would eat into the warm-up and the measured window.
     if environment.parsed_options and not isinstance(environment.runner, MasterRunner):
         model_inputs(environment.parsed_options)
-
-
-@events.quit.add_listener
-def exit_without_interpreter_teardown(exit_code, **_):
-    """Leave as soon as locust has written its stats: with gevent-patched gRPC channels open,
-    interpreter shutdown sometimes hangs. The master of --processes exits normally (it waits for its workers)."""
-    if not any(isinstance(runner, MasterRunner) for runner in RUNNERS):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(exit_code)
 
 
 class TritonUser(User):
@@ -189,35 +228,35 @@ class TritonUser(User):
         url = options.triton_url or (self.host or "").split("://")[-1] or DEFAULT_URLS[self.protocol]
         self.windows = RequestWindows(model_inputs(options), options.images_per_request,
                                       offset=random.randrange(1 << 30))
-        self.input_name = INPUT_UINT8 if options.input_format == "uint8" else INPUT_FP32
-        self.datatype = "UINT8" if options.input_format == "uint8" else "FP32"
         self.request_name = f"{self.model} x{options.images_per_request} {options.input_format}"
+        if options.shared_memory != "none":
+            self.request_name += f" {options.shared_memory}-shm"
         self.warmup_ends_at = REQUEST_LOG.test_started_at + options.warmup_s
+        self.resources = contextlib.ExitStack()   # the client and its shared-memory regions, closed in on_stop
         if self.protocol == "grpc":
             self.client = grpcclient.InferenceServerClient(url)
         else:
             self.client = httpclient.InferenceServerClient(url, network_timeout=REQUEST_TIMEOUT_S,
                                                            connection_timeout=REQUEST_TIMEOUT_S)
+        self.resources.callback(self.client.close)
+        self.regions = None
+        if options.shared_memory != "none":
+            first = self.windows.inputs[:self.windows.images_per_request]
+            self.regions = self.resources.enter_context(request_regions(
+                self.client, self.protocol, options.shared_memory, first.nbytes,
+                len(first) * LOGITS_BYTES_PER_IMAGE, read_admin_token(options.admin_token_file or None)))
 
     def on_stop(self):
-        self.client.close()
+        self.resources.close()   # unregister and free the regions, then close the client
 
     def infer(self, images: np.ndarray):
-        lib = grpcclient if self.protocol == "grpc" else httpclient
-        tensor = lib.InferInput(self.input_name, list(images.shape), self.datatype)
-        tensor.set_data_from_numpy(images)
-        if self.protocol == "grpc":
-            return self.client.infer(self.model, [tensor], outputs=[grpcclient.InferRequestedOutput(OUTPUT_LOGITS)],
-                                     client_timeout=REQUEST_TIMEOUT_S)
-        return self.client.infer(self.model, [tensor],
-                                 outputs=[httpclient.InferRequestedOutput(OUTPUT_LOGITS, binary_data=True)])
-
-    @staticmethod
-    def check(result, images_sent: int):
-        logits = result.as_numpy(OUTPUT_LOGITS)
-        if logits is None or logits.shape != (images_sent, NUM_CLASSES):
-            shape = None if logits is None else logits.shape
-            raise ValueError(f"expected logits [{images_sent}, {NUM_CLASSES}], got {shape}")
+        slot = None
+        if self.regions is not None:
+            self.regions.input.write(images)
+            slot = SharedMemorySlot(self.regions.input.name, self.regions.logits.name)
+        inputs, outputs = build_request(self.protocol, images, engine=False, shared_memory=slot)
+        kwargs = {"client_timeout": REQUEST_TIMEOUT_S} if self.protocol == "grpc" else {}
+        return self.client.infer(self.model, inputs, outputs=outputs, **kwargs)
 
     def on_request_done(self, started_at: float, latency_ms: float, exception: Exception | None):
         REQUEST_LOG.add(started_at, latency_ms, exception is None)
@@ -233,7 +272,7 @@ class TritonUser(User):
         REQUEST_LOG.sent += 1
         exception = None
         try:
-            self.check(self.infer(images), len(images))
+            check_logits_received(self.infer(images), len(images), in_shared_memory=self.regions is not None)
         except Exception as error:  # every failure is a failed request, reported to locust
             exception = error
         self.on_request_done(started_at, (time.perf_counter() - started) * 1e3, exception)

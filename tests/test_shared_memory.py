@@ -163,7 +163,7 @@ def test_locust_users_with_system_shared_memory_are_counted_by_triton_and_free_t
     monkeypatch.setenv("FUSEDRESNET_ADMIN_TOKEN", admin_token)
     pool = save_image_pool(build_image_pool(8), tmp_path / "pool.npy")
     endpoints = load_step.Endpoints(triton_server.grpc_url, triton_server.http_url, triton_server.metrics_url)
-    settings = load_step.SweepSettings(0.5, 2.0, 2, {"uint8": pool}, tmp_path)
+    settings = load_step.SweepSettings(1.0, 2.0, 2, {"uint8": pool}, tmp_path)   # whole seconds: locust -t
     series = load_step.Series.parse("grpc/2@2")
     result = load_step.run_locust_step(load_step.Step(0, MODELS[0], series, 2, 0), endpoints, settings,
                                        tmp_path / "step")
