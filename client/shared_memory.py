@@ -26,9 +26,10 @@ import contextlib
 import os
 import secrets
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 from tritonclient.utils import InferenceServerException
@@ -147,7 +148,14 @@ def registered_region(triton, protocol: str, kind: str, byte_size: int, admin_to
     if kind not in SHARED_MEMORY_KINDS[1:]:
         raise ValueError(f"shared memory must be one of {SHARED_MEMORY_KINDS[1:]}, not {kind!r}")
     region = Region(kind, unique_region_name(label), int(byte_size), None)
-    region.handle = _create(kind, region.name, region.byte_size, device_id)
+    try:
+        region.handle = _create(kind, region.name, region.byte_size, device_id)
+    except SharedMemoryError:
+        raise
+    except Exception as error:   # tritonclient's SharedMemoryException / CudaSharedMemoryException, and their causes
+        cause = f" ({error.__cause__})" if error.__cause__ else ""
+        raise SharedMemoryError(f"cannot create {kind} shared-memory region {region.name!r} of {region.byte_size} "
+                                f"bytes: {error}{cause}") from error
     headers = admin_headers(protocol, admin_token)
     try:
         try:
@@ -165,7 +173,8 @@ def registered_region(triton, protocol: str, kind: str, byte_size: int, admin_to
             try:
                 _unregister(triton, region, headers)
             except InferenceServerException as error:   # a server that is gone has nothing left to unregister
-                warnings.warn(f"could not unregister shared-memory region {region.name!r}: {error.message()}")
+                warnings.warn(f"could not unregister shared-memory region {region.name!r}: {error.message()}",
+                              stacklevel=2)
     finally:
         _destroy(region)
 
