@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# GPU-host measurements of the serving path (issue 9, docs/SERVING.md). One or more parts:
+#   bash scripts/gpu_host_serving_path.sh tests instances sequence
+#   tests      GPU serving, shared-memory, nn.Module and diff tests (pytest -m gpu)
+#   instances  the current code at 1, 2, 4 and 8 instances per model (INSTANCES to change)
+#   sequence   as shipped -> + threads -> + instances -> + copies -> + system shm -> + CUDA shm
+#              (needs build/shipped: `git archive de30da4 | tar -x -C build/shipped`)
+# Logs and JSON go to $OUT (or build/gpu-host).
+set -uo pipefail
+OUT="${OUT:-build/gpu-host}"; mkdir -p "$OUT"
+source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; } | tee "$OUT/device.txt"
+for part in "$@"; do
+  case "$part" in
+    tests)
+      timeout 420 python3 -m pytest -q -rs -m gpu tests/test_serving.py tests/test_shared_memory.py \
+        tests/test_fused_module_gpu.py tests/test_diff.py 2>&1 | tee "$OUT/pytest-gpu.log" | tail -30 ;;
+    instances)
+      python3 -m fusedresnet.loadtest.serving_sequence --instances "${INSTANCES:-1,2,4,8}" \
+        --models "${MODELS:-resnet18_custom}" --seconds "${SECONDS_PER_STEP:-4}" \
+        --out "$OUT/serving_instances.json" --log-dir build/gpu-logs/instances 2>&1 | grep -v "^fusedresnet:" | tee "$OUT/instances.log" ;;
+    sequence)
+      python3 -m fusedresnet.loadtest.serving_sequence --shipped-tree build/shipped --count "${COUNT:-4}" \
+        --seconds "${SECONDS_PER_STEP:-4}" ${ONLY:+--only "$ONLY"} \
+        --out "$OUT/serving_sequence.json" --log-dir build/gpu-logs/sequence 2>&1 | grep -v "^fusedresnet:" | tee "$OUT/sequence.log" ;;
+    *) echo "unknown part $part" >&2; exit 2 ;;
+  esac
+done
+tar -czf "$OUT/server-logs.tgz" -C build gpu-logs 2>/dev/null || true
