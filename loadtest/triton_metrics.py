@@ -53,7 +53,9 @@ class Sample:
 
 
 def parse_prometheus_text(text: str) -> list[Sample]:
-    return [Sample(sample.name, sample.labels, sample.value)
+    # prometheus_client names a counter's samples <family>_total; Triton's counters carry no such
+    # suffix, so a counter's samples keep the family name, the one Triton wrote.
+    return [Sample(family.name if family.type == "counter" else sample.name, sample.labels, sample.value)
             for family in text_string_to_metric_families(text) for sample in family.samples]
 
 

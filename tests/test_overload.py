@@ -27,6 +27,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from fusedresnet.backend.spec import INPUT_UINT8, MODEL_CUSTOM, MODEL_REPOSITORY, MODELS, OUTPUT_LOGITS, max_batch_size
+from fusedresnet.loadtest import triton_metrics
 
 from robustness_helpers import (
     CLIENT_TIMEOUT_S,
@@ -35,7 +36,6 @@ from robustness_helpers import (
     counter_delta,
     grpc_burst_in_process,
     infer_uint8,
-    metric,
     record,
     request_counters,
     results_dir,
@@ -103,7 +103,8 @@ def parallel_grpc_burst(server, model, images, per_sender, senders):
 
 def wait_for_idle(server, model, timeout_s=CLIENT_TIMEOUT_S):
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and metric(server, "nv_inference_pending_request_count", model) > 0:
+    while time.monotonic() < deadline and \
+            triton_metrics.scrape(server.metrics_url).total("nv_inference_pending_request_count", model) > 0:
         time.sleep(0.2)
 
 
