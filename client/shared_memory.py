@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
-from fusedresnet.backend.serve import DEFAULT_TOKEN_FILE
+from fusedresnet.backend.admin_token import DEFAULT_TOKEN_FILE
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, ADMIN_TOKEN_HEADER, GRPC_ADMIN_TOKEN_HEADER
 
 SHARED_MEMORY_KINDS = ("none", "system", "cuda")
