@@ -219,6 +219,7 @@ class ResNetTritonModel:
             buffer = self.host_staging[input_name] = torch.empty(shape, dtype=dtype).pin_memory()
         return buffer
 
+    @torch.inference_mode()
     def _run_batch(self, input_name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
         """The requests' images as one batch through the engine; fp32 logits [count, 1000] on the CPU."""
         count = sum(tensor.shape[0] for tensor in tensors)
