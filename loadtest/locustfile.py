@@ -248,6 +248,9 @@ class TritonUser(User):
 
     def on_stop(self):
         self.resources.close()   # unregister and free the regions, then close the client
+        # Drop the closed client now, while gevent's hub runs: tritonclient's __del__ closes the gRPC channel
+        # again, and at interpreter shutdown that second close can hang (seen without this).
+        self.client = self.regions = None
 
     def infer(self, images: np.ndarray):
         slot = None
