@@ -21,7 +21,8 @@ The sequence (each row adds one change to the row above):
     + system shm   inputs and outputs in system shared memory
     + CUDA shm     inputs and outputs in CUDA shared memory
 
-`--instances` instead measures the current code at several instance counts.
+`--instances` instead measures the current code at several instance counts,
+`--queue-delays` at several dynamic-batching queue delays.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Configuration:
     shipped: bool = False            # run the earlier code of --shipped-tree
     env: dict = field(default_factory=dict)
     shared_memory: str = "none"
+    queue_delay_us: int | None = None    # None: as the config says
 
 
 @dataclass
@@ -76,9 +78,10 @@ def sequence(count: int) -> list[Configuration]:
     ]
 
 
-def repository_with_instances(source: Path, instances: int, destination: Path) -> Path:
-    """A copy of `source`'s model folders (configs, model.py) with `instances` per model; the
-    prepared files (weights, labels, stamp) are links to the prepared repository of this tree."""
+def repository_with_instances(source: Path, instances: int, destination: Path, queue_delay_us: int | None = None):
+    """A copy of `source`'s model folders (configs, model.py) with `instances` per model (and the
+    dynamic batcher's queue delay, when given); the prepared files (weights, labels, stamp) are
+    links to the prepared repository of this tree."""
     prepared = ("*.pt", "labels.txt", ".prepared.json")
     shutil.copytree(source, destination, ignore=shutil.ignore_patterns(*prepared, "__pycache__"))
     for pattern in ("*/*/*.pt", "*/labels.txt", ".prepared.json"):
@@ -88,6 +91,8 @@ def repository_with_instances(source: Path, instances: int, destination: Path) -
         config = model_config(model, source)
         for group in config.instance_group:
             group.count = instances
+        if queue_delay_us is not None:
+            config.dynamic_batching.max_queue_delay_microseconds = queue_delay_us
         (destination / model / "config.pbtxt").write_text(text_format.MessageToString(config))
     return destination
 
@@ -145,7 +150,7 @@ def measure(configuration: Configuration, loads: list[Load], models: list[str], 
     code_tree = shipped if configuration.shipped else tree
     source = code_tree / "model_repository"
     repository = repository_with_instances(source, configuration.instances,
-                                           scratch / f"repo-{secrets.token_hex(4)}")
+                                           scratch / f"repo-{secrets.token_hex(4)}", configuration.queue_delay_us)
     env = dict(configuration.env)
     if configuration.shipped:
         env.update(shipped_environment(shipped, scratch / secrets.token_hex(4)))
@@ -165,7 +170,9 @@ def measure(configuration: Configuration, loads: list[Load], models: list[str], 
                 except Exception as error:   # one failing step is reported, the others still run
                     record = {"model": model, "images_per_request": load.images_per_request,
                               "concurrency": load.concurrency, "error": str(error)}
+                delay = model_config(model, repository).dynamic_batching.max_queue_delay_microseconds
                 record.update({"configuration": configuration.label, "instances": configuration.instances,
+                               "max_queue_delay_us": delay,
                                "code": "shipped" if configuration.shipped else "current",
                                "server_env": configuration.env})
                 print(json.dumps({k: record.get(k) for k in (
@@ -182,6 +189,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shipped-tree", type=Path, help="the earlier code (an extracted commit) for the first rows")
     parser.add_argument("--count", type=int, default=4, help="instances per model from '+ instances' on")
     parser.add_argument("--instances", help="comma-separated counts: measure the current code at each instead")
+    parser.add_argument("--queue-delays", help="comma-separated max_queue_delay_microseconds: measure the current "
+                                               "code (instances as configured) at each instead")
     parser.add_argument("--only", help="comma-separated labels of the sequence to run (default: all)")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--seconds", type=float, default=5.0, help="measurement window of each step")
@@ -192,8 +201,12 @@ def main(argv=None) -> int:
 
     tree = MODEL_REPOSITORY.parent
     loads = [Load(1, 1, 1), Load(1, 256, args.processes), Load(32, 64, args.processes)]
+    configured = model_config(MODELS[0]).instance_group[0].count
     if args.instances:
         configurations = [Configuration(f"current, {n} instance(s)", int(n)) for n in args.instances.split(",")]
+    elif args.queue_delays:
+        configurations = [Configuration(f"current, queue delay {d} us", configured, queue_delay_us=int(d))
+                          for d in args.queue_delays.split(",")]
     else:
         configurations = sequence(args.count)
         if not args.shipped_tree:

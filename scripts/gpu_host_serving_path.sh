@@ -3,6 +3,7 @@
 #   bash scripts/gpu_host_serving_path.sh tests instances sequence
 #   tests      GPU serving, shared-memory, nn.Module and diff tests (pytest -m gpu)
 #   instances  the current code at 1, 2, 4 and 8 instances per model (INSTANCES to change)
+#   delays     the current code at dynamic-batching queue delays 0, 100, 500 us (DELAYS to change)
 #   sequence   as shipped -> + threads -> + instances -> + copies -> + system shm -> + CUDA shm
 #              (needs build/shipped: `git archive de30da4 | tar -x -C build/shipped`)
 # Logs and JSON go to $OUT (or build/gpu-host).
@@ -19,9 +20,13 @@ for part in "$@"; do
       python3 -m fusedresnet.loadtest.serving_sequence --instances "${INSTANCES:-1,2,4,8}" \
         --models "${MODELS:-resnet18_custom}" --seconds "${SECONDS_PER_STEP:-4}" \
         --out "$OUT/serving_instances.json" --log-dir build/gpu-logs/instances 2>&1 | grep -v "^fusedresnet:" | tee "$OUT/instances.log" ;;
+    delays)
+      python3 -m fusedresnet.loadtest.serving_sequence --queue-delays "${DELAYS:-0,100,500}" \
+        --models "${MODELS:-resnet18_custom}" --seconds "${SECONDS_PER_STEP:-4}" --processes "${PROCESSES:-4}" \
+        --out "$OUT/serving_delays.json" --log-dir build/gpu-logs/delays 2>&1 | grep -v "^fusedresnet:" | tee "$OUT/delays.log" ;;
     sequence)
       python3 -m fusedresnet.loadtest.serving_sequence --shipped-tree build/shipped --count "${COUNT:-4}" \
-        --seconds "${SECONDS_PER_STEP:-4}" ${ONLY:+--only "$ONLY"} \
+        --seconds "${SECONDS_PER_STEP:-4}" --processes "${PROCESSES:-4}" ${ONLY:+--only "$ONLY"} \
         --out "$OUT/serving_sequence.json" --log-dir build/gpu-logs/sequence 2>&1 | grep -v "^fusedresnet:" | tee "$OUT/sequence.log" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac

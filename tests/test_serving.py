@@ -28,7 +28,7 @@ from fusedresnet.client.resnet_client import ResNetClient
 EXPECTED_ENGINE = {
     (MODEL_CUSTOM, "gpu"): "fused-cuda-fp16",
     (MODEL_CUSTOM, "cpu"): "torch-folded-cpu-fp32",
-    (MODEL_CUDNN, "gpu"): "torchscript-cudnn-fp16-channels-last",
+    (MODEL_CUDNN, "gpu"): "torchscript-cudnn-fp16-channels-last-cuda-graphs",
     (MODEL_CUDNN, "cpu"): "torchscript-cpu-fp32",
 }
 
