@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from fusedresnet.backend.admin_token import DEFAULT_TOKEN_FILE
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, ADMIN_TOKEN_HEADER, GRPC_ADMIN_TOKEN_HEADER
 
 SHARED_MEMORY_KINDS = ("none", "system", "cuda")
+UNREGISTER_WAIT_S = 5.0
 
 
 class SharedMemoryError(InferenceServerException):
@@ -134,10 +136,19 @@ def _register(triton, region: Region, device_id: int, headers: dict | None):
 
 
 def _unregister(triton, region: Region, headers: dict | None):
-    if region.kind == "system":
-        triton.unregister_system_shared_memory(region.name, headers=headers)
-    else:
-        triton.unregister_cuda_shared_memory(region.name, headers=headers)
+    """Unregister `region`, waiting (up to UNREGISTER_WAIT_S) while the server still holds it: Triton releases
+    a request's regions just after the client has its answer, and refuses until then ("currently in use")."""
+    unregister = (triton.unregister_system_shared_memory if region.kind == "system"
+                  else triton.unregister_cuda_shared_memory)
+    deadline = time.monotonic() + UNREGISTER_WAIT_S
+    while True:
+        try:
+            unregister(region.name, headers=headers)
+            return
+        except InferenceServerException as error:
+            if "in use" not in (error.message() or "") or time.monotonic() > deadline:
+                raise
+        time.sleep(0.02)
 
 
 @contextlib.contextmanager
