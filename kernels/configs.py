@@ -142,7 +142,7 @@ def source_text() -> str:
 
 @dataclass(frozen=True)
 class ConvPlan:
-    tile: "TileConfig | PatchConfig"
+    tile: TileConfig | PatchConfig
     splits: int
     k_tiles_per_split: int
     grid: tuple[int, int, int]
@@ -171,7 +171,8 @@ def plan_conv(m: int, k: int, k_tiles: int, sms: int, tiles=CONV_TILES, max_spli
             if real_splits > 1:
                 t += 2.0 + 2 * real_splits * m * k * 4 / 2.5e6
             if best is None or t < best[0] - 1e-9:
-                best = (t, ConvPlan(tile, real_splits, per, (math.ceil(m / tile.bm), math.ceil(k / tile.bn), real_splits)))
+                grid = (math.ceil(m / tile.bm), math.ceil(k / tile.bn), real_splits)
+                best = (t, ConvPlan(tile, real_splits, per, grid))
     return best[1]
 
 

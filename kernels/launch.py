@@ -221,7 +221,7 @@ class KernelLibrary:
                                        _i(classes), _i(per_block)))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def library(device_id: int) -> KernelLibrary:
     """The kernels compiled for one device, built once per process."""
     return KernelLibrary(device_id)
