@@ -37,7 +37,7 @@ else
 	touch $@
 endif
 
-$(STAMP): $(INSTALLED) backend/resnet.py backend/folding.py backend/prepare.py
+$(STAMP): $(INSTALLED) backend/resnet.py backend/folding.py backend/prepare.py backend/prepared_stamp.py
 	$(PY) -m fusedresnet.backend.prepare
 
 prepare: $(INSTALLED)

@@ -23,7 +23,6 @@ so a failed run leaves the repository as it was.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -33,6 +32,7 @@ import torch
 
 from .folding import fold_resnet18
 from .onnx_import import OnnxImportError
+from .prepared_stamp import STAMP_FILE, make_stamp, seeded_source, write_stamp
 from .resnet import DEFAULT_SEED, build_resnet18
 from .spec import (
     FOLDED_PARAMS_FILE,
@@ -46,19 +46,17 @@ from .spec import (
     TORCHSCRIPT_FILE,
 )
 
-STAMP_FILE = ".prepared.json"
-
 
 def prepare(repository: Path = MODEL_REPOSITORY, weights: str | None = None, seed: int = DEFAULT_SEED) -> dict:
     repository = Path(repository)
-    source = str(Path(weights).resolve()) if weights else f"seeded:{seed}"
+    source = str(Path(weights).resolve()) if weights else seeded_source(seed)
     model = build_resnet18(weights, seed)
 
     example = torch.randn(1, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         traced = torch.jit.trace(model, example)
     folded = fold_resnet18(model, source)
-    stamp = {"weights": source, "torch": torch.__version__}
+    stamp = make_stamp(source, torch.__version__)
     writers = {
         repository / MODEL_CUDNN / "1" / TORCHSCRIPT_FILE: lambda path: torch.jit.save(traced, str(path)),
         repository / MODEL_CUSTOM / "1" / FOLDED_PARAMS_FILE: lambda path: torch.save(folded, path),
@@ -66,7 +64,7 @@ def prepare(repository: Path = MODEL_REPOSITORY, weights: str | None = None, see
     for name in MODELS:
         writers[repository / name / LABELS_FILENAME] = lambda path: shutil.copyfile(LABELS_FILE, path)
     # The stamp last: `make` and the tests take its presence to mean the other files are complete.
-    writers[repository / STAMP_FILE] = lambda path: path.write_text(json.dumps(stamp, indent=1) + "\n")
+    writers[repository / STAMP_FILE] = lambda path: write_stamp(path, stamp)
     write_all_or_nothing(writers)
     return stamp
 

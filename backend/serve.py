@@ -38,6 +38,7 @@ from pathlib import Path
 
 from .admin_token import DEFAULT_TOKEN_FILE, read_or_create_token
 from .network import http_ready
+from .prepared_stamp import STAMP_FILE
 from .spec import (
     ADMIN_TOKEN_ENV,
     ADMIN_TOKEN_HEADER,
@@ -143,7 +144,7 @@ class TritonServer:
             self.use_gpu = gpu_present()
         if self.admin_token is None:
             self.admin_token = read_or_create_token()
-        if not Path(self.model_repository, ".prepared.json").is_file():
+        if not Path(self.model_repository, STAMP_FILE).is_file():
             raise ServerError(f"{self.model_repository} is not prepared: run `make prepare` "
                               "(python -m fusedresnet.backend.prepare) first")
         triton = find_triton()

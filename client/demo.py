@@ -11,12 +11,11 @@ the two models' logits agree.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 
 from fusedresnet.backend.network import free_ports, port_is_free
-from fusedresnet.backend.prepare import STAMP_FILE
+from fusedresnet.backend.prepared_stamp import read_weights_source, seed_of
 from fusedresnet.backend.serve import ServerError, TritonServer
 from fusedresnet.backend.spec import (
     BUILD_DIR,
@@ -34,9 +33,10 @@ TIMED_REPEATS = 5
 
 
 def describe_weights() -> str:
-    stamp = MODEL_REPOSITORY / STAMP_FILE
-    source = json.loads(stamp.read_text())["weights"] if stamp.is_file() else "unknown"
-    if source.startswith("seeded:"):
+    source = read_weights_source(MODEL_REPOSITORY)
+    if source is None:
+        return "unknown (the model repository is not prepared)"
+    if seed_of(source) is not None:
         return (f"{source}: untrained seeded weights, so the labels are arbitrary; "
                 "`make prepare WEIGHTS=resnet18-f37072fd.pth` serves torchvision's trained ones")
     return source

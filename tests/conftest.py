@@ -3,7 +3,6 @@ the in-process PyTorch reference of the same weights, and varied test images."""
 
 from __future__ import annotations
 
-import json
 import secrets
 from pathlib import Path
 
@@ -13,8 +12,9 @@ import torch
 
 from fusedresnet.backend.images import normalize_uint8, smooth_random_images
 from fusedresnet.backend.network import free_ports
-from fusedresnet.backend.prepare import STAMP_FILE, prepare
-from fusedresnet.backend.resnet import DEFAULT_SEED, build_resnet18
+from fusedresnet.backend.prepare import prepare
+from fusedresnet.backend.prepared_stamp import STAMP_FILE, read_weights_source, seed_of
+from fusedresnet.backend.resnet import build_resnet18
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import ADMIN_TOKEN_HEADER, GRPC_ADMIN_TOKEN_HEADER, MODEL_REPOSITORY
 from fusedresnet.backend.triton_install import gpu_present
@@ -41,10 +41,9 @@ def prepared_repository() -> Path:
 @pytest.fixture(scope="session")
 def reference_model(prepared_repository):
     """The unfolded float32 ResNet-18 with the weights the model repository was prepared from."""
-    source = json.loads((prepared_repository / STAMP_FILE).read_text())["weights"]
-    if source.startswith("seeded:"):
-        return build_resnet18(None, int(source.split(":", 1)[1]))
-    return build_resnet18(source, DEFAULT_SEED)
+    source = read_weights_source(prepared_repository)
+    seed = seed_of(source)
+    return build_resnet18(None, seed) if seed is not None else build_resnet18(source)
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,9 @@ import torch
 from fusedresnet.backend.images import normalize_uint8
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.onnx_import import OnnxImportError, state_dict_from_onnx
-from fusedresnet.backend.prepare import STAMP_FILE, prepare
 from fusedresnet.backend.prepare import main as prepare_main
+from fusedresnet.backend.prepare import prepare
+from fusedresnet.backend.prepared_stamp import STAMP_FILE
 from fusedresnet.backend.resnet import build_resnet18
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import MODEL_CUSTOM, MODEL_REPOSITORY, MODELS, TORCHSCRIPT_FILE
