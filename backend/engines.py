@@ -38,7 +38,17 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from .folding import MAXPOOL_KERNEL, MAXPOOL_PADDING, MAXPOOL_STRIDE, STEM, load_folded, resnet18_blocks
+from .folding import (
+    LOGITS_CHECKPOINT,
+    MAXPOOL_KERNEL,
+    MAXPOOL_PADDING,
+    MAXPOOL_STRIDE,
+    POOL_CHECKPOINT,
+    STEM,
+    STEM_CHECKPOINT,
+    load_folded,
+    resnet18_blocks,
+)
 from .images import normalize_uint8
 from .spec import CHANNELS, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8
 
@@ -187,18 +197,30 @@ class TorchFoldedEngine(TorchServing):
         return F.relu(y) if spec.relu else y
 
     @torch.inference_mode()
-    def features(self, images: torch.Tensor) -> torch.Tensor:
+    def checkpoints(self, images: torch.Tensor):
+        """The forward pass as a walk: yields (checkpoint name, activation) in execution order
+        (`folding.checkpoint_names`); `images` are ImageNet-normalised float [N, 3, H, W].
+        Lazy: a caller that stops early computes no further."""
         x = self._conv(STEM, images.to(self.device, torch.float32))
         x = F.max_pool2d(x, MAXPOOL_KERNEL, MAXPOOL_STRIDE, MAXPOOL_PADDING)
+        yield STEM_CHECKPOINT, x
         for block in self.blocks:
             identity = x if block.downsample is None else self._conv(block.downsample, x)
             x = self._conv(block.conv2, self._conv(block.conv1, x), residual=identity)
-        return x
+            yield block.name, x
+        pooled = x.mean(dim=(2, 3))
+        yield POOL_CHECKPOINT, pooled
+        yield LOGITS_CHECKPOINT, F.linear(pooled, self.fc_weight, self.fc_bias)
+
+    @torch.inference_mode()
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        """fp32 [N, 512, H/32, W/32]: the last block's output, before pooling and the head."""
+        last_block = self.blocks[-1].name
+        return next(x for name, x in self.checkpoints(images) if name == last_block)
 
     @torch.inference_mode()
     def classify_normalized(self, images: torch.Tensor) -> torch.Tensor:
-        pooled = self.features(images).mean(dim=(2, 3))
-        return F.linear(pooled, self.fc_weight, self.fc_bias)
+        return next(x for name, x in self.checkpoints(images) if name == LOGITS_CHECKPOINT)
 
     @torch.inference_mode()
     def classify_uint8(self, images: torch.Tensor) -> torch.Tensor:

@@ -49,9 +49,18 @@ class BlockSpec:
     conv2: ConvSpec           # adds the residual, then ReLU
     downsample: ConvSpec | None
 
+    @property
+    def name(self) -> str:
+        """torchvision's module name of the BasicBlock: layer1.0 ... layer4.1."""
+        return self.conv1.name.rsplit(".", 1)[0]
+
 
 STEM = ConvSpec("conv1", 3, 64, 7, 2, 3, relu=True)
 MAXPOOL_KERNEL, MAXPOOL_STRIDE, MAXPOOL_PADDING = 3, 2, 1
+
+# Where the forward pass is observed (the layer-by-layer diff): after the stem + max-pool,
+# after each BasicBlock (by its name), after the average pool, and the logits.
+STEM_CHECKPOINT, POOL_CHECKPOINT, LOGITS_CHECKPOINT = "stem+maxpool", "avgpool", "logits"
 
 
 def resnet18_blocks() -> list[BlockSpec]:
@@ -71,6 +80,11 @@ def resnet18_blocks() -> list[BlockSpec]:
             ))
             in_channels = channels
     return blocks
+
+
+def checkpoint_names() -> list[str]:
+    """The forward pass's checkpoints in execution order."""
+    return [STEM_CHECKPOINT] + [block.name for block in resnet18_blocks()] + [POOL_CHECKPOINT, LOGITS_CHECKPOINT]
 
 
 def all_convs() -> list[ConvSpec]:

@@ -17,7 +17,8 @@ set tolerance, 1e-2). The exit status is 0 when every checkpoint is within it,
 1 when one is not (as diff(1)), 2 on a usage error.
 
 - ``--device cpu``: the folded graph (`TorchFoldedEngine`: BatchNorm folded,
-  fp16 weights, fp32 compute), walked checkpoint by checkpoint.
+  fp16 weights, fp32 compute), walked checkpoint by checkpoint by its own
+  `checkpoints` (the walk its `features` and logits come from).
 - ``--device cuda``: the fused CUDA kernels (`FusedCudaEngine`, fp16 NHWC), fed
   the UINT8 pixels (so the normalisation folded into the stem is compared too);
   their activations come from `FusedCudaEngine.checkpoint_outputs`. A checkpoint
@@ -37,50 +38,20 @@ import sys
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ..backend.folding import MAXPOOL_KERNEL, MAXPOOL_PADDING, MAXPOOL_STRIDE, STEM, fold_resnet18, resnet18_blocks
+from ..backend.folding import LOGITS_CHECKPOINT, POOL_CHECKPOINT, STEM_CHECKPOINT, checkpoint_names, fold_resnet18
 from ..backend.images import normalize_uint8, smooth_random_images
 from ..backend.resnet import build_resnet18
 from ..client.agreement import SET_REL_L2_TOLERANCE, compare_logits
 from ..client.preprocess import preprocess_files, sample_photo_paths
 
-STEM_CHECKPOINT, POOL_CHECKPOINT, LOGITS_CHECKPOINT = "stem+maxpool", "avgpool", "logits"
 DEFAULT_SMOOTH_IMAGES, DEFAULT_IMAGES_SEED = 4, 31
-
-
-def block_name(block) -> str:
-    """torchvision's module name of a BasicBlock: layer1.0 ... layer4.1."""
-    return block.conv1.name.rsplit(".", 1)[0]
-
-
-def checkpoint_names() -> list[str]:
-    return [STEM_CHECKPOINT] + [block_name(b) for b in resnet18_blocks()] + [POOL_CHECKPOINT, LOGITS_CHECKPOINT]
 
 
 def stage_of(name: str) -> str | None:
     """"layer2" for layer2.1, the last block of its stage (its output is the stage's); else None."""
     stage, _, index = name.partition(".")
     return stage if index == "1" else None
-
-
-def folded_checkpoints(images: torch.Tensor, conv, fc_weight: torch.Tensor, fc_bias: torch.Tensor,
-                       blocks=None):
-    """The folded network's forward pass as a walk: yields (checkpoint name, activation) in order.
-
-    `conv(spec, x, residual=None)` computes one folded convolution (conv + bias, then the optional
-    residual add, then the optional ReLU), as `TorchFoldedEngine` does; `images` are normalised
-    float [N, 3, H, W].
-    """
-    x = F.max_pool2d(conv(STEM, images), MAXPOOL_KERNEL, MAXPOOL_STRIDE, MAXPOOL_PADDING)
-    yield STEM_CHECKPOINT, x
-    for block in blocks or resnet18_blocks():
-        identity = x if block.downsample is None else conv(block.downsample, x)
-        x = conv(block.conv2, conv(block.conv1, x), residual=identity)
-        yield block_name(block), x
-    pooled = x.mean(dim=(2, 3))
-    yield POOL_CHECKPOINT, pooled
-    yield LOGITS_CHECKPOINT, F.linear(pooled, fc_weight, fc_bias)
 
 
 def reference_checkpoints(model, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -107,9 +78,7 @@ def folded_engine_checkpoints(params: dict, pixels: torch.Tensor) -> tuple[str, 
     from ..backend.engines import TorchFoldedEngine
     engine = TorchFoldedEngine(params, "cpu")
     with torch.inference_mode():
-        walk = folded_checkpoints(normalize_uint8(pixels), engine._conv, engine.fc_weight, engine.fc_bias,
-                                  engine.blocks)
-        return engine.name, {name: x.clone() for name, x in walk}
+        return engine.name, dict(engine.checkpoints(normalize_uint8(pixels)))
 
 
 def fused_engine_checkpoints(params: dict, pixels: torch.Tensor) -> tuple[str, dict[str, torch.Tensor]]:
