@@ -69,7 +69,6 @@ REQUEST_TIMEOUT_S = 60.0
 LOAD_GRACE_S = 0.3            # the load goes on this long after the window closes, while Triton is scraped
 START_DELAY_S = 0.2           # between "every process is ready" and the first request
 PREBUILT_BYTES = 256 << 20    # at most this much request payload is pre-built per process (without shared memory)
-CPU_SATURATED_PERCENT = 90.0  # as locust's own CPU warning
 ERROR_EXAMPLES = 5
 
 
@@ -342,9 +341,7 @@ def drive(workers, results, go, start_at, settings: FloodSettings, metrics_url: 
 
     per_process = [(e - s) / cpu_window_s * 100 for s, e in zip(cpu_start, cpu_end, strict=True)]
     record.update({
-        "client_cpu_percent": round(sum(per_process), 1),
-        "client_cpu_percent_max_process": round(max(per_process), 1),
-        "client_cpu_saturated": max(per_process) > CPU_SATURATED_PERCENT,
+        **measurements.client_cpu_summary(per_process),
         "host_cpu_percent": host_cpu_percent,    # all cores of the host (server and generator together)
         "host_cpus": psutil.cpu_count(),
     })

@@ -29,6 +29,7 @@ class RequestRecords:
     latency_ms: np.ndarray
     succeeded: np.ndarray       # bool
     cpu_warnings: int = 0       # times a locust process ran above 90% CPU (the client, not the server, may limit)
+    cpu_percent: tuple = ()     # per process: CPU (user + system) over the measurement window, % of one core
 
     @property
     def finished_at(self) -> np.ndarray:
@@ -43,7 +44,23 @@ def read_request_records(folder: Path) -> RequestRecords:
                           np.concatenate([log["started_at"] for log in logs]),
                           np.concatenate([log["latency_ms"] for log in logs]),
                           np.concatenate([log["succeeded"] for log in logs]),
-                          sum(int(log["cpu_warnings"]) for log in logs))
+                          sum(int(log["cpu_warnings"]) for log in logs),
+                          tuple(100.0 * float(log["cpu_s"]) / float(log["cpu_window_s"]) for log in logs
+                                if "cpu_window_s" in log and float(log["cpu_window_s"]) > 0))
+
+
+# A load-generator process above this share of one core may be what limits a step (locust warns at 90% too).
+CPU_SATURATED_PERCENT = 90.0
+
+
+def client_cpu_summary(per_process) -> dict:
+    """The load generator's CPU use over the measurement window: summed (% of one core), busiest process."""
+    per_process = list(per_process)
+    if not per_process:
+        return {"client_cpu_percent": None, "client_cpu_percent_max_process": None, "client_cpu_saturated": None}
+    return {"client_cpu_percent": round(sum(per_process), 1),
+            "client_cpu_percent_max_process": round(max(per_process), 1),
+            "client_cpu_saturated": max(per_process) > CPU_SATURATED_PERCENT}
 
 
 def read_marker(folder: Path, marker: str) -> float | None:

@@ -37,19 +37,25 @@ BREAKDOWN_LABELS = {"queue_us": "queue", "compute_input_us": "compute input",
                     "compute_infer_us": "compute infer", "compute_output_us": "compute output"}
 # Fields averaged over rounds when a sweep repeats itself.
 AVERAGED = ("img_per_s", "req_per_s", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "avg_batch", "gpu_utilization",
-            "request_us", *TIME_BREAKDOWN)
+            "request_us", "serving_efficiency", "engine_img_per_s", "client_cpu_percent", *TIME_BREAKDOWN)
 SUMMED = ("sent", "failures", "measured_requests")
 CLIENT_BOUND_MARK = " (client CPU)"
 
 
 def series_key(step: dict) -> tuple:
-    return step["protocol"], step["images_per_request"], step["input_format"]
+    """(load generator, protocol, images per request, input format, shared memory, processes asked for)."""
+    return (step.get("load_generator", "locust"), step["protocol"], step["images_per_request"], step["input_format"],
+            step.get("shared_memory", "none"), step.get("processes_asked"))
 
 
 def series_label(key: tuple) -> str:
-    protocol, images, input_format = key
+    generator, protocol, images, input_format, shared_memory, processes = key
     name = "gRPC" if protocol == "grpc" else "HTTP"
-    return f"{name}, {images} image{'s' if images > 1 else ''}/request, {input_format}"
+    label = f"{name}, {images} image{'s' if images > 1 else ''}/request, {input_format}"
+    if shared_memory != "none":
+        label += f", {'CUDA' if shared_memory == 'cuda' else 'system'} shm"
+    label += f" ({generator}" + (f", {processes} processes)" if processes else ")")
+    return label
 
 
 def _mean(values):
@@ -79,6 +85,10 @@ def grouped(steps: list[dict]) -> dict:
 
 def ratio(a, b) -> float | None:
     return a / b if a is not None and b else None
+
+
+def percent(value) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
 
 
 def fmt(value, digits: int = 1) -> str:
@@ -216,8 +226,9 @@ def summary_section(table: dict) -> list[str]:
 def series_table(key: tuple, by_users: dict) -> list[str]:
     lines = [f"### {series_label(key)}", "",
              "| users | custom img/s | cuDNN img/s | ratio | custom p50 ms | cuDNN p50 ms | ratio "
-             "| custom p99 ms | cuDNN p99 ms | ratio | avg batch custom / cuDNN | failures custom / cuDNN |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+             "| custom p99 ms | cuDNN p99 ms | ratio | avg batch custom / cuDNN | serving efficiency custom / cuDNN "
+             "| load generator CPU % custom / cuDNN | failures custom / cuDNN |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|"]
     for users, models in by_users.items():
         c, n = models.get(MODEL_CUSTOM, {}), models.get(MODEL_CUDNN, {})
         saturated = any(m.get("client_cpu_saturated") for m in (c, n))
@@ -227,10 +238,12 @@ def series_table(key: tuple, by_users: dict) -> list[str]:
             fmt(c.get("p50_ms"), 2), fmt(n.get("p50_ms"), 2), fmt(ratio(c.get("p50_ms"), n.get("p50_ms")), 2),
             fmt(c.get("p99_ms"), 2), fmt(n.get("p99_ms"), 2), fmt(ratio(c.get("p99_ms"), n.get("p99_ms")), 2),
             f"{fmt(c.get('avg_batch'), 2)} / {fmt(n.get('avg_batch'), 2)}",
+            f"{percent(c.get('serving_efficiency'))} / {percent(n.get('serving_efficiency'))}",
+            f"{fmt(c.get('client_cpu_percent'), 0)} / {fmt(n.get('client_cpu_percent'), 0)}",
             f"{c.get('failures', 'n/a')} / {n.get('failures', 'n/a')} |"]))
     if any(m.get("client_cpu_saturated") for models in by_users.values() for m in models.values()):
-        lines += ["", f"{CLIENT_BOUND_MARK} a locust process ran above 90% CPU during this level: the load "
-                  "generator, not the server, may have limited it (raise --processes)."]
+        lines += ["", f"{CLIENT_BOUND_MARK} a load-generator process ran above 90% of a core during this level: the "
+                  "load generator, not the server, may have limited it (raise --processes)."]
     return lines + [""]
 
 
@@ -270,6 +283,9 @@ def agreement_section(agreement: dict | None) -> list[str]:
 def markdown(results: dict, table: dict, name: str) -> str:
     settings = results.get("settings", {})
     engines = results.get("engines", {})
+    reference = results.get("engine_reference")
+    reference_text = (f" ({reference['source']}, {reference['device']}, {reference['date']})" if reference
+                      else " (n/a: no engine benchmark for this device)")
     lines = [f"# A/B load test: {MODEL_CUSTOM} against {MODEL_CUDNN}", "",
              f"- Device: {results['device']}",
              f"- Date: {results['date']}" + (f", commit {results['git_commit']}" if results.get("git_commit") else ""),
@@ -281,7 +297,11 @@ def markdown(results: dict, table: dict, name: str) -> str:
              f"{settings.get('pool_size')} distinct images; the two models run back to back at every level, "
              "in alternating order. Server: " + str(settings.get("server")) + ".",
              "- Ratios are custom / cuDNN: above 1 for images/s means custom serves more, "
-             "below 1 for latency means custom answers sooner.", ""]
+             "below 1 for latency means custom answers sooner.",
+             "- Serving efficiency: served images/s over what the model's engine computes alone at the step's "
+             f"average batch size{reference_text}.",
+             "- Load generator CPU: the load-generator processes' CPU use over the window, in % of one core, summed.",
+             ""]
     if results.get("error"):
         lines += [f"**The sweep stopped early: {results['error']}**", ""]
     if results.get("prewarm_failures"):

@@ -1,8 +1,12 @@
 """One step of the sweep: one model, one series, one concurrency level, one headless locust run.
 
-A *series* is a protocol, a number of images per request, an input format and a
-list of concurrency levels, written PROTOCOL/IMAGES[/FORMAT]@LEVELS, e.g.
-`grpc/1@1,2,4,8` or `http/8/fp32@4,16`.
+A *series* is a load generator, a protocol, a number of images per request, an
+input format, a shared-memory kind and a list of concurrency levels, written
+[flood:]PROTOCOL/IMAGES[/FORMAT][/SHM][/pPROCESSES]@LEVELS, e.g. `grpc/1@1,2,4,8`,
+`http/8/fp32@4,16`, `grpc/1/system@64` or `flood:grpc/32/cuda/p8@16,64`.
+Without `flood:` the steps are locust runs (below); with it, steps of the
+project's lighter generator (`loadtest/grpc_flood.py`, gRPC only), measured the
+same way. SHM is none (default), system or cuda; pN overrides --processes.
 
 A step runs `python -m locust` headless with `users` users, each keeping one
 request in flight. Requests finishing in the first --warmup-s seconds are not
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import math
 import os
 import shutil
 import signal
@@ -33,9 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fusedresnet.backend.network import free_ports
-from fusedresnet.backend.spec import MODELS
+from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, MODELS
 from fusedresnet.client.resnet_client import PROTOCOLS
+from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS
 from fusedresnet.loadtest import measurements, report, triton_metrics
+from fusedresnet.loadtest.grpc_flood import LOAD_GENERATOR as FLOOD
 from fusedresnet.loadtest.image_pool import INPUT_FORMATS
 from fusedresnet.loadtest.step_files import LOCUST_JSON_STEM, LOCUST_LOG, MEASURE_END_MARKER, MEASURE_START_MARKER
 
@@ -46,32 +53,55 @@ SETTLE_TIMEOUT_S = 3.0       # Triton updates its counters just after it answers
 EXIT_GRACE_S = 15.0          # once locust has written its final stats, it must exit within this time
 
 
+LOCUST = "locust"
+
+
 @dataclass(frozen=True)
 class Series:
     protocol: str
     images_per_request: int
     input_format: str
     levels: tuple[int, ...]
+    shared_memory: str = "none"
+    load_generator: str = LOCUST
+    processes: int | None = None      # None: the sweep's --processes
 
     @classmethod
     def parse(cls, text: str) -> Series:
-        """PROTOCOL/IMAGES[/FORMAT]@LEVELS, e.g. grpc/1@1,2,4 or http/8/fp32@4,16."""
+        """[flood:]PROTOCOL/IMAGES[/FORMAT][/SHM][/pN]@LEVELS, e.g. grpc/1@1,2,4 or flood:grpc/32/cuda@16."""
+        usage = f"series must look like grpc/1@1,2,4, http/8/fp32@4,16 or flood:grpc/32/system/p8@16: {text!r}"
         try:
-            head, levels = text.split("@")
-            parts = head.split("/")
-            protocol, images = parts[0], int(parts[1])
-            input_format = parts[2] if len(parts) > 2 else "uint8"
+            generator, _, spec = text.rpartition(":")
+            head, levels = spec.split("@")
+            protocol, images, *options = head.split("/")
+            input_format, shared_memory, processes = "uint8", "none", None
+            for option in options:
+                if option in INPUT_FORMATS:
+                    input_format = option
+                elif option in SHARED_MEMORY_KINDS:
+                    shared_memory = option
+                elif option.startswith("p"):
+                    processes = int(option[1:])
+                else:
+                    raise ValueError(option)
             levels = tuple(int(level) for level in levels.split(","))
+            images = int(images)
         except (ValueError, IndexError) as error:
-            raise argparse.ArgumentTypeError(f"series must look like grpc/1@1,2,4 or http/8/fp32@4,16: {text!r}") \
-                from error
-        if protocol not in PROTOCOLS or input_format not in INPUT_FORMATS or images < 1 or min(levels) < 1:
+            raise argparse.ArgumentTypeError(usage) from error
+        load_generator = {"": LOCUST, "flood": FLOOD}.get(generator)
+        if (protocol not in PROTOCOLS or images < 1 or min(levels) < 1 or load_generator is None
+                or (load_generator == FLOOD and protocol != "grpc") or (processes is not None and processes < 1)):
             raise argparse.ArgumentTypeError(f"bad series {text!r}")
-        return cls(protocol, images, input_format, levels)
+        return cls(protocol, images, input_format, levels, shared_memory, load_generator, processes)
+
+    @property
+    def key(self) -> tuple:
+        return (self.load_generator, self.protocol, self.images_per_request, self.input_format, self.shared_memory,
+                self.processes)
 
     @property
     def label(self) -> str:
-        return report.series_label((self.protocol, self.images_per_request, self.input_format))
+        return report.series_label(self.key)
 
 
 @dataclass(frozen=True)
@@ -100,10 +130,14 @@ class SweepSettings:
     processes: int
     image_pools: dict[str, Path]    # input format -> the pool saved in that format
     raw_dir: Path
+    admin_token: str | None = None  # registers the shared-memory regions of series that use them
+
+    def processes_for(self, step: Step) -> int:
+        return min(step.series.processes or self.processes, step.users)
 
 
 def locust_command(step: Step, endpoints: Endpoints, settings: SweepSettings, step_dir: Path) -> list[str]:
-    run_s = settings.warmup_s + settings.measure_s + RUN_TIME_MARGIN_S
+    run_s = math.ceil(settings.warmup_s + settings.measure_s + RUN_TIME_MARGIN_S)
     command = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
                "-u", str(step.users), "-r", str(step.users), "-t", f"{run_s:g}s",
                "--stop-timeout", str(STOP_TIMEOUT_S), "--exit-code-on-error", "0",
@@ -114,8 +148,8 @@ def locust_command(step: Step, endpoints: Endpoints, settings: SweepSettings, st
                "--input-format", step.series.input_format,
                "--image-pool", str(settings.image_pools[step.series.input_format]),
                "--warmup-s", f"{settings.warmup_s:g}", "--measure-s", f"{settings.measure_s:g}",
-               "--results-dir", str(step_dir)]
-    processes = min(settings.processes, step.users)
+               "--shared-memory", step.series.shared_memory, "--results-dir", str(step_dir)]
+    processes = settings.processes_for(step)
     if processes > 1:
         port = free_ports(1)[0]
         command += ["--processes", str(processes), "--master-bind-host", "127.0.0.1",
@@ -206,8 +240,11 @@ def run_locust_step(step: Step, endpoints: Endpoints, settings: SweepSettings, s
     started = time.time()
     limit_s = settings.warmup_s + settings.measure_s + RUN_TIME_MARGIN_S + STOP_TIMEOUT_S + 60
     with open(step_dir / LOCUST_LOG, "wb") as log:
+        env = dict(os.environ)
+        if settings.admin_token:   # by environment, not on a command line others can read
+            env[ADMIN_TOKEN_ENV] = settings.admin_token
         locust = subprocess.Popen(locust_command(step, endpoints, settings, step_dir), stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+                                  stderr=subprocess.STDOUT, start_new_session=True, env=env)
         snapshots, during = watch_locust(locust, step_dir, metrics_url, limit_s)
     records = measurements.read_request_records(step_dir)
     expected = triton_metrics.requests_seen(before, step.model) + records.sent
@@ -221,10 +258,13 @@ def run_locust_step(step: Step, endpoints: Endpoints, settings: SweepSettings, s
     result = {"index": step.index, "round": step.round, "model": step.model, "protocol": step.series.protocol,
               "input_format": step.series.input_format, "users": step.users,
               "images_per_request": step.series.images_per_request,
-              "processes": min(settings.processes, step.users),
+              "shared_memory": step.series.shared_memory, "load_generator": LOCUST,
+              "processes_asked": step.series.processes,
+              "processes": settings.processes_for(step),
               "started_at": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(
                   timespec="seconds")}
     result.update(measurements.client_side_summary(records, window, step.series.images_per_request))
+    result.update(measurements.client_cpu_summary(records.cpu_percent))
     result.update(measurements.all_request_counts(records))
     result.update(measurements.read_locust_totals(locust_json))
     result.update(triton_metrics.model_delta(snapshots["start"], snapshots["end"], step.model))
@@ -249,7 +289,8 @@ def sanity_problems(step: dict) -> list[str]:
     sent, n = step["sent"], step["images_per_request"]
     if step["completed"] != sent:
         problems.append(f"{sent} requests sent but {step['completed']} completed")
-    if step["locust_requests"] != sent or step["locust_failures"] != step["failures"]:
+    if step.get("load_generator", LOCUST) == LOCUST and (
+            step["locust_requests"] != sent or step["locust_failures"] != step["failures"]):
         problems.append(f"sent {sent} (failed {step['failures']}) but locust counted "
                         f"{step['locust_requests']} (failed {step['locust_failures']})")
     triton_total = step["triton_success_run"] + step["triton_failure_run"]

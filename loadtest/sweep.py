@@ -56,13 +56,19 @@ from fusedresnet.backend.spec import (
 )
 from fusedresnet.backend.triton_install import gpu_present
 from fusedresnet.client.resnet_client import ResNetClient
-from fusedresnet.loadtest import report
+from fusedresnet.client.shared_memory import read_admin_token
+from fusedresnet.loadtest import grpc_flood, report
 from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, as_model_input, build_image_pool, save_image_pool
-from fusedresnet.loadtest.step import Endpoints, Series, Step, SweepSettings, run_locust_step
+from fusedresnet.loadtest.step import FLOOD, Endpoints, Series, Step, SweepSettings, run_locust_step
 
 # The full sweep for the GPU host: the main curve (gRPC, one image per request) at every
 # power of two, and shorter curves for batched requests and for HTTP.
 DEFAULT_SERIES = ("grpc/1@1,2,4,8,16,32,64,128", "grpc/8@1,4,16,64", "http/1@1,16,64")
+# What each model's engine computes by itself on the GPU host (same inputs, CUDA events, one run
+# of `python -m fusedresnet.kernels.bench`): the denominator of the serving efficiency. The
+# cuDNN model serves fp16 channels-last TorchScript replayed as CUDA graphs, the bench's graph_fp16.
+ENGINE_BENCHMARK = REPO_ROOT / "results" / "kernels_bench.json"
+ENGINE_BENCH_COLUMN = {MODELS[0]: "custom_ms", MODELS[1]: "graph_fp16_ms"}
 DEFAULT_NAME = "loadtest_ab"
 EXIT_SANITY_MISMATCH = 3
 EXIT_SWEEP_FAILED = 4
@@ -110,6 +116,43 @@ def git_commit() -> str | None:
     return None
 
 
+def engine_reference(device: str) -> dict | None:
+    """ms per batch of each model's engine alone, from the benchmark measured on this GPU model (else None)."""
+    if not ENGINE_BENCHMARK.is_file():
+        return None
+    bench = json.loads(ENGINE_BENCHMARK.read_text())
+    if bench["device"] not in device:
+        return None
+    return {"device": bench["device"], "date": bench["date"], "source": str(ENGINE_BENCHMARK.relative_to(REPO_ROOT)),
+            "ms_per_batch": {model: {row["batch"]: row[column] for row in bench["whole_network"]}
+                             for model, column in ENGINE_BENCH_COLUMN.items()}}
+
+
+def serving_efficiency(step: dict, reference: dict | None) -> dict:
+    """Served img/s over what the engine computes alone at the step's average batch (ms per batch
+    interpolated linearly between the measured batch sizes)."""
+    batch = step.get("avg_batch")
+    if reference is None or not batch or not step.get("img_per_s"):
+        return {"engine_img_per_s": None, "serving_efficiency": None}
+    points = sorted((int(b), ms) for b, ms in reference["ms_per_batch"][step["model"]].items())
+    below = max((p for p in points if p[0] <= batch), default=points[0])
+    above = min((p for p in points if p[0] >= batch), default=points[-1])
+    share = 0.0 if above[0] == below[0] else (batch - below[0]) / (above[0] - below[0])
+    engine = batch / (below[1] + share * (above[1] - below[1])) * 1e3
+    return {"engine_img_per_s": round(engine, 1), "serving_efficiency": round(step["img_per_s"] / engine, 4)}
+
+
+def run_flood_step(step: Step, endpoints: Endpoints, settings: SweepSettings) -> dict:
+    record = grpc_flood.run_step(step.model, endpoints.grpc_url, endpoints.metrics_url, step.users,
+                                 step.series.images_per_request, processes=settings.processes_for(step),
+                                 warmup_s=settings.warmup_s, measure_s=settings.measure_s,
+                                 input_format=step.series.input_format,
+                                 image_pool=settings.image_pools[step.series.input_format],
+                                 shared_memory=step.series.shared_memory, admin_token=settings.admin_token)
+    record.update(index=step.index, round=step.round, processes_asked=step.series.processes)
+    return record
+
+
 def wait_until_ready(http_url: str, timeout_s: float = 10.0):
     deadline = time.monotonic() + timeout_s
     while not http_ready(http_url):
@@ -154,7 +197,8 @@ def prewarm(endpoints: Endpoints, pool, batch_sizes) -> list[str]:
 
 
 def new_results(args, endpoints: Endpoints, command: str, pool) -> dict:
-    return {"device": args.device or describe_device(),
+    device = args.device or describe_device()
+    return {"device": device, "engine_reference": engine_reference(device),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": command, "git_commit": git_commit(), "triton_version": triton_version(endpoints.http_url),
             "engines": engines_in_use(endpoints, pool),
@@ -176,23 +220,31 @@ def run_steps(args, endpoints: Endpoints, settings: SweepSettings, results: dict
         if args.time_budget_s and first_of_pair and elapsed + len(MODELS) * per_step > args.time_budget_s:
             results["skipped"] = [{"model": s.model, "protocol": s.series.protocol, "users": s.users,
                                    "images_per_request": s.series.images_per_request,
-                                   "input_format": s.series.input_format} for s in steps[step.index:]]
+                                   "input_format": s.series.input_format, "shared_memory": s.series.shared_memory,
+                                   "load_generator": s.series.load_generator,
+                                   "processes_asked": s.series.processes} for s in steps[step.index:]]
             print(f"time budget of {args.time_budget_s:.0f} s reached: skipping {len(steps) - step.index} steps",
                   file=sys.stderr)
             return
-        step_dir = settings.raw_dir / (f"{step.index:02d}-{step.model}-{step.series.protocol}"
-                                       f"-x{step.series.images_per_request}-{step.series.input_format}-u{step.users}")
-        outcome = run_locust_step(step, endpoints, settings, step_dir)
+        if step.series.load_generator == FLOOD:
+            outcome = run_flood_step(step, endpoints, settings)
+        else:
+            step_dir = settings.raw_dir / (f"{step.index:02d}-{step.model}-{step.series.protocol}"
+                                           f"-x{step.series.images_per_request}-{step.series.input_format}"
+                                           f"-{step.series.shared_memory}-u{step.users}")
+            outcome = run_locust_step(step, endpoints, settings, step_dir)
+        outcome.update(serving_efficiency(outcome, results.get("engine_reference")))
         results["steps"].append(outcome)
-        print(f"[{step.index + 1}/{len(steps)}] {step.model:16s} {step.series.label:34s} users {step.users:4d}: "
+        print(f"[{step.index + 1}/{len(steps)}] {step.model:16s} {step.series.label:50s} users {step.users:4d}: "
               f"{outcome['img_per_s']:9.1f} img/s  p50 {outcome['p50_ms'] or float('nan'):8.2f} ms  "
               f"p99 {outcome['p99_ms'] or float('nan'):8.2f} ms  sent {outcome['sent']}  "
-              f"failures {outcome['failures']}  avg batch {outcome['avg_batch'] or float('nan'):.2f}"
+              f"failures {outcome['failures']}  avg batch {outcome['avg_batch'] or float('nan'):.2f}  "
+              f"client CPU {outcome.get('client_cpu_percent')}%"
               + ("" if not outcome["problems"] else "  SANITY MISMATCH: " + "; ".join(outcome["problems"])),
               flush=True)
 
 
-def run_sweep(args, endpoints: Endpoints, command: str) -> dict:
+def run_sweep(args, endpoints: Endpoints, command: str, admin_token: str | None = None) -> dict:
     """Pre-warm, every step, then the agreement; if something breaks, what was measured is kept."""
     raw_dir = args.raw_dir or BUILD_DIR / "loadtest" / args.name
     raw_dir.mkdir(parents=True, exist_ok=True)
@@ -201,7 +253,7 @@ def run_sweep(args, endpoints: Endpoints, command: str) -> dict:
     prewarm_failures = prewarm(endpoints, pool, args.prewarm_sizes)
     pools = {fmt: save_image_pool(as_model_input(pool, fmt), raw_dir.resolve() / f"image_pool_{fmt}.npy")
              for fmt in sorted({s.input_format for s in args.series})}
-    settings = SweepSettings(args.warmup_s, args.measure_s, args.processes, pools, raw_dir)
+    settings = SweepSettings(args.warmup_s, args.measure_s, args.processes, pools, raw_dir, admin_token)
     results = new_results(args, endpoints, command, pool)
     results["prewarm_failures"] = prewarm_failures
     try:
@@ -232,9 +284,13 @@ def parse_args(argv=None):
     server.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT)
     server.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT)
     server.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT)
+    server.add_argument("--admin-token-file", type=Path,
+                        help="admin token of a running server, for shared-memory series (default "
+                             "$FUSEDRESNET_ADMIN_TOKEN, else build/admin-token)")
     load = parser.add_argument_group("load")
     load.add_argument("--series", type=Series.parse, action="append",
-                      help=f"PROTOCOL/IMAGES[/FORMAT]@LEVELS, repeatable (default: {' '.join(DEFAULT_SERIES)})")
+                      help="[flood:]PROTOCOL/IMAGES[/FORMAT][/SHM][/pPROCESSES]@LEVELS, repeatable "
+                           f"(default: {' '.join(DEFAULT_SERIES)}; see loadtest/step.py)")
     load.add_argument("--warmup-s", type=float, default=2.0, help="seconds of each step not measured (default 2)")
     load.add_argument("--measure-s", type=float, default=5.0, help="seconds measured per step (default 5)")
     load.add_argument("--processes", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)),
@@ -284,7 +340,8 @@ def main(argv=None) -> int:
             endpoints = Endpoints(f"{args.host}:{args.grpc_port}", f"{args.host}:{args.http_port}",
                                   f"http://{args.host}:{args.metrics_port}/metrics")
             wait_until_ready(endpoints.http_url)
-        results = run_sweep(args, endpoints, command)
+        admin_token = server.admin_token if args.start_server else read_admin_token(args.admin_token_file)
+        results = run_sweep(args, endpoints, command, admin_token)
     results["duration_s"] = round(time.monotonic() - sweep_started, 1)
     written = report.write_report(results, args.out, args.name)
     print("wrote " + ", ".join(str(path) for path in written))
