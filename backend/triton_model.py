@@ -89,8 +89,9 @@ def torch_threads(model_config: dict, on_gpu: bool) -> int:
 
 def read_request(request, max_batch: int) -> tuple[str, torch.Tensor]:
     """(input kind, tensor) of one request, or RequestError naming what is wrong."""
-    tensors = {name: pb_utils.get_input_tensor_by_name(request, name) for name in (INPUT_UINT8, INPUT_FP32)}
-    present = [name for name, tensor in tensors.items() if tensor is not None]
+    # request.inputs() once (get_input_tensor_by_name walks it anew for each name it is asked).
+    tensors = {tensor.name(): tensor for tensor in request.inputs()}
+    present = [name for name in (INPUT_UINT8, INPUT_FP32) if name in tensors]
     if len(present) != 1:
         raise RequestError(f"send exactly one of the inputs {INPUT_UINT8} (UINT8 [N,{IMAGE_SIZE},{IMAGE_SIZE},"
                            f"{CHANNELS}]) or {INPUT_FP32} (FP32 [N,{CHANNELS},{IMAGE_SIZE},{IMAGE_SIZE}]); "
