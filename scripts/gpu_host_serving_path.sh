@@ -4,6 +4,9 @@
 #   tests      GPU serving, shared-memory, nn.Module and diff tests (pytest -m gpu)
 #   instances  the current code at 1, 2, 4 and 8 instances per model (INSTANCES to change)
 #   delays     the current code at dynamic-batching queue delays 0, 100, 500 us (DELAYS to change)
+#   robustness overload and fault tests (tests/test_overload.py, tests/test_faults.py)
+#   soak       10-minute soak (SOAK_SECONDS) with mixed valid/invalid traffic and SOAK_LOAD
+#              (CONCURRENCY[/IMAGES], default 64: half the peak) in flight to resnet18_custom
 #   sequence   as shipped -> + threads -> + instances -> + copies -> + system shm -> + CUDA shm
 #              (needs build/shipped: `git archive de30da4 | tar -x -C build/shipped`)
 # Logs and JSON go to $OUT (or build/gpu-host).
@@ -16,6 +19,13 @@ for part in "$@"; do
     tests)
       timeout 420 python3 -m pytest -q -rs -m gpu tests/test_serving.py tests/test_shared_memory.py \
         tests/test_fused_module_gpu.py tests/test_diff.py 2>&1 | tee "$OUT/pytest-gpu.log" | tail -30 ;;
+    robustness)
+      FUSEDRESNET_RESULTS_DIR="$OUT" timeout 420 python3 -m pytest -v -rs tests/test_overload.py tests/test_faults.py \
+        2>&1 | tee "$OUT/pytest-robustness.log" | tail -15 ;;
+    soak)
+      FUSEDRESNET_SOAK_SECONDS="${SOAK_SECONDS:-600}" FUSEDRESNET_SOAK_LOAD="${SOAK_LOAD:-64}" \
+        FUSEDRESNET_RESULTS_DIR="$OUT" python3 -m pytest -v -rs tests/test_soak.py 2>&1 \
+        | tee "$OUT/pytest-soak.log" | tail -15 ;;
     instances)
       python3 -m fusedresnet.loadtest.serving_sequence --instances "${INSTANCES:-1,2,4,8}" \
         --models "${MODELS:-resnet18_custom}" --seconds "${SECONDS_PER_STEP:-4}" \

@@ -9,6 +9,11 @@ docs/ROBUSTNESS.md and results/robustness_soak.md.
 
     FUSEDRESNET_SOAK_SECONDS=300 FUSEDRESNET_RESULTS_DIR=results \
         python -m pytest tests/test_soak.py      # the long run whose figures are in results/
+
+With FUSEDRESNET_SOAK_LOAD=CONCURRENCY[/IMAGES] the project's load generator (loadtest/grpc_flood.py,
+4 processes) also keeps that many requests in flight to resnet18_custom for the whole soak, so
+that memory is watched under a real load (the GPU host runs it at half the peak); none of its
+requests may fail.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import time
 import numpy as np
 import pytest
 
-from fusedresnet.backend.spec import MODELS
+from fusedresnet.backend.spec import MODEL_CUSTOM, MODELS
 from fusedresnet.client.preprocess import normalize
 
 from bad_requests import BAD_REQUESTS, CHW, assert_clear_refusal, send_bad
@@ -37,6 +42,7 @@ from robustness_helpers import (
 )
 
 SOAK_SECONDS = float(os.environ.get("FUSEDRESNET_SOAK_SECONDS", "45"))
+SOAK_LOAD = os.environ.get("FUSEDRESNET_SOAK_LOAD")   # CONCURRENCY[/IMAGES]: background load, see above
 WARM_UP_FRACTION = 0.5            # memory is compared from the end of the warm-up to the end of the run
 SAMPLE_EVERY_S = 2.0
 MIB = 1 << 20
@@ -99,6 +105,16 @@ def test_soak_mixed_traffic_keeps_every_valid_answer_correct_and_memory_bounded(
                 time.sleep(PACE_S)
 
     threads = [threading.Thread(target=client_loop, args=(i, p), daemon=True) for i, p in enumerate(CLIENTS)]
+    background = {}
+    if SOAK_LOAD:
+        from fusedresnet.loadtest import grpc_flood
+        concurrency, _, per_request = SOAK_LOAD.partition("/")
+
+        def flood():
+            background["step"] = grpc_flood.run_step(
+                MODEL_CUSTOM, triton_server.grpc_url, triton_server.metrics_url, int(concurrency),
+                int(per_request or 1), processes=4, warmup_s=1.0, measure_s=SOAK_SECONDS)
+        threads.append(threading.Thread(target=flood, daemon=True))
     for thread in threads:
         thread.start()
     samples = []   # (seconds since start, total RSS bytes, per-process RSS, GPU MiB)
@@ -132,11 +148,19 @@ def test_soak_mixed_traffic_keeps_every_valid_answer_correct_and_memory_bounded(
         "rss_mib_per_process_end": {k: round(v / MIB, 1) for k, v in final[2].items()},
         "gpu_mib_after_warm_up": baseline[3], "gpu_mib_end": final[3], "gpu_growth_mib": gpu_growth,
         "bound": MEMORY_GROWTH_BOUND,
+        "background_load": None if not background.get("step") else {
+            key: background["step"].get(key) for key in (
+                "concurrency", "images_per_request", "img_per_s", "p50_ms", "p99_ms", "max_ms", "sent",
+                "succeeded", "failures", "avg_batch", "gpu_utilization", "client_cpu_percent", "error_examples")},
         "rss_mib_samples": [[round(t, 1), round(b / MIB, 1)] for t, b, _, _ in samples],
     }
     record(results_dir(tmp_path_factory), "soak", {f"soak_{int(SOAK_SECONDS)}s": figures})
 
     assert not tally["valid_failed"], tally["valid_failed"][:5]
+    if SOAK_LOAD:
+        assert background.get("step"), "the background load did not finish"
+        assert background["step"]["failures"] == 0 and background["step"]["succeeded"] > 0, \
+            background["step"]["error_examples"]
     assert not tally["invalid_wrong"], tally["invalid_wrong"][:5]
     assert tally["valid_ok"] >= 10 and tally["invalid_refused"] >= 3, figures
     allowed = max(MEMORY_GROWTH_BOUND["rss_mib"], MEMORY_GROWTH_BOUND["rss_fraction"] * baseline[1] / MIB)
