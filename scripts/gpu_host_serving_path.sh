@@ -7,6 +7,7 @@
 #   robustness overload and fault tests (tests/test_overload.py, tests/test_faults.py)
 #   soak       10-minute soak (SOAK_SECONDS) with mixed valid/invalid traffic and SOAK_LOAD
 #              (CONCURRENCY[/IMAGES], default 64: half the peak) in flight to resnet18_custom
+#   diff       the layer-by-layer diff of the fused kernels against the float32 reference
 #   sequence   as shipped -> + threads -> + instances -> + copies -> + system shm -> + CUDA shm
 #              (needs build/shipped: `git archive de30da4 | tar -x -C build/shipped`)
 # Logs and JSON go to $OUT (or build/gpu-host).
@@ -26,6 +27,8 @@ for part in "$@"; do
       FUSEDRESNET_SOAK_SECONDS="${SOAK_SECONDS:-600}" FUSEDRESNET_SOAK_LOAD="${SOAK_LOAD:-64}" \
         FUSEDRESNET_RESULTS_DIR="$OUT" python3 -m pytest -v -rs tests/test_soak.py 2>&1 \
         | tee "$OUT/pytest-soak.log" | tail -15 ;;
+    diff)
+      python3 -m fusedresnet.kernels.diff --device cuda 2>&1 | tee "$OUT/diff_gpu.txt" ;;
     instances)
       python3 -m fusedresnet.loadtest.serving_sequence --instances "${INSTANCES:-1,2,4,8}" \
         --models "${MODELS:-resnet18_custom}" --seconds "${SECONDS_PER_STEP:-4}" \

@@ -154,17 +154,15 @@ def test_classify_cli_with_shared_memory_prints_what_the_plain_path_prints(trito
 
 
 def test_locust_users_with_system_shared_memory_are_counted_by_triton_and_free_their_regions(
-        triton_server, admin_token, tmp_path, monkeypatch):
+        triton_server, admin_token, tmp_path):
     """One real locust step of the sweep (two locust processes), its users on system shared memory."""
     from fusedresnet.loadtest import step as load_step
     from fusedresnet.loadtest.image_pool import build_image_pool, save_image_pool
 
-    monkeypatch.setenv("FUSEDRESNET_SHARED_MEMORY", "system")    # read by the locustfile's option
-    monkeypatch.setenv("FUSEDRESNET_ADMIN_TOKEN", admin_token)
     pool = save_image_pool(build_image_pool(8), tmp_path / "pool.npy")
     endpoints = load_step.Endpoints(triton_server.grpc_url, triton_server.http_url, triton_server.metrics_url)
-    settings = load_step.SweepSettings(1.0, 2.0, 2, {"uint8": pool}, tmp_path)   # whole seconds: locust -t
-    series = load_step.Series.parse("grpc/2@2")
+    settings = load_step.SweepSettings(1.0, 2.0, 2, {"uint8": pool}, tmp_path, admin_token)
+    series = load_step.Series.parse("grpc/2/system@2")
     result = load_step.run_locust_step(load_step.Step(0, MODELS[0], series, 2, 0), endpoints, settings,
                                        tmp_path / "step")
     assert result["problems"] == [] and result["failures"] == 0
