@@ -43,8 +43,10 @@ from pathlib import Path
 from google.protobuf import text_format
 
 from fusedresnet.backend.network import free_ports, http_ready
+from fusedresnet.backend.prepared_stamp import STAMP_FILE
 from fusedresnet.backend.spec import MODEL_REPOSITORY, MODELS, model_config
 from fusedresnet.loadtest import grpc_flood
+from fusedresnet.loadtest.sweep import describe_device
 
 PACKAGE_DIRS = ("backend", "kernels", "client", "loadtest")
 READY_TIMEOUT_S = 300
@@ -82,9 +84,9 @@ def repository_with_instances(source: Path, instances: int, destination: Path, q
     """A copy of `source`'s model folders (configs, model.py) with `instances` per model (and the
     dynamic batcher's queue delay, when given); the prepared files (weights, labels, stamp) are
     links to the prepared repository of this tree."""
-    prepared = ("*.pt", "labels.txt", ".prepared.json")
+    prepared = ("*.pt", "labels.txt", STAMP_FILE)
     shutil.copytree(source, destination, ignore=shutil.ignore_patterns(*prepared, "__pycache__"))
-    for pattern in ("*/*/*.pt", "*/labels.txt", ".prepared.json"):
+    for pattern in ("*/*/*.pt", "*/labels.txt", STAMP_FILE):
         for path in MODEL_REPOSITORY.glob(pattern):
             (destination / path.relative_to(MODEL_REPOSITORY)).symlink_to(path.resolve())
     for model in MODELS:
@@ -226,7 +228,8 @@ def main(argv=None) -> int:
         for configuration in configurations:
             records += measure(configuration, loads, args.models.split(","), tree, args.shipped_tree,
                                Path(scratch), token_file, args.seconds, log_dir)
-            args.out.write_text(json.dumps({"started_at": started, "command": " ".join(sys.argv),
+            args.out.write_text(json.dumps({"device": describe_device(), "started_at": started,
+                                            "command": " ".join(sys.argv),
                                             "steps": records}, indent=1, default=str))
     return 0
 
