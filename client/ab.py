@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fusedresnet.backend.spec import BUILD_DIR, MODEL_CUDNN, MODEL_CUSTOM, load_labels
+from fusedresnet.backend.spec import BUILD_DIR, INPUT_UINT8, MODEL_CUDNN, MODEL_CUSTOM, load_labels
 from fusedresnet.client.agreement import compare_logits
-from fusedresnet.client.preprocess import normalize, preprocess_files, sample_photo_paths
+from fusedresnet.client.preprocess import INPUT_FORMATS, model_input, preprocess_files, sample_photo_paths
 from fusedresnet.client.resnet_client import DEFAULT_URLS, PROTOCOLS, ResNetClient
 
 DEFAULT_GENERATED = 500
@@ -53,7 +53,7 @@ def latency_summary(latencies_ms: list[float]) -> dict:
 
 
 def run_agreement(image_sets: dict, protocol: str = "grpc", url: str | None = None, batch_size: int = 1,
-                  input_format: str = "uint8") -> dict:
+                  input_format: str = INPUT_UINT8) -> dict:
     """Send every image set through both models (alternating order); compare logits and latencies."""
     clients = {model: ResNetClient(model, protocol, url) for model in MODELS_AB}
     latencies = {model: [] for model in MODELS_AB}
@@ -64,9 +64,7 @@ def run_agreement(image_sets: dict, protocol: str = "grpc", url: str | None = No
         for name, images in image_sets.items():
             logits = {model: [] for model in MODELS_AB}
             for start in range(0, len(images), batch_size):
-                batch = images[start:start + batch_size]
-                if input_format == "fp32":
-                    batch = np.stack([normalize(image) for image in batch])
+                batch = model_input(images[start:start + batch_size], input_format)
                 order = MODELS_AB if request % 2 == 0 else MODELS_AB[::-1]
                 for model in order:
                     result = clients[model].infer(batch)
@@ -165,7 +163,7 @@ def main(argv=None) -> int:
     parser.add_argument("--generated", type=int, default=DEFAULT_GENERATED,
                         help=f"generated images besides the sample photos (default {DEFAULT_GENERATED})")
     parser.add_argument("--batch-size", type=int, default=1, help="images per request (default 1)")
-    parser.add_argument("--input-format", choices=("uint8", "fp32"), default="uint8")
+    parser.add_argument("--input-format", choices=INPUT_FORMATS, default=INPUT_UINT8)
     parser.add_argument("--out", type=Path, default=BUILD_DIR / "loadtest",
                         help="folder for the report (default build/loadtest; the committed one is results/)")
     args = parser.parse_args(argv)

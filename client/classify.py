@@ -1,11 +1,11 @@
 """Classify image files with either ResNet-18 model over gRPC (default) or HTTP.
 
     python -m fusedresnet.client.classify photo.jpg other.png --model resnet18_cudnn --top-k 5
-    python -m fusedresnet.client.classify client/samples/* --protocol http --batch-size 2 --input fp32
+    python -m fusedresnet.client.classify client/samples/* --protocol http --batch-size 2 --input IMAGE_NORMALIZED
     python -m fusedresnet.client.classify photo.jpg --shared-memory system --admin-token-file build/admin-token
 
-Images are resized and centre-cropped as torchvision does; with `--input uint8`
-(default) the server normalises, with `--input fp32` the client does.
+Images are resized and centre-cropped as torchvision does; with `--input IMAGE`
+(default) the server normalises, with `--input IMAGE_NORMALIZED` the client does.
 `--shared-memory system|cuda` (same host as the server) passes the images through a
 shared-memory region registered with the admin token (default $FUSEDRESNET_ADMIN_TOKEN,
 else build/admin-token); the region is unregistered and freed on exit.
@@ -17,11 +17,10 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
 from tritonclient.utils import InferenceServerException
 
-from fusedresnet.backend.spec import MODEL_CUSTOM, MODELS
-from fusedresnet.client.preprocess import normalize, preprocess_files
+from fusedresnet.backend.spec import INPUT_UINT8, MODEL_CUSTOM, MODELS
+from fusedresnet.client.preprocess import INPUT_FORMATS, model_input, preprocess_files
 from fusedresnet.client.resnet_client import DEFAULT_URLS, PROTOCOLS, ResNetClient
 from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS
 
@@ -36,10 +35,7 @@ def classify_files(client: ResNetClient, paths: list[Path], top_k: int, batch_si
     """Yields (paths of one request, InferResult) per request."""
     for start in range(0, len(paths), batch_size):
         chunk = paths[start:start + batch_size]
-        images = preprocess_files(chunk)
-        if input_format == "fp32":
-            images = np.stack([normalize(image) for image in images])
-        yield chunk, client.classify(images, top_k)
+        yield chunk, client.classify(model_input(preprocess_files(chunk), input_format), top_k)
 
 
 def main(argv=None) -> int:
@@ -49,7 +45,9 @@ def main(argv=None) -> int:
     add_connection_arguments(parser)
     parser.add_argument("--top-k", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=8, help="images per request")
-    parser.add_argument("--input", choices=("uint8", "fp32"), default="uint8", dest="input_format")
+    parser.add_argument("--input", choices=INPUT_FORMATS, default=INPUT_UINT8, dest="input_format",
+                        help="the model input the images are sent as: IMAGE (the server normalises, default) "
+                             "or IMAGE_NORMALIZED (normalised here)")
     parser.add_argument("--shared-memory", choices=SHARED_MEMORY_KINDS, default="none",
                         help="pass the images through system or CUDA shared memory (client on the server's host)")
     parser.add_argument("--admin-token-file", type=Path,

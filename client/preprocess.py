@@ -3,8 +3,8 @@
     Resize(256)       shorter side to 256, bilinear with antialiasing (PIL),
                       the longer side int(256 * long / short)
     CenterCrop(224)   offsets int(round((size - 224) / 2))
-    ToTensor + Normalize(mean, std)   only for the FP32 input; for the UINT8
-                      input the server normalises.
+    ToTensor + Normalize(mean, std)   only for the IMAGE_NORMALIZED input; for
+                      the IMAGE input the server normalises.
 
 Plain PIL + NumPy: a client needs neither torch nor torchvision.
 """
@@ -16,7 +16,19 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from fusedresnet.backend.spec import IMAGE_SIZE, IMAGENET_MEAN, IMAGENET_STD, RESIZE_SHORTER_SIDE, SAMPLES_DIR
+from fusedresnet.backend.spec import (
+    IMAGE_SIZE,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    INPUT_FP32,
+    INPUT_UINT8,
+    RESIZE_SHORTER_SIDE,
+    SAMPLES_DIR,
+)
+
+# The model's two inputs, one per request, named as the model names them: IMAGE (uint8 crops, the
+# server normalises) or IMAGE_NORMALIZED (float32, normalised by the client).
+INPUT_FORMATS = (INPUT_UINT8, INPUT_FP32)
 
 
 def load_rgb(path) -> Image.Image:
@@ -47,6 +59,17 @@ def normalize(crop: np.ndarray) -> np.ndarray:
     x = crop.astype(np.float32) / np.float32(255.0)
     x = (x - np.asarray(IMAGENET_MEAN, np.float32)) / np.asarray(IMAGENET_STD, np.float32)
     return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+def model_input(crops: np.ndarray, input_format: str) -> np.ndarray:
+    """uint8 crops [N, 224, 224, 3] as the model input `input_format` (one of INPUT_FORMATS): IMAGE sends
+    them as they are, IMAGE_NORMALIZED as float32 [N, 3, 224, 224], normalised. Crops already normalised
+    (float32, e.g. a pool saved converted) are returned as they are."""
+    if input_format not in INPUT_FORMATS:
+        raise ValueError(f"input format must be one of {INPUT_FORMATS}, not {input_format!r}")
+    if input_format == INPUT_UINT8 or crops.dtype == np.float32:
+        return crops
+    return np.ascontiguousarray(np.stack([normalize(crop) for crop in crops]))
 
 
 def preprocess_files(paths) -> np.ndarray:

@@ -30,10 +30,17 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from fusedresnet.backend.spec import (DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_HTTP_PORT, INPUT_FP32, INPUT_UINT8,
-                                      NUM_CLASSES, OUTPUT_ENGINE, OUTPUT_LOGITS)
-from fusedresnet.client.shared_memory import (SHARED_MEMORY_KINDS, RequestRegions, read_admin_token,
-                                              request_regions)
+from fusedresnet.backend.spec import (
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HOST,
+    DEFAULT_HTTP_PORT,
+    INPUT_FP32,
+    INPUT_UINT8,
+    NUM_CLASSES,
+    OUTPUT_ENGINE,
+    OUTPUT_LOGITS,
+)
+from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS, RequestRegions, read_admin_token, request_regions
 
 PROTOCOLS = ("grpc", "http")
 DEFAULT_URLS = {"grpc": f"{DEFAULT_HOST}:{DEFAULT_GRPC_PORT}", "http": f"{DEFAULT_HOST}:{DEFAULT_HTTP_PORT}"}

@@ -47,7 +47,15 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from fusedresnet.backend.spec import DEFAULT_GRPC_PORT, DEFAULT_HOST, DEFAULT_METRICS_PORT, MODEL_CUSTOM, MODELS
+from fusedresnet.backend.spec import (
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HOST,
+    DEFAULT_METRICS_PORT,
+    INPUT_UINT8,
+    MODEL_CUSTOM,
+    MODELS,
+)
+from fusedresnet.client.preprocess import INPUT_FORMATS, model_input
 from fusedresnet.client.resnet_client import (
     LOGITS_BYTES_PER_IMAGE,
     SharedMemorySlot,
@@ -58,8 +66,6 @@ from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS, read_admin_tok
 from fusedresnet.loadtest import measurements, triton_metrics
 from fusedresnet.loadtest.image_pool import (
     DEFAULT_POOL_SIZE,
-    INPUT_FORMATS,
-    as_model_input,
     load_image_pool,
     save_image_pool,
 )
@@ -77,7 +83,7 @@ class FloodSettings:
     model: str
     url: str                       # host:port of Triton's gRPC endpoint
     images_per_request: int
-    input_format: str
+    input_format: str              # IMAGE or IMAGE_NORMALIZED: the model input sent
     image_pool: str                # .npy of the pool (uint8 crops, or already converted to the input format)
     shared_memory: str             # none | system | cuda
     admin_token: str | None
@@ -162,7 +168,7 @@ async def flood(settings: FloodSettings, slots: int, offset: int, logits_region:
                 recorder: Recorder):
     import tritonclient.grpc.aio as grpcaio  # in the worker process only: grpc.aio binds to this event loop
 
-    pool = as_model_input(load_image_pool(Path(settings.image_pool)), settings.input_format)
+    pool = model_input(load_image_pool(Path(settings.image_pool)), settings.input_format)
     inputs = prebuilt_inputs(settings, pool, offset)
     outputs = slot_outputs(settings, pool[:settings.images_per_request], logits_region, slots)
     async with grpcaio.InferenceServerClient(settings.url) as client:
@@ -237,7 +243,7 @@ def pool_region(settings_url: str, kind: str, pool: np.ndarray, admin_token: str
 
 
 def run_step(model: str, url: str, metrics_url: str, concurrency: int, images_per_request: int = 1,
-             processes: int = 1, warmup_s: float = 1.0, measure_s: float = 5.0, input_format: str = "uint8",
+             processes: int = 1, warmup_s: float = 1.0, measure_s: float = 5.0, input_format: str = INPUT_UINT8,
              image_pool: Path | None = None, pool_size: int = DEFAULT_POOL_SIZE, shared_memory: str = "none",
              admin_token: str | None = None, cuda_device: int = 0) -> dict:
     """One step: `concurrency` requests kept in flight by `processes` processes, measured over `measure_s`
@@ -252,7 +258,7 @@ def run_step(model: str, url: str, metrics_url: str, concurrency: int, images_pe
     context = multiprocessing.get_context("spawn")   # no fork of a process that may hold gRPC state
     wall_started = time.time()
     with pool_file(image_pool, pool_size) as pool_path:
-        pool = as_model_input(load_image_pool(pool_path), input_format)
+        pool = model_input(load_image_pool(pool_path), input_format)
         with pool_region(url, shared_memory, pool, admin_token, cuda_device) as input_region:
             settings = FloodSettings(model, url, images_per_request, input_format, str(pool_path), shared_memory,
                                      admin_token, input_region, warmup_s, measure_s, cuda_device)
@@ -367,7 +373,7 @@ def main(argv=None) -> int:
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=5.0, help="length of the measurement window")
     parser.add_argument("--warmup-s", type=float, default=1.0)
-    parser.add_argument("--input-format", choices=INPUT_FORMATS, default="uint8")
+    parser.add_argument("--input-format", choices=INPUT_FORMATS, default=INPUT_UINT8)
     parser.add_argument("--image-pool", type=Path, help=".npy pool (default: build one of --pool-size images)")
     parser.add_argument("--pool-size", type=int, default=DEFAULT_POOL_SIZE)
     parser.add_argument("--shared-memory", choices=SHARED_MEMORY_KINDS, default="none")

@@ -5,9 +5,10 @@ consecutive requests carry the same bytes: a response cache (or any
 content-keyed shortcut) cannot answer them. The pool holds the sample photos
 followed by seeded smooth random images (`backend.images.smooth_random_images`).
 
-The sweep builds the pool once and saves it as .npy, already in the model input
-format of the step (uint8 crops, or normalised float32); every locust process
-maps that file into memory instead of generating or converting the images again.
+The sweep builds the pool once and saves it as .npy, already as the model input
+of the step (IMAGE: uint8 crops, or IMAGE_NORMALIZED: normalised float32); every
+locust process maps that file into memory instead of generating or converting the
+images again.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fusedresnet.client.preprocess import normalize, preprocess_files, sample_photo_paths
+from fusedresnet.client.preprocess import preprocess_files, sample_photo_paths
 
-INPUT_FORMATS = ("uint8", "fp32")     # IMAGE (server normalises) or IMAGE_NORMALIZED (client normalises)
 DEFAULT_POOL_SIZE = 256
 DEFAULT_POOL_SEED = 2024
 
@@ -42,17 +42,6 @@ def save_image_pool(pool: np.ndarray, path: Path) -> Path:
 def load_image_pool(path: Path | None, size: int = DEFAULT_POOL_SIZE) -> np.ndarray:
     """The saved pool at `path` (memory-mapped, shared by all processes), or a freshly built one."""
     return np.load(path, mmap_mode="r") if path else build_image_pool(size)
-
-
-def as_model_input(pool: np.ndarray, input_format: str) -> np.ndarray:
-    """The pool as the model input of `input_format`: uint8 NHWC crops, or float32 NCHW normalised.
-
-    A pool saved already converted (float32 [N, 3, 224, 224]) is returned as it is."""
-    if input_format not in INPUT_FORMATS:
-        raise ValueError(f"input format must be one of {INPUT_FORMATS}, not {input_format!r}")
-    if input_format == "uint8" or pool.dtype == np.float32:
-        return pool
-    return np.ascontiguousarray(np.stack([normalize(image) for image in pool]))
 
 
 class RequestWindows:

@@ -10,8 +10,9 @@ FUSEDRESNET_IMAGES_PER_REQUEST=8):
   --protocol            grpc | http
   --triton-url          host:port (default: locust's --host, else the protocol's default port)
   --images-per-request  images in each request (1, 8, 32, ...)
-  --input-format        uint8 (IMAGE, server normalises) | fp32 (IMAGE_NORMALIZED)
-  --image-pool          .npy file of uint8 crops (default: build --pool-size images in each process)
+  --input-format        IMAGE (uint8 pixels, the server normalises) | IMAGE_NORMALIZED (normalised here)
+  --image-pool          .npy file of uint8 crops, or of the crops already as the --input-format input
+                        (default: build --pool-size images in each process)
   --warmup-s            requests that finish in the first N seconds are reported under "(warm-up)"
   --measure-s           length of the measurement window after the warm-up; when given, the test
                         stops (gracefully: requests in flight finish) when the window closes
@@ -48,7 +49,8 @@ grpc_gevent.init_gevent()
 import tritonclient.grpc as grpcclient  # noqa: E402  (after init_gevent)
 import tritonclient.http as httpclient  # noqa: E402
 
-from fusedresnet.backend.spec import MODEL_CUSTOM, MODELS  # noqa: E402
+from fusedresnet.backend.spec import INPUT_UINT8, MODEL_CUSTOM, MODELS  # noqa: E402
+from fusedresnet.client.preprocess import INPUT_FORMATS, model_input  # noqa: E402
 from fusedresnet.client.resnet_client import (  # noqa: E402
     DEFAULT_URLS,
     LOGITS_BYTES_PER_IMAGE,
@@ -60,9 +62,7 @@ from fusedresnet.client.resnet_client import (  # noqa: E402
 from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS, read_admin_token, request_regions  # noqa: E402
 from fusedresnet.loadtest.image_pool import (  # noqa: E402
     DEFAULT_POOL_SIZE,
-    INPUT_FORMATS,
     RequestWindows,
-    as_model_input,
     load_image_pool,
 )
 from fusedresnet.loadtest.step_files import MEASURE_END_MARKER, MEASURE_START_MARKER, WARMUP_SUFFIX, request_log_name  # noqa: E402
@@ -78,9 +78,10 @@ def add_options(parser):
     parser.add_argument("--triton-url", default="", env_var="FUSEDRESNET_TRITON_URL",
                         help="host:port of Triton's gRPC or HTTP endpoint")
     parser.add_argument("--images-per-request", type=int, default=1, env_var="FUSEDRESNET_IMAGES_PER_REQUEST")
-    parser.add_argument("--input-format", choices=INPUT_FORMATS, default="uint8", env_var="FUSEDRESNET_INPUT_FORMAT")
+    parser.add_argument("--input-format", choices=INPUT_FORMATS, default=INPUT_UINT8,
+                        env_var="FUSEDRESNET_INPUT_FORMAT", help="the model input sent: IMAGE or IMAGE_NORMALIZED")
     parser.add_argument("--image-pool", default="", env_var="FUSEDRESNET_IMAGE_POOL",
-                        help=".npy file of uint8 [N,224,224,3] crops")
+                        help=".npy file of uint8 [N,224,224,3] crops, or of the crops already as --input-format")
     parser.add_argument("--pool-size", type=int, default=DEFAULT_POOL_SIZE, env_var="FUSEDRESNET_POOL_SIZE")
     parser.add_argument("--warmup-s", type=float, default=0.0, env_var="FUSEDRESNET_WARMUP_S")
     parser.add_argument("--measure-s", type=float, default=0.0, env_var="FUSEDRESNET_MEASURE_S")
@@ -144,7 +145,7 @@ def model_inputs(options) -> np.ndarray:
     key = (options.image_pool, options.pool_size, options.input_format)
     if key not in _MODEL_INPUTS:
         pool = load_image_pool(options.image_pool or None, options.pool_size)
-        _MODEL_INPUTS[key] = as_model_input(pool, options.input_format)
+        _MODEL_INPUTS[key] = model_input(pool, options.input_format)
     return _MODEL_INPUTS[key]
 
 
@@ -213,7 +214,7 @@ def on_cpu_warning(**_):
 
 @events.init.add_listener
 def on_init(environment, **_):
-    # Load (and for fp32, normalise) the image pool now, before the test starts, rather than
+    # Load (and for IMAGE_NORMALIZED, normalise) the image pool now, before the test starts, rather than
     # in the first user's on_start, where it would eat into the warm-up and the measured window.
     if environment.parsed_options and not isinstance(environment.runner, MasterRunner):
         model_inputs(environment.parsed_options)

@@ -2,6 +2,9 @@
 
     python -m fusedresnet.loadtest.report results/loadtest_ab.json     # redraw from a saved sweep
 
+A sweep saved before the inputs were named as the model names them says uint8 / fp32
+where it now says IMAGE / IMAGE_NORMALIZED; `read_results` renames them as it reads.
+
 Reads the result dictionary of `loadtest.sweep` ({"device", "date", "command",
 "steps": [...], ...}) and writes, next to each other:
 
@@ -28,7 +31,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM  # noqa: E402
+from fusedresnet.backend.spec import INPUT_FP32, INPUT_UINT8, MODEL_CUDNN, MODEL_CUSTOM  # noqa: E402
 from fusedresnet.loadtest.triton_metrics import TIME_BREAKDOWN  # noqa: E402
 
 MODEL_COLORS = {MODEL_CUSTOM: "tab:red", MODEL_CUDNN: "tab:blue"}
@@ -40,6 +43,19 @@ AVERAGED = ("img_per_s", "req_per_s", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "
             "request_us", "serving_efficiency", "engine_img_per_s", "client_cpu_percent", *TIME_BREAKDOWN)
 SUMMED = ("sent", "failures", "measured_requests")
 CLIENT_BOUND_MARK = " (client CPU)"
+# The input formats of sweeps saved before they took the model's input names.
+OLD_INPUT_FORMATS = {"uint8": INPUT_UINT8, "fp32": INPUT_FP32}
+
+
+def read_results(path: Path) -> dict:
+    """A saved sweep, its input formats named IMAGE / IMAGE_NORMALIZED also where it was written with uint8 / fp32."""
+    results = json.loads(Path(path).read_text())
+    records = [*results.get("steps", []), *results.get("skipped", []), *results.get("settings", {}).get("series", []),
+               results.get("agreement") or {}]
+    for record in records:
+        if record.get("input_format") in OLD_INPUT_FORMATS:
+            record["input_format"] = OLD_INPUT_FORMATS[record["input_format"]]
+    return results
 
 
 def series_key(step: dict) -> tuple:
@@ -353,7 +369,7 @@ def main(argv=None) -> int:
     parser.add_argument("sweep_json", type=Path)
     parser.add_argument("--out", type=Path, help="folder (default: the JSON file's folder)")
     args = parser.parse_args(argv)
-    results = json.loads(args.sweep_json.read_text())
+    results = read_results(args.sweep_json)
     name = args.sweep_json.stem
     written = write_report(results, args.out or args.sweep_json.parent, name)
     print("wrote " + ", ".join(map(str, written)))

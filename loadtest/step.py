@@ -3,10 +3,11 @@
 A *series* is a load generator, a protocol, a number of images per request, an
 input format, a shared-memory kind and a list of concurrency levels, written
 [flood:]PROTOCOL/IMAGES[/FORMAT][/SHM][/pPROCESSES]@LEVELS, e.g. `grpc/1@1,2,4,8`,
-`http/8/fp32@4,16`, `grpc/1/system@64` or `flood:grpc/32/cuda/p8@16,64`.
+`http/8/IMAGE_NORMALIZED@4,16`, `grpc/1/system@64` or `flood:grpc/32/cuda/p8@16,64`.
 Without `flood:` the steps are locust runs (below); with it, steps of the
 project's lighter generator (`loadtest/grpc_flood.py`, gRPC only), measured the
-same way. SHM is none (default), system or cuda; pN overrides --processes.
+same way. FORMAT is the model input the images are sent as: IMAGE (default) or
+IMAGE_NORMALIZED. SHM is none (default), system or cuda; pN overrides --processes.
 
 A step runs `python -m locust` headless with `users` users, each keeping one
 request in flight. Requests finishing in the first --warmup-s seconds are not
@@ -38,12 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fusedresnet.backend.network import free_ports
-from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, MODELS
+from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, INPUT_UINT8, MODELS
+from fusedresnet.client.preprocess import INPUT_FORMATS
 from fusedresnet.client.resnet_client import PROTOCOLS
 from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS
 from fusedresnet.loadtest import measurements, report, triton_metrics
 from fusedresnet.loadtest.grpc_flood import LOAD_GENERATOR as FLOOD
-from fusedresnet.loadtest.image_pool import INPUT_FORMATS
 from fusedresnet.loadtest.step_files import LOCUST_JSON_STEM, LOCUST_LOG, MEASURE_END_MARKER, MEASURE_START_MARKER
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -69,12 +70,13 @@ class Series:
     @classmethod
     def parse(cls, text: str) -> Series:
         """[flood:]PROTOCOL/IMAGES[/FORMAT][/SHM][/pN]@LEVELS, e.g. grpc/1@1,2,4 or flood:grpc/32/cuda@16."""
-        usage = f"series must look like grpc/1@1,2,4, http/8/fp32@4,16 or flood:grpc/32/system/p8@16: {text!r}"
+        usage = (f"series must look like grpc/1@1,2,4, http/8/IMAGE_NORMALIZED@4,16 or flood:grpc/32/system/p8@16: "
+                 f"{text!r}")
         try:
             generator, _, spec = text.rpartition(":")
             head, levels = spec.split("@")
             protocol, images, *options = head.split("/")
-            input_format, shared_memory, processes = "uint8", "none", None
+            input_format, shared_memory, processes = INPUT_UINT8, "none", None
             for option in options:
                 if option in INPUT_FORMATS:
                     input_format = option

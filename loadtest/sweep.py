@@ -5,7 +5,9 @@
 
 A *series* is a protocol, a number of images per request and a list of
 concurrency levels, written PROTOCOL/IMAGES[/FORMAT]@LEVELS, e.g.
-`grpc/1@1,2,4,8` or `http/8/fp32@4,16`. For every level of every series both
+`grpc/1@1,2,4,8` or `http/8/IMAGE_NORMALIZED@4,16`, FORMAT being the model
+input sent, IMAGE (default) or IMAGE_NORMALIZED (the full syntax, with load
+generator and shared memory, is in `loadtest.step`). For every level of every series both
 models run one *step* each (`loadtest.step`: a headless locust run, measured by
 the users and by Triton's metrics), back to back, and the order flips from level
 to level (A B, B A, A B, ...) so that drift of the machine favours neither model.
@@ -55,10 +57,11 @@ from fusedresnet.backend.spec import (
     power_of_two_buckets,
 )
 from fusedresnet.backend.triton_install import gpu_present
+from fusedresnet.client.preprocess import model_input
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.client.shared_memory import read_admin_token
 from fusedresnet.loadtest import grpc_flood, report
-from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, as_model_input, build_image_pool, save_image_pool
+from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, build_image_pool, save_image_pool
 from fusedresnet.loadtest.step import FLOOD, Endpoints, Series, Step, SweepSettings, run_locust_step
 
 # The full sweep for the GPU host: the main curve (gRPC, one image per request) at every
@@ -251,7 +254,7 @@ def run_sweep(args, endpoints: Endpoints, command: str, admin_token: str | None 
     largest_request = max([*args.prewarm_sizes, *(s.images_per_request for s in args.series)])
     pool = build_image_pool(max(args.pool_size, largest_request))
     prewarm_failures = prewarm(endpoints, pool, args.prewarm_sizes)
-    pools = {fmt: save_image_pool(as_model_input(pool, fmt), raw_dir.resolve() / f"image_pool_{fmt}.npy")
+    pools = {fmt: save_image_pool(model_input(pool, fmt), raw_dir.resolve() / f"image_pool_{fmt}.npy")
              for fmt in sorted({s.input_format for s in args.series})}
     settings = SweepSettings(args.warmup_s, args.measure_s, args.processes, pools, raw_dir, admin_token)
     results = new_results(args, endpoints, command, pool)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM
+from fusedresnet.backend.spec import INPUT_FP32, MODEL_CUDNN, MODEL_CUSTOM
 from fusedresnet.client import ab
 from fusedresnet.client.agreement import SET_REL_L2_TOLERANCE
 from fusedresnet.client.preprocess import sample_photo_paths
@@ -54,7 +54,7 @@ def test_agreement_report_files_hold_the_json_figures(agreement_run):
 
 def test_agreement_over_http_with_client_normalised_input_matches_too(triton_server, tmp_path):
     agreement = ab.run_agreement(ab.agreement_image_sets(generated=4), "http", triton_server.http_url,
-                                 batch_size=3, input_format="fp32")
+                                 batch_size=3, input_format=INPUT_FP32)
     for stats in agreement["sets"].values():
         assert stats["rel_l2"] <= SET_REL_L2_TOLERANCE and stats["clear_disagreements"] == 0
     assert agreement["latency"][MODEL_CUSTOM]["requests"] == 2 + 2   # 5 photos and 4 images, 3 per request

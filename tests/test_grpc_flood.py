@@ -37,6 +37,7 @@ def test_a_short_step_is_counted_by_triton_and_records_its_own_cpu(triton_server
                                image_pool=pool_file, shared_memory=shared_memory, admin_token=admin_token)
     assert set(LOCUST_STEP_FIELDS) <= set(step)
     assert step["load_generator"] == "grpc_flood" and step["shared_memory"] == shared_memory
+    assert step["input_format"] == "IMAGE"
     assert step["failures"] == 0, step["error_examples"]
     assert step["problems"] == []
     # Triton's counters, from its metrics endpoint, against what the generator says it sent.
@@ -61,6 +62,7 @@ def test_cli_writes_the_step_record(triton_server, admin_token, pool_file, tmp_p
     assert grpc_flood.main(["--model", MODEL_CUSTOM, "--url", triton_server.grpc_url,
                             "--metrics-url", triton_server.metrics_url, "--concurrency", "2", "--processes", "1",
                             "--seconds", "1", "--warmup-s", "0.3", "--image-pool", str(pool_file),
-                            "--shared-memory", "system", "--out", str(out)]) == 0
+                            "--input-format", "IMAGE_NORMALIZED", "--shared-memory", "system", "--out", str(out)]) == 0
     step = json.loads(out.read_text())
     assert step["shared_memory"] == "system" and step["sent"] == step["triton_success_run"]
+    assert step["input_format"] == "IMAGE_NORMALIZED" and step["failures"] == 0

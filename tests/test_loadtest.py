@@ -7,6 +7,7 @@ tests read what it wrote.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import threading
@@ -14,10 +15,11 @@ import threading
 import numpy as np
 import pytest
 
-from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, MODELS
+from fusedresnet.backend.spec import INPUT_FP32, MODEL_CUDNN, MODEL_CUSTOM, MODELS
+from fusedresnet.client.preprocess import model_input
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.loadtest import report, sweep, triton_metrics
-from fusedresnet.loadtest.image_pool import RequestWindows, as_model_input, build_image_pool
+from fusedresnet.loadtest.image_pool import RequestWindows, build_image_pool
 from fusedresnet.loadtest.step import Series, sanity_problems
 
 TINY_SERIES = ("grpc/1@1,2", "http/2@2")
@@ -180,14 +182,29 @@ def test_request_windows_give_distinct_consecutive_batches_from_distinct_images(
     pool = build_image_pool(12, seed=3)
     flat = pool.reshape(len(pool), -1)
     assert len({row.tobytes() for row in flat}) == len(pool)
-    windows = RequestWindows(as_model_input(pool, "fp32"), images_per_request=4, offset=7)
+    windows = RequestWindows(model_input(pool, INPUT_FP32), images_per_request=4, offset=7)
     batches = [windows.next() for _ in range(windows.starts)]
     assert all(b.shape == (4, 3, 224, 224) and b.dtype == np.float32 for b in batches)
     assert len({b.tobytes() for b in batches}) == windows.starts
 
 
-def test_series_syntax_names_protocol_images_format_and_levels():
-    series = Series.parse("http/8/fp32@4,16")
+def test_series_syntax_names_protocol_images_input_and_levels():
+    series = Series.parse("http/8/IMAGE_NORMALIZED@4,16")
     assert (series.protocol, series.images_per_request, series.input_format, series.levels) == \
-        ("http", 8, "fp32", (4, 16))
-    assert Series.parse("grpc/1@1").input_format == "uint8"
+        ("http", 8, "IMAGE_NORMALIZED", (4, 16))
+    assert Series.parse("grpc/1@1").input_format == "IMAGE"
+    with pytest.raises(argparse.ArgumentTypeError):
+        Series.parse("http/8/fp32@4,16")        # inputs are named as the model names them
+
+
+def test_report_reads_sweeps_saved_with_the_old_input_names(tiny_sweep, tmp_path):
+    _, results, _ = tiny_sweep
+    old = dict(results, steps=[dict(step, input_format={"IMAGE": "uint8", "IMAGE_NORMALIZED": "fp32"}[
+        step["input_format"]]) for step in results["steps"]], agreement={"input_format": "fp32", "sets": {}})
+    saved = tmp_path / "old.json"
+    saved.write_text(json.dumps(old))
+    read = report.read_results(saved)
+    assert {step["input_format"] for step in read["steps"]} == {"IMAGE"}
+    assert read["agreement"]["input_format"] == "IMAGE_NORMALIZED"
+    assert report.main([str(saved), "--out", str(tmp_path / "report")]) == 0
+    assert "1 image/request, IMAGE (locust)" in (tmp_path / "report" / "old.md").read_text()

@@ -15,7 +15,7 @@ import concurrent.futures
 import numpy as np
 import pytest
 
-from fusedresnet.backend.spec import INPUT_FP32, MODELS
+from fusedresnet.backend.spec import INPUT_FP32, INPUT_UINT8, MODELS
 from fusedresnet.client.preprocess import normalize
 
 from bad_requests import BAD_REQUESTS, CHW, assert_clear_refusal, send_bad
@@ -51,8 +51,9 @@ def test_valid_requests_batched_with_malformed_ones_get_their_correct_answers(tr
     call; the bad ones that reach the model get their own errors, the good ones their logits."""
     images, reference = good
     bad_for_model = [b for b in BAD_REQUESTS if b.reaches_model] * 2
-    fp32 = np.stack([normalize(image) for image in images])
-    jobs = [("good-uint8", i) for i in range(len(images))] + [("good-fp32", i) for i in range(len(images))] \
+    normalized = np.stack([normalize(image) for image in images])
+    jobs = [(f"good-{INPUT_UINT8}", i) for i in range(len(images))] \
+        + [(f"good-{INPUT_FP32}", i) for i in range(len(images))] \
         + [("bad", i) for i in range(len(bad_for_model))]
 
     def run(job):
@@ -61,10 +62,10 @@ def test_valid_requests_batched_with_malformed_ones_get_their_correct_answers(tr
         if kind == "bad":
             return job, send_bad(triton_server, protocol, model, bad_for_model[index])
         with client(triton_server, protocol) as triton:
-            if kind == "good-uint8":
+            if kind == f"good-{INPUT_UINT8}":
                 return job, infer_uint8(triton, protocol, model, images[index:index + 1])
             status, answer = raw_grpc_infer(triton_server, model, [(INPUT_FP32, "FP32", [1, *CHW])],
-                                            [fp32[index:index + 1].tobytes()])
+                                            [normalized[index:index + 1].tobytes()])
             assert status == "OK", answer
             return job, np.frombuffer(answer.raw_output_contents[0], np.float32).reshape(1, -1)
 

@@ -72,12 +72,12 @@ def test_fp32_cudnn_baseline_on_cpu_is_exact_to_float_rounding(triton_server, va
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_normalized_fp32_input_gives_the_same_logits_as_uint8_input(triton_server, model, varied_images):
+def test_image_normalized_input_gives_the_same_logits_as_image_input(triton_server, model, varied_images):
     images = varied_images[:6]
     with client_for(triton_server, model) as client:
-        from_uint8 = client.infer(images).logits
-        from_fp32 = client.infer(np.stack([normalize(image) for image in images])).logits
-    assert compare_logits(from_fp32, from_uint8)["rel_l2"] < 1e-3
+        from_image = client.infer(images).logits
+        from_image_normalized = client.infer(np.stack([normalize(image) for image in images])).logits
+    assert compare_logits(from_image_normalized, from_image)["rel_l2"] < 1e-3
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -179,12 +179,12 @@ def test_malformed_request_gets_its_own_error_while_batched_good_requests_succee
 @pytest.mark.parametrize("model", MODELS)
 def test_request_with_both_inputs_or_none_is_rejected_clearly(triton_server, model, varied_images):
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)
-    uint8 = grpcclient.InferInput(INPUT_UINT8, [1, 224, 224, 3], "UINT8")
-    uint8.set_data_from_numpy(varied_images[:1])
-    fp32 = grpcclient.InferInput(INPUT_FP32, [1, 3, 224, 224], "FP32")
-    fp32.set_data_from_numpy(normalize(varied_images[0])[None])
+    image = grpcclient.InferInput(INPUT_UINT8, [1, 224, 224, 3], "UINT8")
+    image.set_data_from_numpy(varied_images[:1])
+    image_normalized = grpcclient.InferInput(INPUT_FP32, [1, 3, 224, 224], "FP32")
+    image_normalized.set_data_from_numpy(normalize(varied_images[0])[None])
     with pytest.raises(InferenceServerException, match="exactly one of the inputs"):
-        client.infer(model, [uint8, fp32], outputs=[grpcclient.InferRequestedOutput(OUTPUT_LOGITS)])
+        client.infer(model, [image, image_normalized], outputs=[grpcclient.InferRequestedOutput(OUTPUT_LOGITS)])
     assert client.is_server_live() and client.is_model_ready(model)
     client.close()
 

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from fusedresnet.backend.spec import MODELS
+from fusedresnet.backend.spec import INPUT_UINT8, MODELS
 from fusedresnet.client import classify
 from fusedresnet.client.preprocess import normalize, sample_photo_paths
 from fusedresnet.client.resnet_client import ResNetClient, SharedMemorySlot, build_request
@@ -58,19 +58,19 @@ def test_system_shared_memory_gives_the_plain_paths_logits_and_frees_its_regions
     images = varied_images[[0, 7, 30]]      # a photo, a smooth random image, white noise
     with ResNetClient(model, protocol, url_of(triton_server, protocol)) as plain:
         expected = plain.infer(images)
-        expected_fp32 = plain.infer(np.stack([normalize(image) for image in images[:2]]))
+        expected_normalized = plain.infer(np.stack([normalize(image) for image in images[:2]]))
         expected_top = plain.classify(images, top_k=3)
     with ResNetClient(model, protocol, url_of(triton_server, protocol), shared_memory="system",
                       admin_token=admin_token) as client:
         result = client.infer(images)
         names = region_names(client)
         assert set(names) <= set(registered_regions(triton_server, protocol, admin_token))
-        fp32 = client.infer(np.stack([normalize(image) for image in images[:2]]))   # 4x the bytes: regions grow
+        normalized = client.infer(np.stack([normalize(image) for image in images[:2]]))   # 4x the bytes: regions grow
         assert not set(names) & set(registered_regions(triton_server, protocol, admin_token))
         names += region_names(client)
         top = client.classify(images, top_k=3)
     np.testing.assert_array_equal(result.logits, expected.logits)
-    np.testing.assert_array_equal(fp32.logits, expected_fp32.logits)
+    np.testing.assert_array_equal(normalized.logits, expected_normalized.logits)
     assert result.engine == expected.engine and top.top == expected_top.top
     assert_gone(triton_server, admin_token, names)
 
@@ -148,6 +148,9 @@ def test_classify_cli_with_shared_memory_prints_what_the_plain_path_prints(trito
         return [line for line in capsys.readouterr().out.splitlines() if not line.startswith("-- request")]
 
     assert labels(["--shared-memory", "system", "--admin-token-file", str(token_file)]) == labels([])
+    normalized = labels(["--input", "IMAGE_NORMALIZED", "--shared-memory", "system", "--admin-token-file",
+                         str(token_file)])
+    assert [line.split(":")[0] for line in normalized] == [Path(photo).name for photo in photos]
     token_file.write_text("not-the-token\n")
     assert classify.main(photos + common + ["--shared-memory", "system", "--admin-token-file", str(token_file)]) == 1
     assert "refused to register system shared-memory region" in capsys.readouterr().err
@@ -161,7 +164,7 @@ def test_locust_users_with_system_shared_memory_are_counted_by_triton_and_free_t
 
     pool = save_image_pool(build_image_pool(8), tmp_path / "pool.npy")
     endpoints = load_step.Endpoints(triton_server.grpc_url, triton_server.http_url, triton_server.metrics_url)
-    settings = load_step.SweepSettings(1.0, 2.0, 2, {"uint8": pool}, tmp_path, admin_token)
+    settings = load_step.SweepSettings(1.0, 2.0, 2, {INPUT_UINT8: pool}, tmp_path, admin_token)
     series = load_step.Series.parse("grpc/2/system@2")
     result = load_step.run_locust_step(load_step.Step(0, MODELS[0], series, 2, 0), endpoints, settings,
                                        tmp_path / "step")

@@ -33,15 +33,15 @@ def test_cuda_shared_memory_gives_the_plain_paths_logits_and_frees_its_regions(
     images = varied_images[[0, 7, 30]]
     normalized = np.stack([normalize(image) for image in images])
     with ResNetClient(model, protocol, url) as plain:
-        expected, expected_fp32 = plain.infer(images), plain.infer(normalized)
+        expected, expected_normalized = plain.infer(images), plain.infer(normalized)
     with ResNetClient(model, protocol, url, shared_memory="cuda", admin_token=admin_token) as client:
         result = client.infer(images)
         names = {client._regions.input.name, client._regions.logits.name}
         assert names <= set(cuda_regions(triton_server, protocol, admin_token))
-        fp32 = client.infer(normalized)
+        from_normalized = client.infer(normalized)
         names |= {client._regions.input.name, client._regions.logits.name}
     np.testing.assert_array_equal(result.logits, expected.logits)
-    np.testing.assert_array_equal(fp32.logits, expected_fp32.logits)
+    np.testing.assert_array_equal(from_normalized.logits, expected_normalized.logits)
     assert result.engine == expected.engine
     assert not names & set(cuda_regions(triton_server, protocol, admin_token))
 

@@ -26,7 +26,7 @@ import time
 import numpy as np
 import pytest
 
-from fusedresnet.backend.spec import MODEL_CUSTOM, MODELS
+from fusedresnet.backend.spec import INPUT_FP32, MODEL_CUSTOM, MODELS
 from fusedresnet.client.preprocess import normalize
 
 from bad_requests import BAD_REQUESTS, CHW, assert_clear_refusal, send_bad
@@ -88,9 +88,9 @@ def test_soak_mixed_traffic_keeps_every_valid_answer_correct_and_memory_bounded(
                 else:
                     first, count = rng.randrange(len(images) - 4), rng.randint(1, 4)
                     try:
-                        if rng.random() < 0.2:  # FP32 input over raw gRPC
-                            status, answer = raw_grpc_infer(triton_server, model, [("IMAGE_NORMALIZED", "FP32",
-                                                                                   [count, *CHW])],
+                        if rng.random() < 0.2:  # IMAGE_NORMALIZED over raw gRPC
+                            status, answer = raw_grpc_infer(triton_server, model,
+                                                            [(INPUT_FP32, "FP32", [count, *CHW])],
                                                             [normalized[first:first + count].tobytes()])
                             assert status == "OK", answer
                             logits = np.frombuffer(answer.raw_output_contents[0], np.float32).reshape(count, -1)
