@@ -56,7 +56,7 @@ def client(server, protocol: str, **kwargs):
                                             connection_timeout=CLIENT_TIMEOUT_S, **kwargs)
 
 
-def infer_uint8(triton, protocol: str, model: str, images: np.ndarray, headers=None) -> np.ndarray:
+def infer_image(triton, protocol: str, model: str, images: np.ndarray, headers=None) -> np.ndarray:
     """Logits of uint8 images [N,224,224,3] through tritonclient (raises InferenceServerException)."""
     lib = grpcclient if protocol == "grpc" else httpclient
     tensor = lib.InferInput(INPUT_UINT8, list(images.shape), "UINT8")

@@ -32,7 +32,7 @@ from robustness_helpers import (
     Launcher,
     assert_correct,
     client,
-    infer_uint8,
+    infer_image,
     record,
     results_dir,
     shm_regions_of_stubs,
@@ -71,7 +71,7 @@ class TrafficLoop:
             try:
                 if triton is None:
                     triton = client(self.server, protocol)
-                outcome = infer_uint8(triton, protocol, self.model, self.images[first:first + self.batch])
+                outcome = infer_image(triton, protocol, self.model, self.images[first:first + self.batch])
             except Exception as error:  # connection refused while the server restarts is an answer too
                 outcome = error
                 if triton is not None:
@@ -170,7 +170,7 @@ def test_killed_stub_fails_in_flight_requests_and_the_launcher_restores_correct_
         # both models answer correctly on the restarted server
         for model in MODELS:
             with client(launcher, "grpc") as triton:
-                assert_correct(infer_uint8(triton, "grpc", model, images[:4]), reference[:4])
+                assert_correct(infer_image(triton, "grpc", model, images[:4]), reference[:4])
     record(results, "faults", {"stub_kill": figures, "recovery_bound_s": RECOVERY_BOUND_S})
 
 

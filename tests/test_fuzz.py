@@ -26,7 +26,7 @@ from fusedresnet.backend.spec import (
     OUTPUT_LOGITS,
 )
 
-from robustness_helpers import PROTOCOLS, assert_correct, client, infer_uint8, raw_grpc_infer, raw_http_infer
+from robustness_helpers import PROTOCOLS, assert_correct, client, infer_image, raw_grpc_infer, raw_http_infer
 
 FUZZ_SETTINGS = dict(deadline=None, derandomize=True, database=None,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -188,7 +188,7 @@ def check_after(triton_server, varied_images, reference_logits):
             with client(triton_server, protocol) as triton:
                 assert triton.is_server_live() and triton.is_server_ready()
                 for model in MODELS:
-                    assert_correct(infer_uint8(triton, protocol, model, images), reference)
+                    assert_correct(infer_image(triton, protocol, model, images), reference)
     return check
 
 

@@ -35,7 +35,7 @@ from robustness_helpers import (
     client,
     counter_delta,
     grpc_burst_in_process,
-    infer_uint8,
+    infer_image,
     record,
     request_counters,
     results_dir,
@@ -159,7 +159,7 @@ def check_burst(server, model, protocol, sent, answers, counters_before, images,
     # the server is still live, ready and right
     with client(server, protocol) as triton:
         assert triton.is_server_live() and triton.is_server_ready() and triton.is_model_ready(model)
-        assert_correct(infer_uint8(triton, protocol, model, images[:2]), reference[:2])
+        assert_correct(infer_image(triton, protocol, model, images[:2]), reference[:2])
 
     def pct(values, q):
         return round(float(np.percentile(values, q)), 3) if values else None

@@ -19,7 +19,7 @@ from fusedresnet.backend.spec import INPUT_FP32, INPUT_UINT8, MODELS
 from fusedresnet.client.preprocess import normalize
 
 from bad_requests import BAD_REQUESTS, CHW, assert_clear_refusal, send_bad
-from robustness_helpers import PROTOCOLS, assert_correct, client, infer_uint8, raw_grpc_infer
+from robustness_helpers import PROTOCOLS, assert_correct, client, infer_image, raw_grpc_infer
 
 
 def bad_cases():
@@ -42,7 +42,7 @@ def test_malformed_request_gets_a_clear_error_and_the_next_valid_request_is_answ
     assert_clear_refusal(bad, protocol, status, message)
     with client(triton_server, protocol) as triton:
         assert triton.is_server_live() and triton.is_server_ready() and triton.is_model_ready(model)
-        assert_correct(infer_uint8(triton, protocol, model, images[:1]), reference[:1])
+        assert_correct(infer_image(triton, protocol, model, images[:1]), reference[:1])
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -63,7 +63,7 @@ def test_valid_requests_batched_with_malformed_ones_get_their_correct_answers(tr
             return job, send_bad(triton_server, protocol, model, bad_for_model[index])
         with client(triton_server, protocol) as triton:
             if kind == f"good-{INPUT_UINT8}":
-                return job, infer_uint8(triton, protocol, model, images[index:index + 1])
+                return job, infer_image(triton, protocol, model, images[index:index + 1])
             status, answer = raw_grpc_infer(triton_server, model, [(INPUT_FP32, "FP32", [1, *CHW])],
                                             [normalized[index:index + 1].tobytes()])
             assert status == "OK", answer

@@ -28,7 +28,7 @@ from fusedresnet.backend.spec import (
 )
 from fusedresnet.backend.triton_install import ServerError, find_triton
 
-from robustness_helpers import Launcher, assert_correct, client, infer_uint8, listening_addresses
+from robustness_helpers import Launcher, assert_correct, client, infer_image, listening_addresses
 
 MODEL = MODELS[0]
 
@@ -97,7 +97,7 @@ def test_inference_health_and_metadata_need_no_token(triton_server, protocol, mo
     with client(triton_server, protocol) as triton:
         assert triton.is_server_live() and triton.is_server_ready() and triton.is_model_ready(model)
         assert triton.get_model_metadata(model) and triton.get_model_config(model)
-        assert_correct(infer_uint8(triton, protocol, model, varied_images[:2]), reference_logits(varied_images[:2]))
+        assert_correct(infer_image(triton, protocol, model, varied_images[:2]), reference_logits(varied_images[:2]))
 
 
 @pytest.mark.parametrize("token", [None, "wrong-token"], ids=["no-token", "wrong-token"])
@@ -229,6 +229,6 @@ def test_launcher_defaults_to_loopback_takes_the_token_from_a_file_and_never_pri
         with grpcclient.InferenceServerClient(launcher.grpc_url) as triton:
             triton.get_log_settings(headers={GRPC_ADMIN_TOKEN_HEADER: token})
         with client(launcher, "grpc") as triton:
-            assert_correct(infer_uint8(triton, "grpc", MODEL, varied_images[:1]), reference_logits(varied_images[:1]))
+            assert_correct(infer_image(triton, "grpc", MODEL, varied_images[:1]), reference_logits(varied_images[:1]))
     printed = launcher.output() + launcher.log_file.read_text(errors="replace")
     assert "Triton ready" in printed and token not in printed

@@ -34,7 +34,7 @@ from robustness_helpers import (
     assert_correct,
     client,
     gpu_memory_used_mib,
-    infer_uint8,
+    infer_image,
     raw_grpc_infer,
     record,
     results_dir,
@@ -95,7 +95,7 @@ def test_soak_mixed_traffic_keeps_every_valid_answer_correct_and_memory_bounded(
                             assert status == "OK", answer
                             logits = np.frombuffer(answer.raw_output_contents[0], np.float32).reshape(count, -1)
                         else:
-                            logits = infer_uint8(triton, protocol, model, images[first:first + count])
+                            logits = infer_image(triton, protocol, model, images[first:first + count])
                         assert_correct(logits, reference[first:first + count])
                         with lock:
                             tally["valid_ok"] += 1
