@@ -23,6 +23,7 @@ MODEL_CUDNN = "resnet18_cudnn"
 MODELS = (MODEL_CUSTOM, MODEL_CUDNN)
 INPUT_UINT8 = "IMAGE"                  # UINT8 [224, 224, 3], HWC, RGB, not normalised
 INPUT_FP32 = "IMAGE_NORMALIZED"        # FP32 [3, 224, 224], CHW, normalised by the client
+INPUTS = (INPUT_UINT8, INPUT_FP32)     # the input kinds; a request sends exactly one
 OUTPUT_LOGITS = "LOGITS"               # FP32 [1000]
 # Normalised pixels lie within about -2.2..2.7. Far larger finite values (0..255 floats sent by
 # mistake, or 1e30) would come back as meaningless or non-finite logits (fp16 engines overflow

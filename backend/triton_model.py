@@ -49,6 +49,7 @@ from .spec import (
     IMAGE_SIZE,
     INPUT_FP32,
     INPUT_UINT8,
+    INPUTS,
     OUTPUT_ENGINE,
     OUTPUT_LOGITS,
     power_of_two_buckets,
@@ -91,7 +92,7 @@ def read_request(request, max_batch: int) -> tuple[str, torch.Tensor]:
     """(input kind, tensor) of one request, or RequestError naming what is wrong."""
     # request.inputs() once (get_input_tensor_by_name walks it anew for each name it is asked).
     tensors = {tensor.name(): tensor for tensor in request.inputs()}
-    present = [name for name in (INPUT_UINT8, INPUT_FP32) if name in tensors]
+    present = [name for name in INPUTS if name in tensors]
     if len(present) != 1:
         raise RequestError(f"send exactly one of the inputs {INPUT_UINT8} (UINT8 [N,{IMAGE_SIZE},{IMAGE_SIZE},"
                            f"{CHANNELS}]) or {INPUT_FP32} (FP32 [N,{CHANNELS},{IMAGE_SIZE},{IMAGE_SIZE}]); "
@@ -202,7 +203,7 @@ class ResNetTritonModel:
     def _warm_up(self):
         generator = torch.Generator().manual_seed(0)
         sizes = power_of_two_buckets(self.max_batch_size) if self.on_gpu else CPU_WARMUP_BATCH_SIZES
-        for input_name in (INPUT_UINT8, INPUT_FP32):
+        for input_name in INPUTS:
             for batch in sizes:
                 shape, dtype = input_shape(input_name, batch)
                 if dtype == torch.uint8:

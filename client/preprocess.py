@@ -20,15 +20,15 @@ from fusedresnet.backend.spec import (
     IMAGE_SIZE,
     IMAGENET_MEAN,
     IMAGENET_STD,
-    INPUT_FP32,
     INPUT_UINT8,
+    INPUTS,
     RESIZE_SHORTER_SIDE,
     SAMPLES_DIR,
 )
 
 # The model's two inputs, one per request, named as the model names them: IMAGE (uint8 crops, the
 # server normalises) or IMAGE_NORMALIZED (float32, normalised by the client).
-INPUT_FORMATS = (INPUT_UINT8, INPUT_FP32)
+INPUT_FORMATS = INPUTS
 
 
 def load_rgb(path) -> Image.Image:
