@@ -283,7 +283,7 @@ class ResNetTritonModel:
     def execute(self, requests):
         started = time.perf_counter()
         responses = [None] * len(requests)
-        groups: dict[str, list[tuple[int, torch.Tensor]]] = {INPUT_UINT8: [], INPUT_FP32: []}
+        groups: dict[str, list[tuple[int, torch.Tensor]]] = {name: [] for name in INPUTS}
         for index, request in enumerate(requests):
             try:
                 input_name, tensor = read_request(request, self.max_batch_size)

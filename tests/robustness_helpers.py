@@ -329,19 +329,27 @@ def listening_addresses(ports) -> dict[int, set[str]]:
     return found
 
 
+def burst_window(index: int, images_per_request: int, count: int) -> list[int]:
+    """Which of `count` images request `index` of a burst carries (consecutive, wrapping around)."""
+    return [(index + i) % count for i in range(images_per_request)]
+
+
 def grpc_burst_in_process(grpc_url: str, model: str, images: np.ndarray, first_index: int, count: int,
-                          queue_timeout_us: int, stop_after_refusals: int, channels: int = 1) -> dict:
+                          queue_timeout_us: int, stop_after_refusals: int, channels: int = 1,
+                          images_per_request: int = 1) -> dict:
     """One sender of a burst (alone, or one of a spawned process pool, so its gRPC channels are its
-    own): `count` single-image requests fired asynchronously over `channels` channels, every 4th with
-    a queue timeout of `queue_timeout_us`, stopping early after `stop_after_refusals` queue-full
-    refusals. Returns {index: [(seconds to answer, logits or error text)]} for every request sent."""
+    own): `count` requests of `images_per_request` images (`burst_window`) fired asynchronously over
+    `channels` channels, every 4th with a queue timeout of `queue_timeout_us`, stopping early after
+    `stop_after_refusals` queue-full refusals. Returns {index: [(seconds to answer, logits or error
+    text)]} for every request sent."""
     import threading as _threading
 
     triton = [grpcclient.InferenceServerClient(grpc_url) for _ in range(channels)]
     tensors = []
     for i in range(len(images)):
-        tensor = grpcclient.InferInput(INPUT_UINT8, [1, *images.shape[1:]], "UINT8")
-        tensor.set_data_from_numpy(images[i:i + 1])
+        window = images[burst_window(i, images_per_request, len(images))]
+        tensor = grpcclient.InferInput(INPUT_UINT8, list(window.shape), "UINT8")
+        tensor.set_data_from_numpy(window)
         tensors.append(tensor)
     answers: dict[int, list] = {}
     sent_at: dict[int, float] = {}
