@@ -417,8 +417,7 @@ def test_configuration_reference_names_every_launcher_option_and_model_parameter
     missing = {option for option in launcher_options() - {"--help"} if f"`{option}" not in reference}
     assert not missing, f"launcher options missing from the README's configuration reference: {missing}"
     for model in spec.MODELS:
-        config = (ROOT / "model_repository" / model / "config.pbtxt").read_text()
-        for key in re.findall(r'parameters:\s*{\s*key:\s*"(\w+)"', config):
+        for key in spec.model_config(model).parameters:
             assert f"`{key}`" in reference, f"{model} config parameter {key} missing from the reference"
     for setting in ("instance_group", "max_queue_delay_microseconds", "max_queue_size", spec.ADMIN_TOKEN_ENV):
         assert setting in reference, setting

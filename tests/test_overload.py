@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import multiprocessing
-import re
 import time
 from collections import Counter
 
@@ -26,7 +25,14 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from fusedresnet.backend.spec import INPUT_UINT8, MODEL_CUSTOM, MODEL_REPOSITORY, MODELS, OUTPUT_LOGITS, max_batch_size
+from fusedresnet.backend.spec import (
+    INPUT_UINT8,
+    MODEL_CUSTOM,
+    MODELS,
+    OUTPUT_LOGITS,
+    max_batch_size,
+    model_config,
+)
 from fusedresnet.loadtest import triton_metrics
 
 from robustness_helpers import (
@@ -51,13 +57,14 @@ PARALLEL_SENDERS = 4             # processes that burst together when one client
 
 
 def queue_policy(model: str) -> dict:
-    text = (MODEL_REPOSITORY / model / "config.pbtxt").read_text()
-    block = re.search(r"default_queue_policy\s*{([^}]*)}", text)
-    assert block, f"{model}: no default_queue_policy in config.pbtxt"
-    fields = dict(re.findall(r"(\w+)\s*:\s*(\w+)", block.group(1)))
-    return {"max_queue_size": int(fields["max_queue_size"]), "timeout_action": fields["timeout_action"],
-            "default_timeout_s": int(fields["default_timeout_microseconds"]) / 1e6,
-            "allow_timeout_override": fields.get("allow_timeout_override") == "true"}
+    """The model's queue policy, read from its config.pbtxt with Triton's own ModelConfig message."""
+    config = model_config(model)
+    assert config.dynamic_batching.HasField("default_queue_policy"), f"{model}: no default_queue_policy"
+    policy = config.dynamic_batching.default_queue_policy
+    return {"max_queue_size": policy.max_queue_size,
+            "timeout_action": type(policy).TimeoutAction.Name(policy.timeout_action),
+            "default_timeout_s": policy.default_timeout_microseconds / 1e6,
+            "allow_timeout_override": policy.allow_timeout_override}
 
 
 def classify(outcome) -> str:
