@@ -91,7 +91,12 @@ class TorchServing:
         return next_power_of_two(count) if self.cuda_graphs else count
 
     def _stream_context(self):
-        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+        if self.stream is None:
+            return contextlib.nullcontext()
+        context = contextlib.ExitStack()     # this engine's device and stream, whatever the caller's current device
+        context.enter_context(torch.cuda.device(self.device))
+        context.enter_context(torch.cuda.stream(self.stream))
+        return context
 
     def input_buffer(self, input_name: str, bucket: int) -> torch.Tensor:
         if self.cuda_graphs:
@@ -118,12 +123,12 @@ class TorchServing:
             shape, dtype = input_shape(input_name, bucket)
             static_input = torch.zeros(shape, dtype=dtype, device=self.device)
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self.stream):
+            with self._stream_context():
                 for _ in range(GRAPH_WARMUP_RUNS):
                     self._classify(input_name, static_input)
             self.stream.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool, stream=self.stream):
+            with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=self._graph_pool, stream=self.stream):
                 static_output = self._classify(input_name, static_input)
             entry = self._graphs[(input_name, bucket)] = (graph, static_input, static_output)
         return entry

@@ -12,6 +12,8 @@ token of `admin_token`, and supervises its Python-backend stubs (`stub_processes
   `triton-grpc-protocol-admin-key` (Triton prefixes it). The token comes from
   $FUSEDRESNET_ADMIN_TOKEN, or --admin-token-file; if neither exists a random
   token is written to build/admin-token (mode 0600). It is never printed;
+- every GPU the host has, unless `--gpus` names some (CUDA_VISIBLE_DEVICES of the
+  server; with `KIND_AUTO` each model gets its `count` of instances on every one);
 - `--pinned-memory-pool-byte-size=0` when the host has no GPU (without it this
   Triton build returns empty outputs on CPU-only hosts);
 - waits for readiness with a timeout; on failure it says why and shows the
@@ -52,7 +54,7 @@ from .spec import (
     RESTRICTED_APIS,
 )
 from .stub_processes import python_stubs
-from .triton_install import ServerError, TritonInstallation, find_triton, gpu_present, private_backend_tree
+from .triton_install import ServerError, TritonInstallation, find_triton, host_gpus, private_backend_tree
 
 DEFAULT_READY_TIMEOUT_S = 300.0
 MAX_RESTARTS, RESTART_WINDOW_S = 3, 600.0
@@ -73,6 +75,7 @@ class TritonServer:
     exit_timeout_s: int = 30
     extra_args: list[str] = field(default_factory=list)
     use_gpu: bool | None = None        # None: detect
+    gpus: str | None = None            # e.g. "0,1": the GPUs the server may use (None: all of them)
     process: subprocess.Popen | None = None
     restarts: int = 0
     instance_stubs: set = field(default_factory=set)  # model instance names whose stubs the server started
@@ -137,11 +140,20 @@ class TritonServer:
         env.pop(ADMIN_TOKEN_ENV, None)  # the models have no use for it
         if not self.use_gpu:
             env["CUDA_VISIBLE_DEVICES"] = ""
+        elif self.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus
         return env
 
     def start(self, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> TritonServer:
+        gpus = host_gpus()
         if self.use_gpu is None:
-            self.use_gpu = gpu_present()
+            self.use_gpu = bool(gpus)
+        if self.gpus is not None:
+            unknown = [item for item in self.gpus.split(",")
+                       if not any(line.startswith(f"GPU {item}:") or f"UUID: {item})" in line for line in gpus)]
+            if not self.use_gpu or unknown:
+                raise ServerError(f"--gpus {self.gpus}: no such GPU ({', '.join(unknown) or 'no GPU in use'}); "
+                                  f"this host has: {'; '.join(gpus) or 'no GPU'}")
         if self.admin_token is None:
             self.admin_token = read_or_create_token()
         if not Path(self.model_repository, STAMP_FILE).is_file():
@@ -274,6 +286,14 @@ class TritonServer:
         self.stop()
 
 
+def gpu_list(text: str) -> str:
+    """argparse type of --gpus: comma-separated device indices or GPU UUIDs, as CUDA_VISIBLE_DEVICES takes them."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(item.isdigit() or item.startswith("GPU-") for item in items) or len(set(items)) != len(items):
+        raise argparse.ArgumentTypeError(f"expected distinct GPU indices or UUIDs separated by commas, got {text!r}")
+    return ",".join(items)
+
+
 def _raise_keyboard_interrupt(*_):
     raise KeyboardInterrupt
 
@@ -294,17 +314,20 @@ def main(argv=None):
     parser.add_argument("--no-restart", action="store_true",
                         help=f"when a model's Python stub dies, stop and exit with status {EXIT_STUB_DIED} "
                              "instead of restarting Triton (for an orchestrator that restarts the service)")
+    parser.add_argument("--gpus", type=gpu_list,
+                        help="GPUs to serve on, e.g. 0 or 0,1 (default: all); each model gets its configured "
+                             "instance count on every one")
     parser.add_argument("triton_args", nargs="*", help="extra tritonserver flags, after --")
     args = parser.parse_args(argv)
     server = TritonServer(args.model_repository, args.host, args.http_port, args.grpc_port, args.metrics_port,
                           read_or_create_token(args.admin_token_file), args.log_file, args.exit_timeout,
-                          args.triton_args)
+                          args.triton_args, gpus=args.gpus)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         server.start(args.ready_timeout)
+        devices = f"GPUs {server.gpus or 'all'}" if server.use_gpu else "CPU only"
         print(f"fusedresnet: Triton ready on gRPC {server.grpc_url}, HTTP {server.http_url}, "
-              f"metrics {server.metrics_url} ({'GPU' if server.use_gpu else 'CPU only'}); Ctrl-C stops it",
-              flush=True)
+              f"metrics {server.metrics_url} ({devices}); Ctrl-C stops it", flush=True)
         if args.host not in ("127.0.0.1", "localhost", "::1"):
             print(f"fusedresnet: listening on {args.host}: inference is open to anyone who can reach these ports; "
                   "the admin APIs need the admin token", flush=True)

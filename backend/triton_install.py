@@ -78,14 +78,20 @@ def private_backend_tree(triton: TritonInstallation) -> Path:
     return tree
 
 
-def gpu_present() -> bool:
+def host_gpus() -> list[str]:
+    """The host's GPUs as `nvidia-smi -L` lists them ("GPU 0: <name> (UUID: GPU-...)"); empty without
+    a driver, and when CUDA_VISIBLE_DEVICES hides every GPU."""
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return False
+        return []
     smi = shutil.which("nvidia-smi")
     if not smi:
-        return False
+        return []
     try:
         out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
+        return []
+    return [line for line in out.stdout.splitlines() if line.startswith("GPU ")] if out.returncode == 0 else []
+
+
+def gpu_present() -> bool:
+    return bool(host_gpus())

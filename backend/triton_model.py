@@ -19,7 +19,10 @@ Both `model_repository/*/1/model.py` files are thin subclasses of
   (`torch_threads`), so any Triton start gets it: several stub processes each
   running a thread per core would oversubscribe the CPU.
 - timing: the time of each phase of `execute()` is added to Triton's metrics
-  endpoint as `fusedresnet_execute_phase_us{model,phase}`.
+  endpoint as `fusedresnet_execute_phase_us{model,instance,device,phase}`.
+- several GPUs: `KIND_AUTO` with `count: N` gives N instances on every visible
+  GPU; each instance builds its engine, CUDA graphs and buffers on the device
+  Triton gives it (`model_instance_device_id`).
 - the engine in use: this Python backend (Triton 2.51) has no response
   parameters and keeps auto-completed config parameters out of the model
   configuration, so every response carries the engine's name in the output
@@ -123,14 +126,14 @@ def read_request(request, max_batch: int) -> tuple[str, torch.Tensor]:
 class ExecuteTimer:
     """Seconds per phase of execute(), added to a Triton counter now and then (see METRICS_FLUSH_S)."""
 
-    def __init__(self, model_name: str, instance_name: str):
+    def __init__(self, model_name: str, instance_name: str, device: str):
         # The family must outlive its metrics: keep both.
         self.family = family = pb_utils.MetricFamily(name=EXECUTE_PHASE_METRIC,
                                        description="Microseconds spent in each phase of the model's execute(), "
                                                    "summed (h2d, engine, d2h: GPU time between CUDA events)",
                                        kind=pb_utils.MetricFamily.COUNTER)
         self.metrics = {phase: family.Metric(labels={"model": model_name, "instance": instance_name,
-                                                      "phase": phase})
+                                                      "device": device, "phase": phase})
                         for phase in EXECUTE_PHASES}
         self.pending = dict.fromkeys(EXECUTE_PHASES, 0.0)
         self.last_flush = time.monotonic()
@@ -193,7 +196,7 @@ class ResNetTritonModel:
         self.host_staging: dict[str, torch.Tensor] = {}  # input name -> pinned [max_batch_size, ...]
         if on_gpu:
             self.events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-        self.timer = ExecuteTimer(self.model_name, args["model_instance_name"])
+        self.timer = ExecuteTimer(self.model_name, args["model_instance_name"], device)
         self._warm_up()
         self.timer.discard()     # the figures describe served requests only
         pb_utils.Logger.log_info(

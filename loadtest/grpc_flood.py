@@ -359,6 +359,7 @@ def drive(workers, results, go, start_at, settings: FloodSettings, metrics_url: 
         triton_metrics.requests_seen(after, m) - triton_metrics.requests_seen(before, m)
         for m in MODELS if m != settings.model))
     record["gpu_utilization"] = triton_metrics.mean_gauge(during, triton_metrics.GPU_UTILIZATION)
+    record["per_gpu"] = triton_metrics.per_gpu(start, end, settings.model, during)
     record["server_cpu_utilization"] = triton_metrics.mean_gauge(during, triton_metrics.CPU_UTILIZATION)
     return record
 

@@ -113,12 +113,14 @@ def shipped_environment(tree: Path, scratch: Path) -> dict:
 class LaunchedServer:
     """The launcher in a subprocess, on free loopback ports, for one configuration."""
 
-    def __init__(self, repository: Path, env: dict, cwd: Path, token_file: Path, log_file: Path):
+    def __init__(self, repository: Path, env: dict, cwd: Path, token_file: Path, log_file: Path,
+                 launcher_args: list[str] = ()):
         self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
         command = [sys.executable, "-m", "fusedresnet.backend.serve", "--model-repository", str(repository),
                    "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
                    "--metrics-port", str(self.metrics_port), "--admin-token-file", str(token_file),
-                   "--no-restart", "--log-file", str(log_file), "--ready-timeout", str(READY_TIMEOUT_S)]
+                   "--no-restart", "--log-file", str(log_file), "--ready-timeout", str(READY_TIMEOUT_S),
+                   *launcher_args]
         self.log_file = log_file
         self.process = subprocess.Popen(command, env={**os.environ, **env}, cwd=cwd, start_new_session=True)
         deadline = time.monotonic() + READY_TIMEOUT_S

@@ -279,6 +279,7 @@ def run_locust_step(step: Step, endpoints: Endpoints, settings: SweepSettings, s
         triton_metrics.requests_seen(after, m) - triton_metrics.requests_seen(before, m)
         for m in MODELS if m != step.model))
     result["gpu_utilization"] = triton_metrics.mean_gauge(during, triton_metrics.GPU_UTILIZATION)
+    result["per_gpu"] = triton_metrics.per_gpu(snapshots["start"], snapshots["end"], step.model, during)
     result["server_cpu_utilization"] = triton_metrics.mean_gauge(during, triton_metrics.CPU_UTILIZATION)
     result["wall_s"] = round(time.time() - started, 2)
     result["problems"] = sanity_problems(result)

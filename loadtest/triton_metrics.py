@@ -13,10 +13,13 @@ step is the difference of a snapshot taken after it and one taken before it:
                                               copying inputs in, running the model, copying outputs out
 
 The models add the time of each phase of their execute() (backend/triton_model.py),
-summed over executions: `fusedresnet_execute_phase_us{model,instance,phase}`.
+summed over executions: `fusedresnet_execute_phase_us{model,instance,device,phase}`.
 
 GPU utilisation (`nv_gpu_utilization`, a 0..1 gauge per GPU, refreshed every
 --metrics-interval-ms) only exists on a GPU host; it is sampled, not differenced.
+On a GPU host Triton labels each model's counters and the GPU gauges with the
+`gpu_uuid` of the device, so with instances on several GPUs `per_gpu` tells how
+the work was shared.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ COMPUTE_INFER_US = "nv_inference_compute_infer_duration_us"
 COMPUTE_OUTPUT_US = "nv_inference_compute_output_duration_us"
 GPU_UTILIZATION = "nv_gpu_utilization"
 CPU_UTILIZATION = "nv_cpu_utilization"
+GPU_LABEL = "gpu_uuid"
 
 # Server-side time per request, in the order a request spends it.
 TIME_BREAKDOWN = {"queue_us": QUEUE_US, "compute_input_us": COMPUTE_INPUT_US,
@@ -115,3 +119,26 @@ def mean_gauge(snapshots: list[MetricsSnapshot], name: str) -> float | None:
     """Mean of a gauge over snapshots and over its label sets (e.g. all GPUs); None when absent."""
     values = [v for snapshot in snapshots for v in snapshot.values(name)]
     return sum(values) / len(values) if values else None
+
+
+def per_gpu(before: MetricsSnapshot, after: MetricsSnapshot, model: str,
+            during: list[MetricsSnapshot]) -> dict[str, dict]:
+    """Per GPU (by uuid) between two snapshots: the images and executions of `model`'s instances on it,
+    the share of the model's images, and the GPU's mean utilisation; empty where there is no GPU label."""
+    uuids = sorted({s.labels[GPU_LABEL] for s in after.samples
+                    if s.name in (INFERENCES, GPU_UTILIZATION) and s.labels.get(GPU_LABEL)})
+    seconds = max(after.taken_at - before.taken_at, 1e-9)
+    total = after.total(INFERENCES, model) - before.total(INFERENCES, model)
+    result = {}
+    for uuid in uuids:
+        images = after.total(INFERENCES, model, gpu_uuid=uuid) - before.total(INFERENCES, model, gpu_uuid=uuid)
+        executions = after.total(EXECUTIONS, model, gpu_uuid=uuid) - before.total(EXECUTIONS, model, gpu_uuid=uuid)
+        utilization = [s.value for snapshot in during for s in snapshot.samples
+                       if s.name == GPU_UTILIZATION and s.labels.get(GPU_LABEL) == uuid]
+        result[uuid] = {
+            "img_per_s": images / seconds,
+            "executions": int(round(executions)),
+            "share": images / total if total else None,
+            "utilization": sum(utilization) / len(utilization) if utilization else None,
+        }
+    return result

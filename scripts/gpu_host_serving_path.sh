@@ -8,6 +8,8 @@
 #   soak       10-minute soak (SOAK_SECONDS) with mixed valid/invalid traffic and SOAK_LOAD
 #              (CONCURRENCY[/IMAGES], default 64: half the peak) in flight to resnet18_custom
 #   diff       the layer-by-layer diff of the fused kernels against the float32 reference
+#   multigpu   GPU tests on every GPU (tests/test_multi_gpu.py) and the aggregate img/s on all GPUs against
+#              GPU 0 alone (loadtest/multi_gpu.py -> $OUT/multi_gpu.json/.md); a host with 2+ GPUs
 #   sequence   as shipped -> + threads -> + instances -> + copies -> + system shm -> + CUDA shm
 #              (needs build/shipped: `git archive de30da4 | tar -x -C build/shipped`)
 # Logs and JSON go to $OUT (or build/gpu-host).
@@ -27,6 +29,10 @@ for part in "$@"; do
       FUSEDRESNET_SOAK_SECONDS="${SOAK_SECONDS:-600}" FUSEDRESNET_SOAK_LOAD="${SOAK_LOAD:-64}" \
         FUSEDRESNET_RESULTS_DIR="$OUT" python3 -m pytest -v -rs tests/test_soak.py 2>&1 \
         | tee "$OUT/pytest-soak.log" | tail -15 ;;
+    multigpu)
+      timeout 300 python3 -m pytest -q -rs -m gpu tests/test_multi_gpu.py 2>&1 | tee "$OUT/pytest-multi-gpu.log" | tail -15
+      python3 -m fusedresnet.loadtest.multi_gpu --seconds "${SECONDS_PER_STEP:-4}" --out "$OUT/multi_gpu.json" \
+        --log-dir build/gpu-logs/multi_gpu 2>&1 | grep -v "^fusedresnet:" | tee "$OUT/multi_gpu.log" | tail -40 ;;
     diff)
       python3 -m fusedresnet.kernels.diff --device cuda 2>&1 | tee "$OUT/diff_gpu.txt" ;;
     instances)

@@ -1,0 +1,171 @@
+"""Several GPUs on one host: the launcher's --gpus, per-GPU figures from Triton's metrics,
+and (on a host with two or more GPUs) engines and served models on every GPU.
+
+The served-model test uses the session's server, which runs on every GPU of the
+host: with `KIND_AUTO` and `count: N` each model has N instances per GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from fusedresnet.backend import serve
+from fusedresnet.backend.engines import TorchScriptEngine, create_custom_engine
+from fusedresnet.backend.spec import FOLDED_PARAMS_FILE, MODEL_CUDNN, MODEL_CUSTOM, MODELS, TORCHSCRIPT_FILE
+from fusedresnet.backend.triton_install import ServerError, find_triton, host_gpus
+from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLERANCE, compare_logits
+from fusedresnet.client.resnet_client import ResNetClient
+from fusedresnet.loadtest import triton_metrics
+
+GPU_COUNT = torch.cuda.device_count()
+several_gpus = pytest.mark.skipif(GPU_COUNT < 2, reason=f"needs two or more GPUs ({GPU_COUNT} here)")
+
+
+def test_gpus_option_takes_distinct_indices_or_uuids():
+    assert serve.gpu_list("0") == "0"
+    assert serve.gpu_list("1, 0") == "1,0"
+    assert serve.gpu_list("GPU-8f3e4c2a-0000-1111-2222-333344445555") == "GPU-8f3e4c2a-0000-1111-2222-333344445555"
+    for bad in ("0,0", "cuda:1", "", "0,,1", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            serve.gpu_list(bad)
+
+
+def test_gpus_option_sets_the_servers_visible_devices(tmp_path):
+    triton = find_triton()
+    chosen = serve.TritonServer(admin_token="t", use_gpu=True, gpus="1")
+    assert chosen.environment(triton)["CUDA_VISIBLE_DEVICES"] == "1"
+    hidden = serve.TritonServer(admin_token="t", use_gpu=False, gpus="1")
+    assert hidden.environment(triton)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_gpus_option_names_a_gpu_the_host_lacks_clearly(tmp_path):
+    missing = str(len(host_gpus()) + 3)
+    server = serve.TritonServer(model_repository=tmp_path, admin_token="t", gpus=missing)
+    with pytest.raises(ServerError, match=f"--gpus {missing}: no such GPU"):
+        server.start(ready_timeout_s=5)
+    assert server.process is None
+
+
+def test_per_gpu_splits_a_models_images_by_device():
+    def snapshot(taken_at, first, second, executions):
+        text = "\n".join([
+            "# TYPE nv_inference_count counter",
+            f'nv_inference_count{{gpu_uuid="GPU-a",model="m",version="1"}} {first}',
+            f'nv_inference_count{{gpu_uuid="GPU-b",model="m",version="1"}} {second}',
+            f'nv_inference_count{{gpu_uuid="GPU-a",model="other",version="1"}} {first * 7}',
+            "# TYPE nv_inference_exec_count counter",
+            f'nv_inference_exec_count{{gpu_uuid="GPU-a",model="m",version="1"}} {executions}',
+            f'nv_inference_exec_count{{gpu_uuid="GPU-b",model="m",version="1"}} {executions // 2}',
+            "# TYPE nv_gpu_utilization gauge",
+            f'nv_gpu_utilization{{gpu_uuid="GPU-a"}} {0.9 if first else 0.0}',
+            f'nv_gpu_utilization{{gpu_uuid="GPU-b"}} {0.3 if first else 0.0}',
+        ]) + "\n"
+        return triton_metrics.MetricsSnapshot(taken_at, triton_metrics.parse_prometheus_text(text))
+
+    before, after = snapshot(100.0, 0, 0, 0), snapshot(102.0, 3000, 1000, 40)
+    during = [snapshot(101.0, 1, 1, 1), after]
+    split = triton_metrics.per_gpu(before, after, "m", during)
+    assert sorted(split) == ["GPU-a", "GPU-b"]
+    assert split["GPU-a"]["img_per_s"] == pytest.approx(1500.0)
+    assert split["GPU-b"]["img_per_s"] == pytest.approx(500.0)
+    assert split["GPU-a"]["share"] == pytest.approx(0.75) and split["GPU-b"]["share"] == pytest.approx(0.25)
+    assert (split["GPU-a"]["executions"], split["GPU-b"]["executions"]) == (40, 20)
+    assert split["GPU-a"]["utilization"] == pytest.approx(0.9) and split["GPU-b"]["utilization"] == pytest.approx(0.3)
+
+
+def test_cpu_host_metrics_have_no_gpu_split(triton_server, varied_images):
+    if triton_server.use_gpu:
+        pytest.skip("CPU-only host check")
+    before = triton_metrics.scrape(triton_server.metrics_url)
+    with ResNetClient(MODEL_CUSTOM, "grpc", triton_server.grpc_url) as client:
+        client.infer(varied_images[:2])
+    after = triton_metrics.scrape(triton_server.metrics_url)
+    assert triton_metrics.per_gpu(before, after, MODEL_CUSTOM, [after]) == {}
+    devices = {s.labels.get("device") for s in after.samples if s.name.startswith("fusedresnet_execute_phase_us")}
+    assert devices == {"cpu"}
+
+
+@pytest.mark.gpu
+@several_gpus
+@pytest.mark.parametrize("device_index", range(1, max(GPU_COUNT, 2)))
+def test_engines_run_on_every_gpu_and_match_the_reference(prepared_repository, device_index, varied_images,
+                                                          reference_logits):
+    device = f"cuda:{device_index}"
+    pixels = torch.from_numpy(varied_images)
+    reference = reference_logits(varied_images)
+    custom, _ = create_custom_engine(prepared_repository / MODEL_CUSTOM / "1" / FOLDED_PARAMS_FILE, device)
+    cudnn = TorchScriptEngine(prepared_repository / MODEL_CUDNN / "1" / TORCHSCRIPT_FILE, device, "fp16",
+                              cuda_graphs=True)
+    for engine in (custom, cudnn):
+        assert engine.name in ("fused-cuda-fp16", "torchscript-cudnn-fp16-channels-last-cuda-graphs")
+        bucket = engine.bucket(len(pixels))
+        buffer = engine.input_buffer("IMAGE", bucket)
+        assert buffer.device == torch.device(device), engine.name
+        with torch.cuda.device(device), torch.cuda.stream(engine.stream):   # as the served model does
+            buffer.fill_(0)
+            buffer[:len(pixels)].copy_(pixels)
+            logits = engine.run_buffer("IMAGE", bucket, len(pixels))
+            assert logits.device == torch.device(device), engine.name
+            logits = logits.float().cpu().numpy()
+        stats = compare_logits(logits, reference)
+        assert stats["rel_l2"] <= SET_REL_L2_TOLERANCE, (engine.name, stats)
+        assert stats["max_row_rel_l2"] <= IMAGE_REL_L2_TOLERANCE, (engine.name, stats)
+        assert stats["clear_disagreements"] == 0, (engine.name, stats)
+
+
+@pytest.mark.gpu
+@several_gpus
+@pytest.mark.parametrize("model", MODELS)
+def test_served_models_have_instances_on_every_gpu_and_each_answers_right(triton_server, model, varied_images,
+                                                                          reference_logits):
+    log = triton_server.log_file.read_text(errors="replace")
+    for index in range(GPU_COUNT):
+        assert re.search(rf"{model}: engine \S+ on cuda:{index} \(", log), f"no {model} instance on cuda:{index}"
+    images = varied_images[:8]
+    reference = reference_logits(images)
+    before = triton_metrics.scrape(triton_server.metrics_url)
+
+    def infer(_):
+        with ResNetClient(model, "grpc", triton_server.grpc_url) as client:
+            return [client.infer(images).logits for _ in range(12)]
+
+    # Enough requests in flight that every instance, on every GPU, takes batches.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=32) as pool:
+        answers = [logits for batch in pool.map(infer, range(32)) for logits in batch]
+    after = triton_metrics.scrape(triton_server.metrics_url)
+    for logits in answers:
+        stats = compare_logits(logits, reference)
+        assert stats["rel_l2"] <= SET_REL_L2_TOLERANCE and stats["clear_disagreements"] == 0, stats
+    split = triton_metrics.per_gpu(before, after, model, [after])
+    assert len(split) == GPU_COUNT, split
+    assert all(gpu["executions"] > 0 for gpu in split.values()), split
+    assert np.isclose(sum(gpu["share"] for gpu in split.values()), 1.0), split
+
+
+def test_multi_gpu_summary_takes_each_series_peak_and_its_ratio():
+    from fusedresnet.loadtest import multi_gpu
+
+    def record(gpus, series, concurrency, img_per_s, role="level"):
+        return {"model": MODEL_CUSTOM, "series": series, "gpus": gpus, "role": role, "concurrency": concurrency,
+                "img_per_s": img_per_s, "p99_ms": 10.0, "processes": 8,
+                "per_gpu": {"GPU-a": {"share": 0.5, "utilization": 0.8}, "GPU-b": {"share": 0.5, "utilization": 0.7}}}
+
+    one, thirty_two = multi_gpu.SERIES[0].name, multi_gpu.SERIES[1].name
+    steps = [record(1, one, 128, 14000.0), record(1, one, 256, 15000.0),
+             record(2, one, 256, 21000.0), record(2, one, 512, 24000.0),
+             record(2, one, 512, 23900.0, "generator check"),
+             record(1, thirty_two, 64, 25000.0), record(2, thirty_two, 128, 46000.0)]
+    summary = multi_gpu.summarize(steps, 2)
+    assert summary["scaling_1"] == pytest.approx(24000 / 15000)
+    assert summary["scaling_32"] == pytest.approx(46000 / 25000)
+    row = summary["per_model"][MODEL_CUSTOM][one]
+    assert row["generator_check_img_per_s"] == 23900.0 and row["img_per_s_2gpu"] == 24000.0
+    text = multi_gpu.markdown({"device": "d", "started_at": "t", "command": "c", "gpus": 2, "steps": steps,
+                               "summary": summary})
+    assert "**1.84x** on 2 GPUs" in text and "| 0.50 / 0.50 | 0.80 / 0.70 |" in text
