@@ -12,7 +12,9 @@ How a batch runs:
 2. The plan's CUDA graph is replayed: stem conv (normalisation fused into its
    loader, the 3x3/2 max-pool into its epilogue) -> 8 BasicBlocks, each conv
    an implicit-GEMM kernel (tile shape and split-K per layer from the tuning
-   table) with the folded BatchNorm bias, residual and ReLU in its epilogue,
+   table of this GPU model, else the cost model; wgmma kernels on compute
+   capability 9.0, mma.sync elsewhere or with FUSEDRESNET_CONV_PATH=mma, see
+   `kernels/launch.py`) with the folded BatchNorm bias, residual and ReLU in its epilogue,
    the downsample conv on a second captured stream, concurrent with the
    block's first conv -> avgpool + fc in one kernel.
 3. The first N rows of the logits are copied out and handed to PyTorch by DLPack.
@@ -115,7 +117,8 @@ class FusedCudaEngine:
 
     name = "fused-cuda-fp16"
 
-    def __init__(self, params_or_path, device: str = "cuda:0"):
+    def __init__(self, params_or_path, device: str = "cuda:0", conv_path: str | None = None):
+        """`conv_path`: "mma", "wgmma" or None (FUSEDRESNET_CONV_PATH, else by compute capability)."""
         params = load_folded(params_or_path) if not isinstance(params_or_path, dict) else params_or_path
         self.torch_device = torch.device(device)
         if self.torch_device.type != "cuda":
@@ -126,7 +129,7 @@ class FusedCudaEngine:
         self._lock = threading.Lock()
         self._plans: dict[tuple, _Plan] = {}
         with cp.cuda.Device(self.device_id):
-            self.lib = library(self.device_id)
+            self.lib = library(self.device_id, conv_path)
             self.cupy_stream = cp.cuda.Stream(non_blocking=True)
             self.side_stream = cp.cuda.Stream(non_blocking=True)
             # The same CUDA stream seen by torch: the serving interface's `stream`.

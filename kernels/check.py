@@ -1,6 +1,6 @@
 """Correctness of every kernel and of the whole network, against float32 PyTorch.
 
-    python -m fusedresnet.kernels.check [--json PATH] [--quick]
+    python -m fusedresnet.kernels.check [--json PATH] [--quick] [--conv-path mma|wgmma]
 
 Run on a GPU host. Each check draws fresh random inputs, poisons the output
 buffer (all-NaN fp16 / fp32) before the kernel runs, and compares with a
@@ -20,6 +20,12 @@ off. Checks, in order:
    relative L2 error of the logits, top-1 agreement, near-tie disagreements;
    plus the fp32 NCHW input path and 64x64 inputs through `features`.
 
+The convolutions run on the path the engine takes on this GPU (wgmma on
+compute capability 9.0, mma.sync elsewhere; --conv-path or
+FUSEDRESNET_CONV_PATH=mma forces one): the first check says which, and on the
+wgmma path every untuned engine plan must be a wgmma tile, and the forced-tile
+checks cover the wgmma tiles as well as the mma.sync ones.
+
 Prints one line per check and a summary; exits non-zero on any failure.
 """
 
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
@@ -40,7 +47,18 @@ from ..backend.folding import STEM, all_convs, fold_resnet18
 from ..backend.images import normalize_uint8, smooth_random_images
 from ..backend.resnet import DEFAULT_SEED, build_resnet18
 from ..client.agreement import compare_logits
-from .configs import BK, CONV_TILES, PATCH_TILES, ConvPlan, make_plan, patch_applies
+from .configs import (
+    BK,
+    CONV_PATH_ENV,
+    CONV_TILES,
+    PATCH_TILES,
+    WGMMA_TILES,
+    ConvPlan,
+    WgmmaConfig,
+    make_plan,
+    patch_applies,
+    plan_key,
+)
 from .launch import conv_out_size, library
 
 CONV_TOL = 5e-3        # relative L2, fp16 operands and output, fp32 accumulation
@@ -77,15 +95,16 @@ def layer_shapes(h: int = 224, w: int = 224):
 
 
 class Checker:
-    def __init__(self, quick: bool = False, network_seed: int = DEFAULT_SEED):
+    def __init__(self, quick: bool = False, network_seed: int = DEFAULT_SEED, conv_path: str | None = None):
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
         self.quick = quick
         self.network_seed = network_seed
-        self.lib = library(0)
+        self.requested_path = conv_path
+        self.lib = library(0, conv_path)
         self.model = build_resnet18(None, DEFAULT_SEED)
         self.params = fold_resnet18(self.model, "seeded")
-        self.engine = FusedCudaEngine(self.params, "cuda:0")
+        self.engine = FusedCudaEngine(self.params, "cuda:0", conv_path=self.lib.path)
         self.results = []
         self.failures = 0
         self.gen = torch.Generator(device="cuda").manual_seed(int(time.time()))
@@ -109,9 +128,15 @@ class Checker:
         q = conv_out_size(w, spec.kernel, spec.stride, spec.padding)
         residual = self.randn(n, p, q, spec.out_channels).half() if spec.adds_residual else None
         y = poisoned((n, p, q, spec.out_channels), cp.float16)
+        path_ok = True
         if plan is None:
             plan = self.lib.plan(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.kernel, spec.stride,
                                  spec.padding)
+            # On the wgmma path the engine's plans are wgmma tiles, unless this GPU's tuning table
+            # (measured on the wgmma path) chose otherwise.
+            key = plan_key(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.stride)
+            path_ok = (self.lib.path != "wgmma" or isinstance(plan.tile, WgmmaConfig)
+                       or key in self.lib.tuned)
         workspace = (cp.empty(plan.splits * n * p * q * spec.out_channels + 1, dtype=cp.float32)
                      if plan.splits > 1 else None)
         self.lib.conv(cp.from_dlpack(x), cp.from_dlpack(weight), cp.from_dlpack(bias), y, stride=spec.stride,
@@ -128,8 +153,8 @@ class Checker:
         unwritten = int(torch.isnan(out).sum())
         err = rel_l2(out, ref) if not unwritten else float("nan")
         self.record(f"conv {spec.name} N={n} {h}x{w} tile={plan.tile.label} splitk={plan.splits}{label}",
-                    unwritten == 0 and err <= CONV_TOL, rel_l2=err, unwritten=unwritten,
-                    max_abs=float((out - ref).abs().max()))
+                    unwritten == 0 and err <= CONV_TOL and path_ok, rel_l2=err, unwritten=unwritten,
+                    max_abs=float((out - ref).abs().max()), **({} if path_ok else {"off_path": self.lib.path}))
 
     def stem_case(self, n, h, w, kind, method="patch"):
         weight = self.params["convs"][STEM.name]["weight"].cuda()
@@ -197,7 +222,17 @@ class Checker:
             self.record(f"avgpool_fc N={n} {hw}x{hw}", unwritten == 0 and err <= HEAD_TOL, rel_l2=err,
                         unwritten=unwritten)
 
+    def conv_path_case(self):
+        """The convolutions run on wgmma on cc 9.0 unless mma was asked for, on mma.sync elsewhere."""
+        asked = self.requested_path or os.environ.get(CONV_PATH_ENV, "") or "auto"
+        hopper = self.lib.cc == (9, 0)
+        expected = "mma" if asked == "mma" or not hopper else "wgmma"
+        self.record(f"conv path {self.lib.path} on {self.lib.device_name} (cc {self.lib.cc[0]}.{self.lib.cc[1]}, "
+                    f"asked {asked})", self.lib.path == expected and self.engine.lib is self.lib,
+                    expected=expected)
+
     def kernels(self):
+        self.conv_path_case()
         batches = (1, 7) if self.quick else BATCHES
         for n in batches:
             for kind in ("uint8", "float32"):
@@ -224,7 +259,7 @@ class Checker:
                     self.conv_case(spec, 7, h, w, plan, " (forced)")
                     forced = make_plan(tile, 1, 2 * 17 * 45, spec.out_channels, k_tiles, 2, 17, 45)
                     self.conv_case(spec, 2, 17, 45, forced, " (forced, odd size)")
-            for tile in CONV_TILES:
+            for tile in CONV_TILES + (WGMMA_TILES if self.lib.path == "wgmma" else ()):
                 for splits in (1, 4):
                     per = math.ceil(k_tiles / splits)
                     real = math.ceil(k_tiles / per)
@@ -294,8 +329,10 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="batches 1 and 7 only for the per-layer checks")
     parser.add_argument("--network-seed", type=int, default=DEFAULT_SEED,
                         help="seed of the whole-network input set (default: the fixed reference set)")
+    parser.add_argument("--conv-path", choices=("mma", "wgmma"),
+                        help=f"force a convolution path (default: ${CONV_PATH_ENV}, else wgmma on cc 9.0)")
     args = parser.parse_args(argv)
-    checker = Checker(args.quick, args.network_seed)
+    checker = Checker(args.quick, args.network_seed, args.conv_path)
     started = time.time()
     try:
         checker.kernels()
@@ -303,6 +340,7 @@ def main(argv=None):
     finally:
         summary = {
             "device": torch.cuda.get_device_name(0),
+            "conv_path": checker.lib.path,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "checks": len(checker.results),
             "failures": checker.failures,
@@ -314,7 +352,8 @@ def main(argv=None):
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(summary, f, indent=1)
-        print(f"SUMMARY {summary['checks']} checks, {summary['failures']} failures, network={summary['network']}")
+        print(f"SUMMARY {summary['checks']} checks, {summary['failures']} failures, conv_path={checker.lib.path}, "
+              f"network={summary['network']}")
     return 1 if checker.failures else 0
 
 

@@ -17,6 +17,16 @@ typedef unsigned int half2_bits;    // two fp16 values: low 16 bits = first (low
 
 struct alignas(16) vec16 { unsigned int x, y, z, w; };  // 16 bytes = 8 fp16
 
+// The implicit-GEMM tiles: rows of BK = 64 fp16 values (128 bytes), the 16-byte
+// chunk j of row r stored at chunk position j ^ (r & 7). Eight consecutive rows
+// (1024 bytes) form one swizzle atom: ldmatrix phases hit eight different bank
+// groups, and it is exactly the 128-byte swizzle of a Hopper wgmma shared-memory
+// descriptor (conv_wgmma.cu), for tiles that start on a 1024-byte boundary.
+constexpr int BK = 64;
+
+// Offset (in halfs) of 16-byte chunk `chunk` of row `row` in a swizzled [rows][64] tile.
+__device__ __forceinline__ int swz(int row, int chunk) { return row * BK + ((chunk ^ (row & 7)) << 3); }
+
 __device__ __forceinline__ half2_bits pack_half2(float lo, float hi) {
     half2_bits r;
     // cvt.rn.f16x2.f32 d, a, b puts a in the upper half, b in the lower half.

@@ -55,17 +55,12 @@
 
 #include "common.cuh"
 
-#define BK 64
-
 template <int BM, int BN>
 struct TileSmem {
     static constexpr int A_HALFS = BM * BK;
     static constexpr int B_HALFS = BN * BK;
     static constexpr int STAGE_HALFS = A_HALFS + B_HALFS;
 };
-
-// Offset (in halfs) of element (row, k) in a swizzled [rows][64] tile.
-__device__ __forceinline__ int swz(int row, int chunk) { return row * BK + ((chunk ^ (row & 7)) << 3); }
 
 template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MODE>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)

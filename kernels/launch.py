@@ -1,8 +1,11 @@
 """Thin CuPy launchers for the kernels in this folder.
 
-`KernelLibrary(device_id)` compiles every kernel once per device through
-CuPy's RawModule (NVRTC; CuPy caches the binary on disk) and launches them on
-the current CuPy stream (the engine enters its own with `with stream:`).
+`KernelLibrary(device_id)` compiles every kernel once per device and launches
+them on the current CuPy stream (the engine enters its own with `with stream:`).
+On the mma path the module is CuPy's RawModule (NVRTC for the architecture
+CuPy picks; CuPy caches the binary on disk); on the wgmma path (cc 9.0) it is
+compiled for sm_90a by `nvrtc_build` and the convolutions run on conv_wgmma
+(`configs.conv_path`; FUSEDRESNET_CONV_PATH=mma forces the old path).
 Shapes are checked here, with messages that say which rule a tensor broke,
 because the kernels themselves assume aligned, well-formed input.
 """
@@ -31,11 +34,17 @@ from .configs import (
     STEM_TILE_H,
     STEM_TILE_W,
     STEM_TILES,
+    WGMMA_ARCH,
+    WGMMA_TILES,
     ConvPlan,
     PatchConfig,
+    WgmmaConfig,
+    conv_path,
+    conv_tiles,
     load_tuned_plans,
     make_plan,
     name_expressions,
+    nvrtc_options,
     plan_conv,
     plan_key,
     source_text,
@@ -57,32 +66,49 @@ def conv_out_size(size: int, kernel: int, stride: int, padding: int) -> int:
 class KernelLibrary:
     """The compiled kernels on one device."""
 
-    def __init__(self, device_id: int):
+    def __init__(self, device_id: int, path: str | None = None):
+        """`path`: "mma", "wgmma" or None (FUSEDRESNET_CONV_PATH, else by compute capability)."""
         self.device_id = device_id
         with cp.cuda.Device(device_id):
-            self.module = cp.RawModule(code=source_text(), options=COMPILE_OPTIONS,
-                                       name_expressions=name_expressions())
-            self.sms = cp.cuda.Device(device_id).attributes["MultiProcessorCount"]
-            # Measured best tile/split-K per layer shape (224x224 buckets); other shapes use the cost model.
-            self.tuned = load_tuned_plans()
+            device = cp.cuda.Device(device_id)
+            cc = device.compute_capability          # "90" for 9.0
+            self.cc = (int(cc[:-1]), int(cc[-1]))
+            self.path = conv_path(self.cc, path)
+            self.device_name = cp.cuda.runtime.getDeviceProperties(device_id)["name"].decode()
+            tiles = CONV_TILES + tuple(STEM_TILES.values()) + PATCH_TILES
+            if self.path == "wgmma":
+                from .nvrtc_build import compile_cubin
+                cubin, lowered = compile_cubin(source_text(WGMMA_ARCH), nvrtc_options(WGMMA_ARCH),
+                                               name_expressions(WGMMA_ARCH))
+                self.module = cp.RawModule(path=str(cubin))
+                get = lambda name: self.module.get_function(lowered[name])   # noqa: E731
+                tiles += WGMMA_TILES
+            else:
+                self.module = cp.RawModule(code=source_text(), options=COMPILE_OPTIONS,
+                                           name_expressions=name_expressions())
+                get = self.module.get_function
+            self.sms = device.attributes["MultiProcessorCount"]
+            # Measured best tile/split-K per layer shape (224x224 buckets) on this GPU model and
+            # conv path; other shapes, GPUs and paths use the cost model.
+            self.tuned = load_tuned_plans(self.device_name, self.path)
             self.kernels = {}
-            for tile in CONV_TILES + tuple(STEM_TILES.values()) + PATCH_TILES:
-                kernel = self.module.get_function(tile.name_expression)
+            for tile in tiles:
+                kernel = get(tile.name_expression)
                 kernel.max_dynamic_shared_size_bytes = tile.smem_bytes
                 self.kernels[tile.name_expression] = kernel
             self.stem_kernels = {}
             for kind, name in STEM_KERNELS.items():
-                kernel = self.module.get_function(name)
+                kernel = get(name)
                 kernel.max_dynamic_shared_size_bytes = STEM_SMEM_BYTES
                 self.stem_kernels[kind] = kernel
             self.stem_pool_kernels = {}
             for kind, name in STEM_POOL_KERNELS.items():
-                kernel = self.module.get_function(name)
+                kernel = get(name)
                 kernel.max_dynamic_shared_size_bytes = STEM_POOL_SMEM_BYTES
                 self.stem_pool_kernels[kind] = kernel
-            self.splitk_epilogue = self.module.get_function("splitk_epilogue")
-            self.maxpool = self.module.get_function("maxpool_3x3s2")
-            self.avgpool_fc_kernel = self.module.get_function(f"avgpool_fc<{HEAD_IMGS}>")
+            self.splitk_epilogue = get("splitk_epilogue")
+            self.maxpool = get("maxpool_3x3s2")
+            self.avgpool_fc_kernel = get(f"avgpool_fc<{HEAD_IMGS}>")
 
     # -- convolution ---------------------------------------------------------
     def plan(self, n, h, w, c, k, r, s, stride, pad) -> ConvPlan:
@@ -93,7 +119,7 @@ class KernelLibrary:
         tuned = self.tuned.get(plan_key(n, h, w, c, k, r, stride)) if r == s else None
         if tuned is not None:
             return make_plan(tuned[0], tuned[1], m, k, k_tiles, n, p, q)
-        return plan_conv(m, k, k_tiles, self.sms)
+        return plan_conv(m, k, k_tiles, self.sms, conv_tiles(self.path))
 
     def conv(self, x, weight, bias, y, *, stride, pad, relu, residual=None, plan: ConvPlan | None = None,
              workspace=None):
@@ -175,7 +201,9 @@ class KernelLibrary:
                      relu):
         n, h, w, c, k, p, q, r, s, stride, pad, ldw, k_tiles = dims
         tile = plan.tile
-        kernel = self.kernels[tile.name_expression]
+        kernel = self.kernels.get(tile.name_expression)
+        if kernel is None:
+            raise ValueError(f"{tile.label} is not compiled on the {self.path} path (cc {self.cc[0]}.{self.cc[1]})")
         if isinstance(tile, PatchConfig):
             if not (r == s == 3 and stride == 1 and pad == 1 and c % 64 == 0 and k % tile.bn == 0):
                 raise ValueError(f"{tile.label} needs a 3x3/1 pad-1 conv with C % 64 == 0, K % {tile.bn} == 0")
@@ -190,9 +218,16 @@ class KernelLibrary:
             if workspace is None or workspace.size < need:
                 raise ValueError(f"split-K x{plan.splits} needs a float32 workspace of {need} elements")
             partial = workspace
-        args = (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _ptr(partial), _ptr(in_scale),
-                _ptr(in_shift), _i(n), _i(h), _i(w), _i(c), _i(k), _i(p), _i(q), _i(r), _i(s), _i(stride),
-                _i(pad), _i(ldw), _i(k_tiles), _i(plan.k_tiles_per_split), _i(1 if relu else 0))
+        tail = (_i(n), _i(h), _i(w), _i(c), _i(k), _i(p), _i(q), _i(r), _i(s), _i(stride), _i(pad), _i(ldw),
+                _i(k_tiles), _i(plan.k_tiles_per_split), _i(1 if relu else 0))
+        if isinstance(tile, WgmmaConfig):   # no stem modes: no in_scale / in_shift
+            if in_scale is not None or in_shift is not None or c % BK or k % 8:
+                raise ValueError(f"{tile.label} runs fp16 NHWC convolutions with C % {BK} == 0 and K % 8 == 0 "
+                                 f"(the stem has its own kernels), got C={c}, K={k}")
+            args = (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _ptr(partial)) + tail
+        else:
+            args = (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _ptr(partial), _ptr(in_scale),
+                    _ptr(in_shift)) + tail
         kernel(plan.grid, (tile.threads,), args, shared_mem=tile.smem_bytes)
         if partial is not None:
             m = n * p * q
@@ -221,7 +256,13 @@ class KernelLibrary:
                                        _i(classes), _i(per_block)))
 
 
+def library(device_id: int, path: str | None = None) -> KernelLibrary:
+    """The kernels compiled for one device and conv path (default: `configs.conv_path`), built once per process."""
+    with cp.cuda.Device(device_id):
+        cc = cp.cuda.Device(device_id).compute_capability
+    return _library(device_id, conv_path((int(cc[:-1]), int(cc[-1])), path))
+
+
 @functools.cache
-def library(device_id: int) -> KernelLibrary:
-    """The kernels compiled for one device, built once per process."""
-    return KernelLibrary(device_id)
+def _library(device_id: int, path: str) -> KernelLibrary:
+    return KernelLibrary(device_id, path)

@@ -6,7 +6,9 @@ For each convolution shape at 224x224 and each batch bucket of the engine,
 each candidate (tile config x split-K) runs REPS times inside a captured CUDA
 graph (so launch gaps do not count) and the fastest is kept. The result is
 the table `kernels/tuned_plans.json` that `KernelLibrary.plan` consults before
-falling back to the cost model in `configs.plan_conv` (other input sizes).
+falling back to the cost model in `configs.plan_conv` (other input sizes). The
+table is for the GPU model and convolution path it was measured on (`device`,
+`conv_path`): run it with FUSEDRESNET_CONV_PATH=mma for the mma.sync table.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 
 import cupy as cp
 
-from .configs import BK, CONV_TILES, PATCH_TILES, ConvPlan, make_plan, patch_applies, plan_conv, plan_key
+from .configs import BK, CONV_TILES, PATCH_TILES, ConvPlan, conv_tiles, make_plan, patch_applies, plan_conv, plan_key
 from .launch import conv_out_size, library
 
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -50,14 +52,17 @@ def time_graph(fn, reps: int = 10, samples: int = 5) -> float:
     return statistics.median(times)
 
 
-def candidates(m: int, k: int, k_tiles: int, sms: int, patch=None):
-    """Every (tile, split-K) worth timing; `patch` = (n, p, q, c, r, stride, pad) adds the patch kernels."""
+def candidates(m: int, k: int, k_tiles: int, sms: int, patch=None, path: str = "mma"):
+    """Every (tile, split-K) worth timing; `patch` = (n, p, q, c, r, stride, pad) adds the patch kernels.
+
+    On the wgmma path the wgmma tiles come first, then the mma.sync ones (compiled there too).
+    """
     if patch is not None:
         n, p, q, c, r, stride, pad = patch
         for tile in PATCH_TILES:
             if patch_applies(tile, c, k, r, stride, pad):
                 yield make_plan(tile, 1, m, k, k_tiles, n, p, q)
-    for tile in CONV_TILES:
+    for tile in (conv_tiles(path) + CONV_TILES if path == "wgmma" else CONV_TILES):
         tiles_mn = math.ceil(m / tile.bm) * math.ceil(k / tile.bn)
         seen = set()
         for splits in SPLITS:
@@ -79,14 +84,14 @@ def tune_conv(lib, n, h, w, c, k, r, stride, pad, relu=True, residual=False):
     res = cp.ones_like(y) if residual else None
     rows = []
     workspace = None
-    for plan in candidates(m, k, k_tiles, lib.sms, (n, p, q, c, r, stride, pad)):
+    for plan in candidates(m, k, k_tiles, lib.sms, (n, p, q, c, r, stride, pad), lib.path):
         if plan.splits > 1 and (workspace is None or workspace.size < plan.splits * y.size):
             workspace = cp.empty(plan.splits * y.size, dtype=cp.float32)
         ms = time_graph(lambda: lib.conv(x, weight, bias, y, stride=stride, pad=pad, relu=relu, residual=res,
                                          plan=plan, workspace=workspace))
         rows.append((ms, plan))
     rows.sort(key=lambda t: t[0])
-    model = plan_conv(m, k, k_tiles, lib.sms)
+    model = plan_conv(m, k, k_tiles, lib.sms, conv_tiles(lib.path))
     model_ms = next((ms for ms, pl in rows if pl.tile == model.tile and pl.splits == model.splits), None)
     return rows, model_ms
 
@@ -121,7 +126,8 @@ def main(argv=None):
             total_model += model_ms or best_ms
         print(f"batch {n:>3}: tuned sum {total_best:.3f} ms, cost model {total_model:.3f} ms "
               f"({time.time() - started:.0f}s)", flush=True)
-    result = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "plans": table}
+    result = {"device": device, "conv_path": lib.path, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "plans": table}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1, sort_keys=True)
     return 0

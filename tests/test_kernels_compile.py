@@ -1,10 +1,16 @@
-"""Every CUDA source in kernels/ compiles for sm_80 and sm_90 (CPU only: needs nvcc, no GPU).
+"""Every CUDA source in kernels/ compiles for every architecture the engine supports (CPU only, no GPU).
 
-The translation unit is exactly what the engine hands CuPy's RawModule
-(`configs.source_text()`, the same options), plus a line that takes the
-address of every kernel instantiation the launcher uses, so each template is
-compiled, with warnings treated as errors. A syntax error in a .cu file
-cannot land.
+`configs.ARCHS`: sm_80, sm_86, sm_89 and sm_90 (the mma.sync path, compiled
+by CuPy's RawModule) and sm_90a (the wgmma path, compiled by
+`kernels/nvrtc_build.py`). For each, the translation unit is exactly what the
+engine compiles (`configs.source_text(arch)`, the same options) with every
+kernel instantiation the launcher uses on that path:
+- with nvcc (warnings as errors, no register spills in the matrix kernels, no
+  serialised wgmma), plus a line that takes the address of each instantiation;
+- with NVRTC, the library the engine compiles with (the CUDA toolkit's or the
+  nvidia-cuda-nvrtc wheel's: this runs on a CPU-only machine), every name
+  expression lowered.
+A syntax error in a .cu file, or PTX that does not assemble for one target, cannot land.
 """
 
 from __future__ import annotations
@@ -15,21 +21,41 @@ import subprocess
 
 import pytest
 
-from fusedresnet.kernels.configs import COMPILE_OPTIONS, KERNEL_DIR, SOURCES, name_expressions, source_text
+from fusedresnet.kernels.configs import (
+    ARCHS,
+    COMPILE_OPTIONS,
+    KERNEL_DIR,
+    SOURCES,
+    WGMMA_ARCH,
+    WGMMA_SOURCES,
+    WGMMA_TILES,
+    name_expressions,
+    nvrtc_options,
+    source_text,
+)
 
 NVCC = shutil.which("nvcc")
-pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH: cannot compile the CUDA kernels here")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH: cannot compile the CUDA kernels here")
 
 
 def test_every_cu_file_is_part_of_the_compiled_source():
     on_disk = sorted(p.name for p in KERNEL_DIR.glob("*.cu"))
     assert on_disk == sorted(SOURCES), "a .cu file in kernels/ is not listed in configs.SOURCES (never compiled)"
+    for name in SOURCES:
+        assert f"// ---- {name} ----" in source_text(WGMMA_ARCH)
+    for name in WGMMA_SOURCES:   # wgmma does not assemble for the other targets
+        assert f"// ---- {name} ----" not in source_text("sm_90")
+    wgmma_names = {t.name_expression for t in WGMMA_TILES}
+    assert wgmma_names <= set(name_expressions(WGMMA_ARCH))
+    assert not wgmma_names & set(name_expressions("sm_80"))
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@needs_nvcc
+@pytest.mark.parametrize("arch", ARCHS)
 def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
-    source = source_text() + "\nvoid *fusedresnet_instances[] = {" + ", ".join(
-        f"(void *)&{name}" for name in name_expressions()) + "};\n"
+    names = name_expressions(arch)
+    source = source_text(arch) + "\nvoid *fusedresnet_instances[] = {" + ", ".join(
+        f"(void *)&{name}" for name in names) + "};\n"
     path = tmp_path / "fusedresnet_kernels.cu"
     path.write_text(source)
     cmd = [NVCC, f"-arch={arch}", *COMPILE_OPTIONS, "-cubin", "-Werror", "all-warnings", "--resource-usage",
@@ -38,11 +64,16 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
     assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr}"
     report = result.stdout + result.stderr
     compiled = re.findall(r"Function properties for (\S+)", report)
-    assert len(compiled) == len(name_expressions()), report
+    assert len(compiled) == len(names), report
     # The matrix kernels must keep their accumulators in registers.
+    checked = 0
     for block in report.split("Function properties for ")[1:]:
-        if block.startswith("_Z18conv_implicit_gemm"):
+        if block.startswith(("_Z18conv_implicit_gemm", "_Z10conv_wgmma")):
             assert " 0 bytes spill stores" in block, block
+            checked += 1
+    assert checked >= len([n for n in names if n.startswith(("conv_implicit_gemm", "conv_wgmma"))])
+    # ptxas serialises wgmma (and says so, C7515/C7520) when the accumulators are touched while in flight.
+    assert "Potential Performance Loss" not in report, report
 
 
 def _find_nvrtc():
@@ -70,19 +101,25 @@ def _find_nvrtc():
     return None
 
 
-def test_kernels_compile_under_nvrtc_like_cupy():
-    """The exact RawModule compile: NVRTC, the launcher's options, every name expression lowered."""
+@pytest.mark.parametrize("arch", ARCHS)
+def test_kernels_compile_under_nvrtc_like_the_engine(arch):
+    """The exact compile of the engine for `arch`: NVRTC, the launcher's options, every name expression lowered.
+
+    mma path: what CuPy's RawModule hands NVRTC (our options, -ftz=true, the architecture);
+    sm_90a: what nvrtc_build.compile_cubin hands it (the same list).
+    """
     import ctypes
     nvrtc = _find_nvrtc()
     if nvrtc is None:
         pytest.skip("libnvrtc not found (CUDA toolkit or the nvidia-cuda-nvrtc wheel)")
     program = ctypes.c_void_p()
-    created = nvrtc.nvrtcCreateProgram(ctypes.byref(program), source_text().encode(), b"fusedresnet.cu", 0, None, None)
+    created = nvrtc.nvrtcCreateProgram(ctypes.byref(program), source_text(arch).encode(), b"fusedresnet.cu", 0,
+                                       None, None)
     assert created == 0
-    names = name_expressions()
+    names = name_expressions(arch)
     for name in names:
         assert nvrtc.nvrtcAddNameExpression(program, name.encode()) == 0
-    options = [o.encode() for o in COMPILE_OPTIONS] + [b"-arch=sm_90"]
+    options = [o.encode() for o in nvrtc_options(arch)]
     result = nvrtc.nvrtcCompileProgram(program, len(options), (ctypes.c_char_p * len(options))(*options))
     size = ctypes.c_size_t()
     nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
@@ -93,3 +130,5 @@ def test_kernels_compile_under_nvrtc_like_cupy():
     for name in names:
         lowered = ctypes.c_char_p()
         assert nvrtc.nvrtcGetLoweredName(program, name.encode(), ctypes.byref(lowered)) == 0, name
+    cubin_size = ctypes.c_size_t()
+    assert nvrtc.nvrtcGetCUBINSize(program, ctypes.byref(cubin_size)) == 0 and cubin_size.value > 0

@@ -1,0 +1,307 @@
+// Convolution as implicit GEMM on Hopper tensor cores (sm_90a): wgmma.mma_async
+// with shared-memory matrix descriptors, the same loaders and epilogue as
+// conv_implicit_gemm.cu (read that file's header first: implicit GEMM, the
+// swizzled 128-byte tile rows, split-K and the epilogue are explained there).
+//
+// WHY. On the H100 the mma.sync kernels issue one m16n8k16 per 4096 MACs plus
+// the ldmatrix loads that feed it, from every warp: measured 26-37% of the
+// tensor-core peak on the 3x3 convs, bound by instruction issue and by the
+// fixed-latency mma chain (NOTES.md, outcomes 3 and 4). One wgmma
+// m64nNk16 does 64*N*16 MACs (131072 at N=128) for a whole warpgroup and reads
+// both operands straight from shared memory: no ldmatrix, no fragments.
+//
+// TILING. A block of WGS warpgroups (128 threads each) computes a BM x BN tile
+// of D = A * B^T. Warpgroup g owns rows [g*BM/WGS, (g+1)*BM/WGS) of the tile
+// and all BN columns, in MB = BM/WGS/64 m64 blocks of BN/2 fp32 accumulators
+// per thread. The reduction runs over k-tiles of BK = 64 (one filter tap,
+// 64 input channels) through a STAGES-deep ring of [BM][64] A and [BN][64] B
+// tiles in shared memory, filled by every thread with 16-byte cp.async
+// exactly as in conv_implicit_gemm.cu (zero-filled where a tap falls on the
+// padding). Each k-tile is 4 k16 steps: per step and m64 block one
+// wgmma.mma_async.m64nBNk16 (A and B both K-major from shared memory, fp16 in,
+// fp32 accumulate).
+//
+// DESCRIPTORS. A tile row is 128 bytes with 16-byte chunk j at j ^ (row & 7),
+// so each group of 8 rows is one 1024-byte 128B-swizzle atom: descriptor
+// swizzle mode 1 (128B), stride-dimension byte offset 1024 (the next 8 rows),
+// leading-dimension byte offset 16 (unused for K-major swizzled operands whose
+// k16 slice lies inside one 128-byte row), base offset 0 (every m64 block and
+// B tile starts on a 1024-byte boundary: the ring is aligned at run time). The
+// k16 step kk starts 32*kk bytes into the row: the start address advances by
+// 32 bytes and the hardware applies the XOR to the absolute address bits,
+// which is how the rows were stored.
+//
+// PIPELINE (one k-tile i per iteration; cp.async ring with prefetch distance
+// STAGES-2, so that one k-tile of wgmma can stay in flight):
+//   cp.async.wait_group   tile i has landed (this thread's copies)
+//   fence.proxy.async     ... and is ordered before async-proxy (wgmma) reads
+//   __syncthreads         every thread's copies of tile i are done; every
+//                         warpgroup has retired the wgmma of tile i-2
+//   cp.async tile i+STAGES-2 into the stage tile i-2 used
+//   wgmma.fence; 4*MB wgmma.mma_async on stage i; wgmma.commit_group
+//   wgmma.wait_group 1    the wgmma of tile i-1 are done (tile i may run on)
+// After the loop wgmma.wait_group 0, then the epilogue.
+//
+// EPILOGUE. The wgmma accumulator layout per warp is the mma.sync m16n8 one
+// repeated over the BN/8 column groups: thread (warp w of the warpgroup, g =
+// lane/4, t = lane%4) holds rows 16w+g and 16w+g+8, columns 8j+2t and 8j+2t+1
+// in d[4j..4j+3]. The epilogue is conv_implicit_gemm.cu's: bias, optional
+// residual, optional ReLU, fp16 NHWC (or the fp32 split-K partials).
+//
+// Versions (measurements in NOTES.md):
+//   v1  cp.async ring + wgmma from shared-memory descriptors, all threads load
+//       and compute (no warp specialisation, no TMA, no mbarriers).
+
+#include "common.cuh"
+
+// The 64-bit shared-memory matrix descriptor of a K-major operand tile in the
+// 128-byte swizzle (PTX ISA, "Matrix Descriptor Format"): start address >> 4
+// (bits 0-13), leading-dimension byte offset >> 4 (16-29), stride-dimension
+// byte offset >> 4 (32-45), base offset (49-51), swizzle mode (62-63, 1 = 128B).
+__device__ __forceinline__ u64 wgmma_desc_sw128(unsigned int smem_byte_addr) {
+    return (u64)((smem_byte_addr & 0x3FFFF) >> 4)
+         | ((u64)(16 >> 4) << 16)
+         | ((u64)(1024 >> 4) << 32)
+         | ((u64)1 << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+// Orders the generic-proxy writes (cp.async, plain stores) of this thread to
+// shared memory before later async-proxy reads (wgmma operands).
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Ties the accumulators to this point of the instruction stream: the compiler
+// may not move reads or writes of them across (they are in flight between
+// wgmma.mma_async and wgmma.wait_group, invisible to it).
+template <int NACC>
+__device__ __forceinline__ void wgmma_fence_operands(float *d) {
+#pragma unroll
+    for (int i = 0; i < NACC; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+
+// D[64 x N] += A[64 x 16] * B[N x 16]^T, fp16 in, fp32 accumulate; A and B
+// K-major in shared memory (descriptors), scale-d 1, no negation, no transpose.
+__device__ __forceinline__ void wgmma_m64n64k16(float *d, u64 desc_a, u64 desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, 1, 1, 1, 0, 0;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b));
+}
+
+__device__ __forceinline__ void wgmma_m64n128k16(float *d, u64 desc_a, u64 desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, 1, 1, 1, 0, 0;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b));
+}
+
+__device__ __forceinline__ void wgmma_m64n256k16(float *d, u64 desc_a, u64 desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "%128, %129, 1, 1, 1, 0, 0;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]),
+          "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
+          "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]),
+          "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]),
+          "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b));
+}
+
+template <int BN>
+__device__ __forceinline__ void wgmma_m64k16(float *d, u64 desc_a, u64 desc_b) {
+    if constexpr (BN == 64) wgmma_m64n64k16(d, desc_a, desc_b);
+    else if constexpr (BN == 128) wgmma_m64n128k16(d, desc_a, desc_b);
+    else wgmma_m64n256k16(d, desc_a, desc_b);
+}
+
+template <int BM, int BN, int WGS, int STAGES>
+__global__ void __launch_bounds__(WGS * 128, 1)
+conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
+           const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
+           int N, int H, int W, int C, int K, int P, int Q, int R, int S, int stride, int pad,
+           int ldw, int num_k_tiles, int k_tiles_per_split, int relu) {
+    constexpr int THREADS = WGS * 128;
+    constexpr int WM = BM / WGS;              // rows per warpgroup
+    constexpr int MB = WM / 64;               // m64 blocks per warpgroup
+    constexpr int NACC = BN / 2;              // fp32 accumulators per thread per m64 block
+    static_assert(WM % 64 == 0 && MB >= 1, "each warpgroup owns whole m64 blocks");
+    static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma n64 / n128 / n256");
+    static_assert(STAGES >= 3, "prefetch distance STAGES-2 >= 1");
+    static_assert((BM * 8) % THREADS == 0 && (BN * 8) % THREADS == 0, "loader mapping");
+    constexpr int A_ITERS = BM * 8 / THREADS, B_ITERS = BN * 8 / THREADS;
+    constexpr int ROW_STEP = THREADS / 8;
+    constexpr int A_HALFS = BM * BK, STAGE_HALFS = (BM + BN) * BK;   // multiples of 512 halfs = 1024 bytes
+
+    // The ring must start on a 1024-byte boundary (base offset 0 in the
+    // descriptors); the launcher allocates 1024 bytes more than the ring.
+    extern __shared__ vec16 smem_vec[];
+    const unsigned int raw = smem_addr(smem_vec);
+    half_bits *smem = reinterpret_cast<half_bits *>(reinterpret_cast<unsigned char *>(smem_vec)
+                                                    + (((raw + 1023u) & ~1023u) - raw));
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, warp_in_wg = warp & 3;
+    const int M = N * P * Q;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int kt_begin = blockIdx.z * k_tiles_per_split;
+    const int kt_end = min(num_k_tiles, kt_begin + k_tiles_per_split);
+    const int nkt = kt_end - kt_begin;
+
+    // Loader state, as in conv_implicit_gemm.cu (MODE 0).
+    const int chunk = tid & 7;
+    int a_base[A_ITERS], a_ih[A_ITERS], a_iw[A_ITERS];
+#pragma unroll
+    for (int i = 0; i < A_ITERS; ++i) {
+        const int m = m0 + tid / 8 + i * ROW_STEP;
+        if (m < M) {
+            const int n = m / (P * Q), pq = m - n * (P * Q);
+            const int p = pq / Q, q = pq - p * Q;
+            a_base[i] = n * H * W * C;
+            a_ih[i] = p * stride - pad;
+            a_iw[i] = q * stride - pad;
+        } else {
+            a_base[i] = 0; a_ih[i] = -(1 << 20); a_iw[i] = 0;   // always out of bounds: zero rows
+        }
+    }
+    const int c_tiles = C / BK;
+
+    auto load_tile = [&](int stage, int kt) {
+        half_bits *sA = smem + stage * STAGE_HALFS;
+        half_bits *sB = sA + A_HALFS;
+#pragma unroll
+        for (int i = 0; i < B_ITERS; ++i) {
+            const int row = tid / 8 + i * ROW_STEP;
+            const int k = n0 + row;
+            const half_bits *src = w + (u64)min(k, K - 1) * ldw + kt * BK + chunk * 8;
+            cp_async_16(smem_addr(sB + swz(row, chunk)), src, k < K ? 16 : 0);
+        }
+        const int tap = kt / c_tiles, c0 = (kt - tap * c_tiles) * BK;
+        const int r = tap / S, s = tap - r * S;
+#pragma unroll
+        for (int i = 0; i < A_ITERS; ++i) {
+            const int row = tid / 8 + i * ROW_STEP;
+            const int ih = a_ih[i] + r, iw = a_iw[i] + s;
+            const bool ok = (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
+            const half_bits *src = ok ? x + a_base[i] + (ih * W + iw) * C + c0 + chunk * 8 : x;
+            cp_async_16(smem_addr(sA + swz(row, chunk)), src, ok ? 16 : 0);
+        }
+    };
+
+    float acc[MB][NACC];
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+        for (int j = 0; j < NACC; ++j) acc[mb][j] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 2; ++s) {
+        if (s < nkt) load_tile(s, kt_begin + s);
+        cp_async_commit();
+    }
+
+    for (int i = 0; i < nkt; ++i) {
+        cp_async_wait<STAGES - 3>();
+        fence_proxy_async_shared();
+        __syncthreads();
+        fence_proxy_async_shared();
+        const int next = i + STAGES - 2;
+        if (next < nkt) load_tile(next % STAGES, kt_begin + next);
+        cp_async_commit();
+
+        const unsigned int sA = smem_addr(smem + (i % STAGES) * STAGE_HALFS);
+        const unsigned int sB = sA + A_HALFS * 2;
+        const u64 desc_b = wgmma_desc_sw128(sB);
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) {
+                const u64 desc_a = wgmma_desc_sw128(sA + (wg * WM + mb * 64) * BK * 2);
+                // k16 step kk: 32 bytes further into each row (descriptor units of 16 bytes).
+                wgmma_m64k16<BN>(acc[mb], desc_a + 2 * kk, desc_b + 2 * kk);
+            }
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
+    cp_async_wait<0>();
+
+    // Epilogue straight from the accumulators (layout in the header).
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) {
+#pragma unroll
+        for (int half_row = 0; half_row < 2; ++half_row) {
+            const int m = m0 + wg * WM + mb * 64 + warp_in_wg * 16 + g + half_row * 8;
+            if (m >= M) continue;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                const int k = n0 + j * 8 + 2 * t4;
+                if (k >= K) continue;
+                float v0 = acc[mb][4 * j + half_row * 2], v1 = acc[mb][4 * j + half_row * 2 + 1];
+                const u64 off = (u64)m * K + k;
+                if (partial != nullptr) {
+                    float2 pv; pv.x = v0; pv.y = v1;
+                    *reinterpret_cast<float2 *>(partial + (u64)blockIdx.z * M * K + off) = pv;
+                    continue;
+                }
+                v0 += bias[k]; v1 += bias[k + 1];
+                if (residual != nullptr) {
+                    float r0, r1;
+                    unpack_half2(*reinterpret_cast<const half2_bits *>(residual + off), r0, r1);
+                    v0 += r0; v1 += r1;
+                }
+                if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
+                *reinterpret_cast<half2_bits *>(y + off) = pack_half2(v0, v1);
+            }
+        }
+    }
+}
