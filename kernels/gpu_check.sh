@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # One call on the GPU host: install, correctness checks, benchmark.
-#   bash kernels/gpu_check.sh [check|bench|all|full|pytest] [extra bench args]
+#   bash kernels/gpu_check.sh [check|bench|all|full|pytest|profile] [extra bench args]
 # all = check + bench; full = tune (writes kernels/tuned_plans.json here and
 # $OUT/tuned_plans.json) + check + bench + ncu profile of a few kernels.
+# The convolutions run on the path the engine picks (wgmma on an H100/H200,
+# mma.sync elsewhere); FUSEDRESNET_CONV_PATH=mma forces the old path for the
+# whole script. On the wgmma path `check` also runs the quick check of the
+# mma.sync path (check_mma.json; NO_MMA_CHECK=1 skips it) and `bench` times
+# both paths.
 # Logs and results go to $OUT (the device tool brings them back) or ./gpu-out.
 set -o pipefail
 what=${1:-all}; shift || true
@@ -11,7 +16,8 @@ export PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/cupy-cache
 bash "$REPO/scripts/install_offline.sh" || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
 t0=$(date +%s)
-python3 -c "from fusedresnet.kernels.launch import library; import time; t=time.time(); library(0); print(f'compile+load {time.time()-t:.1f}s')" 2>&1 | tail -5
+python3 -c "from fusedresnet.kernels.launch import library; import time; t=time.time(); lib=library(0); print(f'compile+load {time.time()-t:.1f}s, conv path {lib.path} (cc {lib.cc[0]}.{lib.cc[1]})')" 2>&1 | tail -12
+path=$(python3 -c "import cupy; from fusedresnet.kernels.configs import conv_path; cc=cupy.cuda.Device(0).compute_capability; print(conv_path((int(cc[:-1]), int(cc[-1]))))" 2>/dev/null)
 rc=0
 if [[ $what == full || $what == tune ]]; then
   python3 -m fusedresnet.kernels.tune --out "$OUT/tuned_plans.json" 2>&1 | tail -12
@@ -20,7 +26,13 @@ if [[ $what == full || $what == tune ]]; then
 fi
 if [[ $what == check || $what == all || $what == full ]]; then
   python3 -m fusedresnet.kernels.check --json "$OUT/check.json" 2>&1 | tee /tmp/check.log | grep -v "^ok " ; rc=$?
-  echo "check exit $rc after $(( $(date +%s) - t0 ))s"
+  echo "check ($path path) exit $rc after $(( $(date +%s) - t0 ))s"
+  if [[ $path == wgmma && -z $NO_MMA_CHECK ]]; then
+    python3 -m fusedresnet.kernels.check --quick --conv-path mma --json "$OUT/check_mma.json" 2>&1 \
+      | tee /tmp/check_mma.log | grep -v "^ok " ; rc_mma=$?
+    echo "check (mma path, quick) exit $rc_mma after $(( $(date +%s) - t0 ))s"
+    (( rc == 0 )) && rc=$rc_mma
+  fi
 fi
 if [[ $what == pytest ]]; then
   # --noconftest: the suite's conftest needs the Triton client libraries, which this host lacks

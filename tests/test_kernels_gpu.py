@@ -55,3 +55,22 @@ def test_engine_serves_through_create_custom_engine(checker, tmp_path):
     images = torch.randint(0, 256, (3, 224, 224, 3), dtype=torch.uint8)
     logits = engine.classify_uint8(images)
     assert logits.shape == (3, 1000) and logits.dtype == torch.float32 and torch.isfinite(logits).all()
+
+
+def test_conv_path_is_wgmma_on_compute_capability_9_and_mma_can_be_forced(checker):
+    from fusedresnet.kernels.configs import WGMMA_TILES
+    from fusedresnet.kernels.launch import library
+    hopper = torch.cuda.get_device_capability(0) == (9, 0)
+    forced = library(0, "mma")
+    assert forced.path == "mma"
+    if not hopper:
+        assert checker.lib.path == "mma"
+        with pytest.raises(RuntimeError, match="compute capability 9.0"):
+            library(0, "wgmma")
+        return
+    assert library(0, "wgmma").path == "wgmma"
+    # The forced mma.sync library has no wgmma kernels; the wgmma one plans wgmma tiles without a tuned table.
+    assert not any(t.name_expression in forced.kernels for t in WGMMA_TILES)
+    wgmma = library(0, "wgmma")
+    plan = wgmma.plan(3, 28, 28, 128, 128, 3, 3, 1, 1)   # batch 3: never in a tuning table
+    assert plan.tile in WGMMA_TILES
