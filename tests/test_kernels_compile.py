@@ -132,3 +132,30 @@ def test_kernels_compile_under_nvrtc_like_the_engine(arch):
         assert nvrtc.nvrtcGetLoweredName(program, name.encode(), ctypes.byref(lowered)) == 0, name
     cubin_size = ctypes.c_size_t()
     assert nvrtc.nvrtcGetCUBINSize(program, ctypes.byref(cubin_size)) == 0 and cubin_size.value > 0
+
+
+def test_conv_path_is_wgmma_on_cc_9_0_only_and_can_be_forced(monkeypatch):
+    from fusedresnet.kernels.configs import CONV_PATH_ENV, conv_path
+    monkeypatch.delenv(CONV_PATH_ENV, raising=False)
+    assert conv_path((9, 0)) == "wgmma"
+    assert [conv_path(cc) for cc in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0))] == ["mma"] * 5
+    monkeypatch.setenv(CONV_PATH_ENV, "mma")
+    assert conv_path((9, 0)) == "mma"
+    assert conv_path((9, 0), "wgmma") == "wgmma"          # an explicit argument beats the environment
+    monkeypatch.setenv(CONV_PATH_ENV, "wgmma")
+    with pytest.raises(RuntimeError, match="compute capability 9.0"):
+        conv_path((8, 9))                                  # never a silent fallback
+    monkeypatch.setenv(CONV_PATH_ENV, "tensor")
+    with pytest.raises(ValueError, match="auto, mma or wgmma"):
+        conv_path((9, 0))
+
+
+def test_tuned_plans_apply_only_to_the_gpu_and_conv_path_they_were_measured_on():
+    import json
+
+    from fusedresnet.kernels.configs import TUNED_PLANS, load_tuned_plans
+    table = json.loads(TUNED_PLANS.read_text())
+    device, path = table["device"], table.get("conv_path", "mma")
+    assert len(load_tuned_plans(device, path)) == len(table["plans"]) > 0
+    assert load_tuned_plans(device, "wgmma" if path == "mma" else "mma") == {}
+    assert load_tuned_plans("NVIDIA A100-SXM4-80GB", path) == {}
