@@ -19,7 +19,8 @@ Both `model_repository/*/1/model.py` files are thin subclasses of
   (`torch_threads`), so any Triton start gets it: several stub processes each
   running a thread per core would oversubscribe the CPU.
 - timing: the time of each phase of `execute()` is added to Triton's metrics
-  endpoint as `fusedresnet_execute_phase_us{model,instance,device,phase}`.
+  endpoint as `fusedresnet_execute_phase_us{model,instance,device,gpu_uuid,phase}`, with the
+  images and batches each instance computed (`fusedresnet_images`, `fusedresnet_executions`).
 - several GPUs: `KIND_AUTO` with `count: N` gives N instances on every visible
   GPU; each instance builds its engine, CUDA graphs and buffers on the device
   Triton gives it (`model_instance_device_id`).
@@ -48,8 +49,10 @@ from .spec import (
     CHANNELS,
     EXECUTE_PHASE_METRIC,
     EXECUTE_PHASES,
+    EXECUTIONS_METRIC,
     FP32_INPUT_ABS_LIMIT,
     IMAGE_SIZE,
+    IMAGES_METRIC,
     INPUT_FP32,
     INPUT_UINT8,
     INPUTS,
@@ -124,29 +127,43 @@ def read_request(request, max_batch: int) -> tuple[str, torch.Tensor]:
 
 
 class ExecuteTimer:
-    """Seconds per phase of execute(), added to a Triton counter now and then (see METRICS_FLUSH_S)."""
+    """Seconds per phase of execute(), and the images and executions served, added to Triton's counters
+    now and then (see METRICS_FLUSH_S)."""
 
-    def __init__(self, model_name: str, instance_name: str, device: str):
-        # The family must outlive its metrics: keep both.
-        self.family = family = pb_utils.MetricFamily(name=EXECUTE_PHASE_METRIC,
-                                       description="Microseconds spent in each phase of the model's execute(), "
-                                                   "summed (h2d, engine, d2h: GPU time between CUDA events)",
-                                       kind=pb_utils.MetricFamily.COUNTER)
-        self.metrics = {phase: family.Metric(labels={"model": model_name, "instance": instance_name,
-                                                      "device": device, "phase": phase})
-                        for phase in EXECUTE_PHASES}
-        self.pending = dict.fromkeys(EXECUTE_PHASES, 0.0)
+    def __init__(self, model_name: str, instance_name: str, device: str, gpu_uuid: str):
+        labels = {"model": model_name, "instance": instance_name, "device": device, "gpu_uuid": gpu_uuid}
+        # The families must outlive their metrics: keep them.
+        self.phase_family = pb_utils.MetricFamily(
+            name=EXECUTE_PHASE_METRIC, kind=pb_utils.MetricFamily.COUNTER,
+            description="Microseconds spent in each phase of the model's execute(), summed "
+                        "(h2d, engine, d2h: GPU time between CUDA events)")
+        self.images_family = pb_utils.MetricFamily(
+            name=IMAGES_METRIC, kind=pb_utils.MetricFamily.COUNTER,
+            description="Images this instance computed (per device: gpu_uuid as Triton's GPU metrics name it)")
+        self.executions_family = pb_utils.MetricFamily(
+            name=EXECUTIONS_METRIC, kind=pb_utils.MetricFamily.COUNTER,
+            description="Batches this instance computed")
+        self.metrics = {phase: self.phase_family.Metric(labels={**labels, "phase": phase}) for phase in EXECUTE_PHASES}
+        self.images_metric = self.images_family.Metric(labels=labels)
+        self.executions_metric = self.executions_family.Metric(labels=labels)
+        self.discard()
         self.last_flush = time.monotonic()
 
     def add(self, phase: str, seconds: float):
         self.pending[phase] += seconds
 
+    def count(self, images: int):
+        self.pending_images += images
+        self.pending_executions += 1
+
     def discard(self):
         self.pending = dict.fromkeys(EXECUTE_PHASES, 0.0)
+        self.pending_images = self.pending_executions = 0
 
     def close(self):
-        self.metrics.clear()     # metrics before their family (the backend requires that order)
-        self.family = None
+        self.metrics.clear()     # metrics before their families (the backend requires that order)
+        self.images_metric = self.executions_metric = None
+        self.phase_family = self.images_family = self.executions_family = None
 
     def flush_now_and_then(self):
         now = time.monotonic()
@@ -156,7 +173,18 @@ class ExecuteTimer:
         for phase, seconds in self.pending.items():
             if seconds:
                 self.metrics[phase].increment(seconds * 1e6)
+        if self.pending_executions:
+            self.images_metric.increment(self.pending_images)
+            self.executions_metric.increment(self.pending_executions)
         self.discard()
+
+
+def gpu_uuid(device: str) -> str:
+    """The GPU's UUID as Triton's and nvidia-smi's metrics write it ("GPU-..."); empty on the CPU."""
+    if not device.startswith("cuda"):
+        return ""
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
 
 
 class ResNetTritonModel:
@@ -196,7 +224,7 @@ class ResNetTritonModel:
         self.host_staging: dict[str, torch.Tensor] = {}  # input name -> pinned [max_batch_size, ...]
         if on_gpu:
             self.events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-        self.timer = ExecuteTimer(self.model_name, args["model_instance_name"], device)
+        self.timer = ExecuteTimer(self.model_name, args["model_instance_name"], device, gpu_uuid(device))
         self._warm_up()
         self.timer.discard()     # the figures describe served requests only
         pb_utils.Logger.log_info(
@@ -305,6 +333,7 @@ class ResNetTritonModel:
                     responses[index] = pb_utils.InferenceResponse(
                         error=pb_utils.TritonError(f"{self.model_name}: inference failed: {error}"))
                 continue
+            self.timer.count(logits.shape[0])
             started = time.perf_counter()
             start = 0
             for index, tensor in items:

@@ -13,13 +13,14 @@ step is the difference of a snapshot taken after it and one taken before it:
                                               copying inputs in, running the model, copying outputs out
 
 The models add the time of each phase of their execute() (backend/triton_model.py),
-summed over executions: `fusedresnet_execute_phase_us{model,instance,device,phase}`.
+summed over executions: `fusedresnet_execute_phase_us{model,instance,device,gpu_uuid,phase}`.
 
 GPU utilisation (`nv_gpu_utilization`, a 0..1 gauge per GPU, refreshed every
 --metrics-interval-ms) only exists on a GPU host; it is sampled, not differenced.
-On a GPU host Triton labels each model's counters and the GPU gauges with the
-`gpu_uuid` of the device, so with instances on several GPUs `per_gpu` tells how
-the work was shared.
+The models also count the images and batches of each instance (`fusedresnet_images`,
+`fusedresnet_executions`) labelled with the `gpu_uuid` that Triton's GPU gauges carry
+(Triton's own per-model counters have no GPU label in this build), so with
+instances on several GPUs `per_gpu` tells how the work was shared.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fusedresnet.backend.spec import EXECUTE_PHASE_METRIC, EXECUTE_PHASES
+from fusedresnet.backend.spec import EXECUTE_PHASE_METRIC, EXECUTE_PHASES, EXECUTIONS_METRIC, IMAGES_METRIC
 
 SUCCESS = "nv_inference_request_success"
 FAILURE = "nv_inference_request_failure"
@@ -123,21 +124,24 @@ def mean_gauge(snapshots: list[MetricsSnapshot], name: str) -> float | None:
 
 def per_gpu(before: MetricsSnapshot, after: MetricsSnapshot, model: str,
             during: list[MetricsSnapshot]) -> dict[str, dict]:
-    """Per GPU (by uuid) between two snapshots: the images and executions of `model`'s instances on it,
-    the share of the model's images, and the GPU's mean utilisation; empty where there is no GPU label."""
+    """Per GPU (by uuid) between two snapshots: the images and batches `model`'s instances on it computed,
+    their share of the model's images, and the GPU's mean utilisation; empty where there is no GPU."""
     uuids = sorted({s.labels[GPU_LABEL] for s in after.samples
-                    if s.name in (INFERENCES, GPU_UTILIZATION) and s.labels.get(GPU_LABEL)})
+                    if s.name in (IMAGES_METRIC, GPU_UTILIZATION) and s.labels.get(GPU_LABEL)})
     seconds = max(after.taken_at - before.taken_at, 1e-9)
-    total = after.total(INFERENCES, model) - before.total(INFERENCES, model)
+
+    def delta(name, **labels):
+        return after.total(name, model, **labels) - before.total(name, model, **labels)
+
+    total = delta(IMAGES_METRIC)
     result = {}
     for uuid in uuids:
-        images = after.total(INFERENCES, model, gpu_uuid=uuid) - before.total(INFERENCES, model, gpu_uuid=uuid)
-        executions = after.total(EXECUTIONS, model, gpu_uuid=uuid) - before.total(EXECUTIONS, model, gpu_uuid=uuid)
+        images = delta(IMAGES_METRIC, gpu_uuid=uuid)
         utilization = [s.value for snapshot in during for s in snapshot.samples
                        if s.name == GPU_UTILIZATION and s.labels.get(GPU_LABEL) == uuid]
         result[uuid] = {
             "img_per_s": images / seconds,
-            "executions": int(round(executions)),
+            "executions": int(round(delta(EXECUTIONS_METRIC, gpu_uuid=uuid))),
             "share": images / total if total else None,
             "utilization": sum(utilization) / len(utilization) if utilization else None,
         }

@@ -17,7 +17,16 @@ import torch
 
 from fusedresnet.backend import serve
 from fusedresnet.backend.engines import TorchScriptEngine, create_custom_engine
-from fusedresnet.backend.spec import FOLDED_PARAMS_FILE, MODEL_CUDNN, MODEL_CUSTOM, MODELS, TORCHSCRIPT_FILE
+from fusedresnet.backend.spec import (
+    EXECUTE_PHASE_METRIC,
+    EXECUTIONS_METRIC,
+    FOLDED_PARAMS_FILE,
+    IMAGES_METRIC,
+    MODEL_CUDNN,
+    MODEL_CUSTOM,
+    MODELS,
+    TORCHSCRIPT_FILE,
+)
 from fusedresnet.backend.triton_install import ServerError, find_triton, host_gpus
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.client.resnet_client import ResNetClient
@@ -54,14 +63,17 @@ def test_gpus_option_names_a_gpu_the_host_lacks_clearly(tmp_path):
 
 def test_per_gpu_splits_a_models_images_by_device():
     def snapshot(taken_at, first, second, executions):
+        def instance(name, gpu, model="m"):
+            return f'gpu_uuid="{gpu}",instance="{name}",model="{model}"'
         text = "\n".join([
-            "# TYPE nv_inference_count counter",
-            f'nv_inference_count{{gpu_uuid="GPU-a",model="m",version="1"}} {first}',
-            f'nv_inference_count{{gpu_uuid="GPU-b",model="m",version="1"}} {second}',
-            f'nv_inference_count{{gpu_uuid="GPU-a",model="other",version="1"}} {first * 7}',
-            "# TYPE nv_inference_exec_count counter",
-            f'nv_inference_exec_count{{gpu_uuid="GPU-a",model="m",version="1"}} {executions}',
-            f'nv_inference_exec_count{{gpu_uuid="GPU-b",model="m",version="1"}} {executions // 2}',
+            f"# TYPE {IMAGES_METRIC} counter",     # two instances on GPU-a, one on GPU-b, another model
+            f"{IMAGES_METRIC}{{{instance('m_0', 'GPU-a')}}} {first * 5 // 6}",
+            f"{IMAGES_METRIC}{{{instance('m_1', 'GPU-a')}}} {first - first * 5 // 6}",
+            f"{IMAGES_METRIC}{{{instance('m_2', 'GPU-b')}}} {second}",
+            f"{IMAGES_METRIC}{{{instance('other_0', 'GPU-a', 'other')}}} {first * 7}",
+            f"# TYPE {EXECUTIONS_METRIC} counter",
+            f"{EXECUTIONS_METRIC}{{{instance('m_0', 'GPU-a')}}} {executions}",
+            f"{EXECUTIONS_METRIC}{{{instance('m_2', 'GPU-b')}}} {executions // 2}",
             "# TYPE nv_gpu_utilization gauge",
             f'nv_gpu_utilization{{gpu_uuid="GPU-a"}} {0.9 if first else 0.0}',
             f'nv_gpu_utilization{{gpu_uuid="GPU-b"}} {0.3 if first else 0.0}',
@@ -69,7 +81,7 @@ def test_per_gpu_splits_a_models_images_by_device():
         return triton_metrics.MetricsSnapshot(taken_at, triton_metrics.parse_prometheus_text(text))
 
     before, after = snapshot(100.0, 0, 0, 0), snapshot(102.0, 3000, 1000, 40)
-    during = [snapshot(101.0, 1, 1, 1), after]
+    during = [snapshot(101.0, 600, 1, 1), after]
     split = triton_metrics.per_gpu(before, after, "m", during)
     assert sorted(split) == ["GPU-a", "GPU-b"]
     assert split["GPU-a"]["img_per_s"] == pytest.approx(1500.0)
@@ -87,8 +99,11 @@ def test_cpu_host_metrics_have_no_gpu_split(triton_server, varied_images):
         client.infer(varied_images[:2])
     after = triton_metrics.scrape(triton_server.metrics_url)
     assert triton_metrics.per_gpu(before, after, MODEL_CUSTOM, [after]) == {}
-    devices = {s.labels.get("device") for s in after.samples if s.name.startswith("fusedresnet_execute_phase_us")}
-    assert devices == {"cpu"}
+    for name in (EXECUTE_PHASE_METRIC, IMAGES_METRIC, EXECUTIONS_METRIC):
+        labels = [s.labels for s in after.samples if s.name == name and s.labels["model"] == MODEL_CUSTOM]
+        assert labels and all(label["device"] == "cpu" and not label.get("gpu_uuid") for label in labels), name
+    images = after.total(IMAGES_METRIC, MODEL_CUSTOM) - before.total(IMAGES_METRIC, MODEL_CUSTOM)
+    assert images == 2
 
 
 @pytest.mark.gpu
@@ -107,7 +122,9 @@ def test_engines_run_on_every_gpu_and_match_the_reference(prepared_repository, d
         bucket = engine.bucket(len(pixels))
         buffer = engine.input_buffer("IMAGE", bucket)
         assert buffer.device == torch.device(device), engine.name
-        with torch.cuda.device(device), torch.cuda.stream(engine.stream):   # as the served model does
+        # as the served model does: on the engine's stream, in inference mode (the graphs' buffers are
+        # inference tensors)
+        with torch.inference_mode(), torch.cuda.device(device), torch.cuda.stream(engine.stream):
             buffer.fill_(0)
             buffer[:len(pixels)].copy_(pixels)
             logits = engine.run_buffer("IMAGE", bucket, len(pixels))
