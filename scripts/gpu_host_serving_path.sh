@@ -12,10 +12,20 @@
 #              GPU 0 alone (loadtest/multi_gpu.py -> $OUT/multi_gpu.json/.md); a host with 2+ GPUs
 #   sequence   as shipped -> + threads -> + instances -> + copies -> + system shm -> + CUDA shm
 #              (needs build/shipped: `git archive de30da4 | tar -x -C build/shipped`)
+# MPS=1: the parts run under CUDA MPS (the control daemon started here, stopped at the end), so the
+# models' stub processes share each GPU instead of time-slicing it; result files get the suffix _mps.
 # Logs and JSON go to $OUT (or build/gpu-host).
 set -uo pipefail
 OUT="${OUT:-build/gpu-host}"; mkdir -p "$OUT"
 source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
+suffix=""
+if [[ "${MPS:-0}" == 1 ]]; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/fusedresnet-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/fusedresnet-mps/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d || { echo "could not start the MPS control daemon" >&2; exit 1; }
+  trap 'echo quit | nvidia-cuda-mps-control' EXIT
+  suffix=_mps
+fi
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; } | tee "$OUT/device.txt"
 for part in "$@"; do
   case "$part" in
@@ -30,9 +40,10 @@ for part in "$@"; do
         FUSEDRESNET_RESULTS_DIR="$OUT" python3 -m pytest -v -rs tests/test_soak.py 2>&1 \
         | tee "$OUT/pytest-soak.log" | tail -15 ;;
     multigpu)
-      timeout 300 python3 -m pytest -q -rs -m gpu tests/test_multi_gpu.py 2>&1 | tee "$OUT/pytest-multi-gpu.log" | tail -15
-      python3 -m fusedresnet.loadtest.multi_gpu --seconds "${SECONDS_PER_STEP:-4}" --out "$OUT/multi_gpu.json" \
-        --log-dir build/gpu-logs/multi_gpu 2>&1 | grep -v "^fusedresnet:" | tee "$OUT/multi_gpu.log" | tail -40 ;;
+      [[ -z $suffix ]] && timeout 300 python3 -m pytest -q -rs -m gpu tests/test_multi_gpu.py 2>&1 \
+        | tee "$OUT/pytest-multi-gpu.log" | tail -15
+      python3 -m fusedresnet.loadtest.multi_gpu --seconds "${SECONDS_PER_STEP:-4}" --out "$OUT/multi_gpu$suffix.json" \
+        --log-dir "build/gpu-logs/multi_gpu$suffix" 2>&1 | grep -v "^fusedresnet:" | tee "$OUT/multi_gpu$suffix.log" | tail -40 ;;
     diff)
       python3 -m fusedresnet.kernels.diff --device cuda 2>&1 | tee "$OUT/diff_gpu.txt" ;;
     instances)
