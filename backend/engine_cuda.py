@@ -11,10 +11,13 @@ How a batch runs:
    serving interface of `backend/engines.py`), so a served batch is copied once.
 2. The plan's CUDA graph is replayed: stem conv (normalisation fused into its
    loader, the 3x3/2 max-pool into its epilogue) -> 8 BasicBlocks, each conv
-   an implicit-GEMM kernel (tile shape and split-K per layer from the tuning
-   table of this GPU model, else the cost model; wgmma kernels on compute
-   capability 9.0, mma.sync elsewhere or with FUSEDRESNET_CONV_PATH=mma, see
-   `kernels/launch.py`) with the folded BatchNorm bias, residual and ReLU in its epilogue,
+   an implicit-GEMM kernel with the folded BatchNorm bias, residual and ReLU
+   in its epilogue. Each conv's plan (kernel family, tile shape, split-K)
+   comes from the tuning table of this GPU model, else the cost model; on
+   compute capability 9.0 (the mixed path) a plan may name a wgmma tile or
+   an mma.sync one (generic or conv3x3_patch), per layer and batch bucket,
+   and the one sm_90a module holds both; mma.sync only elsewhere;
+   FUSEDRESNET_CONV_PATH=mma|wgmma forces one family (`kernels/launch.py`);
    the downsample conv on a second captured stream, concurrent with the
    block's first conv -> avgpool + fc in one kernel.
 3. The first N rows of the logits are copied out and handed to PyTorch by DLPack.
@@ -118,7 +121,7 @@ class FusedCudaEngine:
     name = "fused-cuda-fp16"
 
     def __init__(self, params_or_path, device: str = "cuda:0", conv_path: str | None = None):
-        """`conv_path`: "mma", "wgmma" or None (FUSEDRESNET_CONV_PATH, else by compute capability)."""
+        """`conv_path`: "mma", "wgmma", "auto" or None (FUSEDRESNET_CONV_PATH, else by compute capability)."""
         params = load_folded(params_or_path) if not isinstance(params_or_path, dict) else params_or_path
         self.torch_device = torch.device(device)
         if self.torch_device.type != "cuda":

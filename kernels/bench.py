@@ -16,10 +16,12 @@
     matrix product (cuBLAS), written as CSV.
 (c) A bar plot of latency and throughput, custom against the baselines.
 
-On the wgmma path (compute capability 9.0) (a) and (b) are also measured with
-the mma.sync kernels (FUSEDRESNET_CONV_PATH=mma) in the same process:
-`custom_mma_ms` per batch and the per-layer rows with path "mma", so the two
-paths are compared on one GPU and one run (--no-compare-mma skips it).
+On compute capability 9.0 (the mixed path: each conv on the family its plan
+names) (a) and (b) are also measured with the engine forced to one family
+(FUSEDRESNET_CONV_PATH=mma, =wgmma) in the same process: `custom_mma_ms`,
+`custom_wgmma_ms` per batch and the per-layer rows with path "mma" and
+"wgmma", so the paths are compared on one GPU and one run (--no-compare-mma
+skips them).
 
 Writes kernels_bench.json, kernels_layers.csv, kernels_bench.png and
 kernels_bench.md into --out.
@@ -169,6 +171,7 @@ def plot(rows, path: Path, device: str):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     keys = [("custom_ms", "fused CUDA (ours)"), ("custom_mma_ms", "fused CUDA, mma.sync path"),
+            ("custom_wgmma_ms", "fused CUDA, wgmma path"),
             ("graph_fp16_ms", "cuDNN fp16 CL + graph"),
             ("ts_fp16_ms", "TorchScript fp16 CL"), ("ts_fp32_ms", "TorchScript fp32"),
             ("compile_max_autotune_ms", "torch.compile max-autotune")]
@@ -196,14 +199,15 @@ def markdown(result: dict) -> str:
     lines = ["# Fused CUDA engine benchmark", "",
              f"- device: {result['device']}", f"- date: {result['date']}", f"- command: `{result['command']}`",
              f"- measured tensor-core peak (cuBLAS fp16 8192^3): {result['peak_tflops']:.0f} TFLOP/s",
-             f"- convolution path: {result.get('conv_path', 'mma')} (custom mma.sync ms: the same engine forced to "
-             "the mma.sync kernels)", "",
-             "| batch | custom ms (img/s) | custom mma.sync ms | TS fp32 ms | TS fp16 CL ms | fp16 CL + graph ms "
-             "| compile max-autotune ms | custom vs graph |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"- convolution path: {result.get('conv_path', 'mma')}, {result.get('tuned_plans', 0)} tuned plans for "
+             "this GPU (custom mma.sync / wgmma ms: the same engine forced to one kernel family)", "",
+             "| batch | custom ms (img/s) | custom mma.sync ms | custom wgmma ms | TS fp32 ms | TS fp16 CL ms "
+             "| fp16 CL + graph ms | compile max-autotune ms | custom vs graph |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in result["whole_network"]:
         fmt = lambda k: f"{r[k]:.3f}" if r.get(k) else "-"   # noqa: E731
         lines.append(f"| {r['batch']} | {r['custom_ms']:.3f} ({r['custom_img_s']:,.0f}) | {fmt('custom_mma_ms')} | "
+                     f"{fmt('custom_wgmma_ms')} | "
                      f"{fmt('ts_fp32_ms')} | {fmt('ts_fp16_ms')} | {fmt('graph_fp16_ms')} | "
                      f"{fmt('compile_max_autotune_ms')} | {r['graph_fp16_ms'] / r['custom_ms']:.2f}x |")
     if not any(r.get("compile_max_autotune_ms") for r in result["whole_network"]):
@@ -228,7 +232,7 @@ def main(argv=None):
     parser.add_argument("--out", default="results")
     parser.add_argument("--skip-baselines", action="store_true")
     parser.add_argument("--no-compare-mma", action="store_true",
-                        help="on the wgmma path, do not also time the mma.sync path")
+                        help="on cc 9.0, do not also time the engine forced to each kernel family")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -236,16 +240,21 @@ def main(argv=None):
     device = torch.cuda.get_device_name(0)
     model = build_resnet18(None, DEFAULT_SEED).cuda().eval()
     engine = FusedCudaEngine(fold_resnet18(build_resnet18(None, DEFAULT_SEED)), "cuda:0")
-    mma_engine = None
+    # On cc 9.0 the engine forced to each kernel family, for comparison.
+    forced = {}
     if engine.lib.path != "mma" and not args.no_compare_mma:
-        mma_engine = FusedCudaEngine(fold_resnet18(build_resnet18(None, DEFAULT_SEED)), "cuda:0", conv_path="mma")
-    print(f"conv path {engine.lib.path}" + (" (and mma for comparison)" if mma_engine else ""), flush=True)
+        for family in ("mma", "wgmma"):
+            if family != engine.lib.path:
+                forced[family] = FusedCudaEngine(fold_resnet18(build_resnet18(None, DEFAULT_SEED)), "cuda:0",
+                                                 conv_path=family)
+    print(f"conv path {engine.lib.path}, {len(engine.lib.tuned)} tuned plans"
+          + (f" (and forced {', '.join(forced)} for comparison)" if forced else ""), flush=True)
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
     for batch in batches:
         row = {"batch": batch, "custom_ms": round(bench_custom(engine, batch), 4)}
-        if mma_engine is not None:
-            row["custom_mma_ms"] = round(bench_custom(mma_engine, batch), 4)
+        for family, forced_engine in forced.items():
+            row[f"custom_{family}_ms"] = round(bench_custom(forced_engine, batch), 4)
         which = [] if args.skip_baselines else ["ts_fp32", "ts_fp16", "graph_fp16"]
         if args.compile:
             which.append("compile_max_autotune")
@@ -258,8 +267,8 @@ def main(argv=None):
         torch.cuda.empty_cache()
     peak = tensor_core_peak_tflops()
     layers = layer_table(engine, [int(b) for b in args.layer_batches.split(",")], peak)
-    if mma_engine is not None:
-        layers += layer_table(mma_engine, [int(b) for b in args.layer_batches.split(",")], peak)
+    for forced_engine in forced.values():
+        layers += layer_table(forced_engine, [int(b) for b in args.layer_batches.split(",")], peak)
     with open(out / "kernels_layers.csv", "w") as f:
         f.write(",".join(layers[0].keys()) + "\n")
         for r in layers:
@@ -267,7 +276,8 @@ def main(argv=None):
     result = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "command": os.environ.get("FUSEDRESNET_BENCH_COMMAND") or
               "python -m fusedresnet.kernels.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "conv_path": engine.lib.path, "peak_tflops": round(peak, 1), "whole_network": rows}
+              "conv_path": engine.lib.path, "tuned_plans": len(engine.lib.tuned), "peak_tflops": round(peak, 1),
+              "whole_network": rows}
     if args.accuracy and Path(args.accuracy).is_file():
         acc = json.loads(Path(args.accuracy).read_text())["network"]
         result["accuracy"] = acc
@@ -275,17 +285,21 @@ def main(argv=None):
     if all(r.get("graph_fp16_ms") for r in rows):
         plot(rows, out / "kernels_bench.png", device)
         (out / "kernels_bench.md").write_text(markdown(result))
-    print(f"{'batch':>5} {'custom':>8} {'mma':>8} {'ts32':>8} {'ts16':>8} {'graph16':>8} {'img/s':>9}")
+    print(f"{'batch':>5} {'custom':>8} {'mma':>8} {'wgmma':>8} {'ts32':>8} {'ts16':>8} {'graph16':>8} {'img/s':>9}")
     for r in rows:
         print(f"{r['batch']:>5} {r['custom_ms']:>8.3f} {r.get('custom_mma_ms', math.nan):>8.3f} "
+              f"{r.get('custom_wgmma_ms', math.nan):>8.3f} "
               f"{r.get('ts_fp32_ms', math.nan):>8.3f} "
               f"{r.get('ts_fp16_ms', math.nan):>8.3f} {r.get('graph_fp16_ms', math.nan):>8.3f} "
               f"{r['custom_img_s']:>9.0f}")
-    worst = sorted((r for r in layers if r["path"] == engine.lib.path), key=lambda r: r["pct_peak"])[:8]
-    for r in worst:
-        print("slow layer", r)
+    for n in sorted({r["N"] for r in layers}):   # kernels alone, summed over the network's layers
+        sums = {}
+        for r in layers:
+            if r["N"] == n:
+                sums[r["path"]] = sums.get(r["path"], 0.0) + r["ms"]
+        print(f"layers N={n}: " + ", ".join(f"{path} {ms:.3f} ms" for path, ms in sums.items()))
     for r in layers:   # the target: batch-128 3x3 convs at >= 50% of the measured peak
-        if r["N"] == 128 and r["R"] == 3:
+        if r["N"] == 128 and r["R"] == 3 and r["path"] == engine.lib.path:
             print(f"3x3 N=128 {r['path']:>5} {r['layer']:<16} {r['tile']:<22} {r['ms']:.4f} ms "
                   f"{r['TFLOP/s']:6.1f} TFLOP/s {r['pct_peak']:5.1f}% of peak")
     return 0

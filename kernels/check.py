@@ -1,6 +1,6 @@
 """Correctness of every kernel and of the whole network, against float32 PyTorch.
 
-    python -m fusedresnet.kernels.check [--json PATH] [--quick] [--conv-path mma|wgmma]
+    python -m fusedresnet.kernels.check [--json PATH] [--quick] [--conv-path mma|wgmma|auto]
 
 Run on a GPU host. Each check draws fresh random inputs, poisons the output
 buffer (all-NaN fp16 / fp32) before the kernel runs, and compares with a
@@ -10,8 +10,9 @@ off. Checks, in order:
 1. every convolution shape of ResNet-18 (the stem from uint8 and from fp32
    input, every 3x3 and 1x1 conv with its real folded weights, the residual
    add where the network has one) at batch 1, 7, 32, 128, with the tile shape
-   and split-K that the engine's planner picks; at batch 7 also every tile
-   shape with split-K 1 and 4 forced;
+   and split-K that the engine's planner picks (the tuned table's plan, and
+   then also the untuned default plan where they differ); at batch 7 also
+   every compiled tile shape of both families with split-K 1 and 4 forced;
 2. the max-pool and the avgpool+fc head;
 3. the whole engine (uint8 path, CUDA graphs, batch buckets with padding)
    against the unfolded float32 ResNet-18 on >= 500 varied inputs (a fixed
@@ -20,11 +21,13 @@ off. Checks, in order:
    relative L2 error of the logits, top-1 agreement, near-tie disagreements;
    plus the fp32 NCHW input path and 64x64 inputs through `features`.
 
-The convolutions run on the path the engine takes on this GPU (wgmma on
-compute capability 9.0, mma.sync elsewhere; --conv-path or
-FUSEDRESNET_CONV_PATH=mma forces one): the first check says which, and on the
-wgmma path every untuned engine plan must be a wgmma tile, and the forced-tile
-checks cover the wgmma tiles as well as the mma.sync ones.
+The convolutions run on the path the engine takes on this GPU (mixed on
+compute capability 9.0: each plan names its family; mma.sync elsewhere;
+--conv-path or FUSEDRESNET_CONV_PATH=mma|wgmma forces one family): the first
+check says which, every engine plan must be of a family the path allows
+(forced wgmma: wgmma tiles only; mma: no wgmma tile), and where the sm_90a
+module is loaded the forced-tile checks cover the wgmma tiles as well as the
+mma.sync ones.
 
 Prints one line per check and a summary; exits non-zero on any failure.
 """
@@ -51,13 +54,17 @@ from .configs import (
     BK,
     CONV_PATH_ENV,
     CONV_TILES,
+    MIXED,
     PATCH_TILES,
+    WGMMA_ARCH,
     WGMMA_TILES,
     ConvPlan,
-    WgmmaConfig,
     make_plan,
     patch_applies,
+    path_arch,
+    plan_default,
     plan_key,
+    tile_family,
 )
 from .launch import conv_out_size, library
 
@@ -128,15 +135,11 @@ class Checker:
         q = conv_out_size(w, spec.kernel, spec.stride, spec.padding)
         residual = self.randn(n, p, q, spec.out_channels).half() if spec.adds_residual else None
         y = poisoned((n, p, q, spec.out_channels), cp.float16)
-        path_ok = True
         if plan is None:
             plan = self.lib.plan(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.kernel, spec.stride,
                                  spec.padding)
-            # On the wgmma path the engine's plans are wgmma tiles, unless this GPU's tuning table
-            # (measured on the wgmma path) chose otherwise.
-            key = plan_key(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.stride)
-            path_ok = (self.lib.path != "wgmma" or isinstance(plan.tile, WgmmaConfig)
-                       or key in self.lib.tuned)
+        # A forced path runs its own family only (tuned or not); mixed runs either.
+        path_ok = self.lib.path == MIXED or tile_family(plan.tile) == self.lib.path
         workspace = (cp.empty(plan.splits * n * p * q * spec.out_channels + 1, dtype=cp.float32)
                      if plan.splits > 1 else None)
         self.lib.conv(cp.from_dlpack(x), cp.from_dlpack(weight), cp.from_dlpack(bias), y, stride=spec.stride,
@@ -226,7 +229,7 @@ class Checker:
         """The convolutions run on wgmma on cc 9.0 unless mma was asked for, on mma.sync elsewhere."""
         asked = self.requested_path or os.environ.get(CONV_PATH_ENV, "") or "auto"
         hopper = self.lib.cc == (9, 0)
-        expected = "mma" if asked == "mma" or not hopper else "wgmma"
+        expected = asked if asked in ("mma", "wgmma") else MIXED if hopper else "mma"
         self.record(f"conv path {self.lib.path} on {self.lib.device_name} (cc {self.lib.cc[0]}.{self.lib.cc[1]}, "
                     f"asked {asked})", self.lib.path == expected and self.engine.lib is self.lib,
                     expected=expected)
@@ -248,6 +251,13 @@ class Checker:
         for n in batches:
             for spec, h, w in layer_shapes():
                 self.conv_case(spec, n, h, w)
+                key = plan_key(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.stride)
+                if key in self.lib.tuned:   # the plan without the table (another GPU model, another size)
+                    p = conv_out_size(h, spec.kernel, spec.stride, spec.padding)
+                    default = plan_default(n * p * p, spec.out_channels, spec.kernel ** 2 * spec.in_channels // BK,
+                                           spec.kernel, self.lib.sms, self.lib.path)
+                    if (default.tile, default.splits) != self.lib.tuned[key]:
+                        self.conv_case(spec, n, h, w, default, " (untuned default)")
         for spec, h, w in layer_shapes():
             k_tiles = spec.kernel * spec.kernel * spec.in_channels // BK
             m = (7 * conv_out_size(h, spec.kernel, spec.stride, spec.padding)
@@ -259,7 +269,7 @@ class Checker:
                     self.conv_case(spec, 7, h, w, plan, " (forced)")
                     forced = make_plan(tile, 1, 2 * 17 * 45, spec.out_channels, k_tiles, 2, 17, 45)
                     self.conv_case(spec, 2, 17, 45, forced, " (forced, odd size)")
-            for tile in CONV_TILES + (WGMMA_TILES if self.lib.path == "wgmma" else ()):
+            for tile in CONV_TILES + (WGMMA_TILES if path_arch(self.lib.path) == WGMMA_ARCH else ()):
                 for splits in (1, 4):
                     per = math.ceil(k_tiles / splits)
                     real = math.ceil(k_tiles / per)
@@ -330,7 +340,7 @@ def main(argv=None):
     parser.add_argument("--network-seed", type=int, default=DEFAULT_SEED,
                         help="seed of the whole-network input set (default: the fixed reference set)")
     parser.add_argument("--conv-path", choices=("mma", "wgmma"),
-                        help=f"force a convolution path (default: ${CONV_PATH_ENV}, else wgmma on cc 9.0)")
+                        help=f"force a convolution path (default: ${CONV_PATH_ENV}, else mixed on cc 9.0)")
     args = parser.parse_args(argv)
     checker = Checker(args.quick, args.network_seed, args.conv_path)
     started = time.time()

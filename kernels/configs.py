@@ -22,14 +22,19 @@ SOURCES = MMA_SOURCES + WGMMA_SOURCES
 COMPILE_OPTIONS = ("-std=c++17",)
 CUPY_ADDED_OPTIONS = ("-ftz=true",)
 
-# The two convolution paths. "mma": mma.sync kernels, compiled by CuPy's
-# RawModule for whatever architecture CuPy picks (sm_80, sm_86, sm_89, sm_90,
-# ...). "wgmma": compute capability 9.0 only; the module (every kernel plus
-# conv_wgmma.cu) is compiled for sm_90a by nvrtc_build.py, and the convolutions
-# run on conv_wgmma. FUSEDRESNET_CONV_PATH=mma|wgmma|auto overrides the choice
-# (auto: wgmma on cc 9.0, mma elsewhere).
+# The convolution paths (kernel families). "mma": mma.sync kernels only,
+# compiled by CuPy's RawModule for whatever architecture CuPy picks (sm_80,
+# sm_86, sm_89, sm_90, ...). "wgmma": compute capability 9.0 only, every
+# generic convolution on conv_wgmma. "mixed": compute capability 9.0 only,
+# each convolution plan names its own family (tuned table, else
+# `plan_default`). On cc 9.0 "wgmma" and "mixed" load one sm_90a module
+# compiled by nvrtc_build.py that holds both families (mma.sync assembles for
+# sm_90a unchanged). FUSEDRESNET_CONV_PATH=mma|wgmma forces one family
+# everywhere (for comparisons); auto (the default) is mixed on cc 9.0 and mma
+# elsewhere.
 CONV_PATH_ENV = "FUSEDRESNET_CONV_PATH"
-CONV_PATHS = ("mma", "wgmma")
+CONV_PATHS = ("mma", "wgmma")        # the families a table records and FUSEDRESNET_CONV_PATH can force
+MIXED = "mixed"
 WGMMA_ARCH = "sm_90a"
 WGMMA_CC = (9, 0)
 # Every target the engine compiles for (the compile tests build each one):
@@ -95,6 +100,7 @@ class WgmmaConfig:
     stages: int
     efficiency: float = 1.0   # cost model, relative to the mma.sync 128x128 tile (see plan_conv)
     blocks_per_sm: int = 1
+    measured: bool = False    # efficiency calibrated on a GPU run: only these are untuned (cost-model) choices
 
     @property
     def threads(self) -> int:
@@ -114,17 +120,29 @@ class WgmmaConfig:
         return f"wg{self.bm}x{self.bn}g{self.warpgroups}s{self.stages}"
 
 
-# Default wgmma tiles (untuned: efficiency is the predicted SM throughput relative
-# to the mma.sync 128x128 tile, from the shared-memory traffic per MAC; NOTES.md).
-# 228 KB of shared memory per SM: blocks_per_sm from smem_bytes.
+# wgmma tiles. `efficiency` is relative to the mma.sync 128x128 tile (1.0, which
+# measured 250-270 TFLOP/s on the H100's batch-128 3x3 convs). Three of them
+# are calibrated on the v6 H100 run (NOTES.md, outcome 7): 128x128s4 267-292
+# TFLOP/s on layer3 -> 1.05; 128x256s4 355-373 on layer4 -> 1.4; 128x64 on
+# layer1 (K = 64) 194-230 -> 0.85. The others were never measured: their
+# efficiency is a guess and the untuned cost model does not choose them
+# (`measured`); the tuner measures them all.
+# 228 KB of shared memory per SM: blocks_per_sm from smem_bytes (and registers:
+# the s3 128x128 tile uses 124 registers, 2 x 256 threads fit).
 WGMMA_TILES = (
-    WgmmaConfig(128, 128, 2, 4, efficiency=1.8, blocks_per_sm=1),   # 129 KB
-    WgmmaConfig(128, 128, 2, 3, efficiency=1.7, blocks_per_sm=2),   # 97 KB
-    WgmmaConfig(128, 256, 2, 4, efficiency=1.95, blocks_per_sm=1),  # 193 KB
-    WgmmaConfig(128, 64, 2, 4, efficiency=1.4, blocks_per_sm=2),    # 97 KB
-    WgmmaConfig(64, 128, 1, 4, efficiency=1.4, blocks_per_sm=2),    # 97 KB
-    WgmmaConfig(128, 128, 1, 4, efficiency=1.6, blocks_per_sm=1),   # 129 KB, one warpgroup, two m64 blocks
-    WgmmaConfig(64, 64, 1, 4, efficiency=1.0, blocks_per_sm=3),     # 65 KB
+    WgmmaConfig(128, 128, 2, 4, efficiency=1.05, blocks_per_sm=1, measured=True),  # 129 KB
+    WgmmaConfig(128, 128, 2, 3, efficiency=1.0, blocks_per_sm=2),   # 97 KB
+    WgmmaConfig(128, 256, 2, 4, efficiency=1.4, blocks_per_sm=1, measured=True),   # 193 KB
+    WgmmaConfig(128, 64, 2, 4, efficiency=0.85, blocks_per_sm=2, measured=True),   # 97 KB
+    WgmmaConfig(64, 128, 1, 4, efficiency=0.8, blocks_per_sm=2),    # 97 KB
+    WgmmaConfig(128, 128, 1, 4, efficiency=0.9, blocks_per_sm=1),   # 129 KB, one warpgroup, two m64 blocks
+    WgmmaConfig(64, 64, 1, 4, efficiency=0.6, blocks_per_sm=3),     # 65 KB
+    # Deeper rings (prefetch distance STAGES-2 k-tiles, NOTES.md outcome 7): 2048 clocks of
+    # loads in flight ahead of the tensor cores, as the 128x256s4 tile has.
+    WgmmaConfig(128, 128, 2, 6, efficiency=1.4, blocks_per_sm=1),   # 193 KB
+    WgmmaConfig(256, 128, 2, 4, efficiency=1.4, blocks_per_sm=1),   # 193 KB, each warpgroup 128x128
+    WgmmaConfig(64, 128, 1, 6, efficiency=0.8, blocks_per_sm=1),    # 145 KB, small M
+    WgmmaConfig(64, 64, 1, 6, efficiency=0.6, blocks_per_sm=2),     # 97 KB, small M
 )
 
 
@@ -189,20 +207,32 @@ OTHER_KERNELS = ("splitk_epilogue", "maxpool_3x3s2", f"avgpool_fc<{HEAD_IMGS}>",
 
 
 def conv_path(cc: tuple[int, int], requested: str | None = None) -> str:
-    """The convolution path for a device of compute capability `cc`: "wgmma" on 9.0, else "mma".
+    """The convolution path for a device of compute capability `cc`: "mixed" on 9.0, else "mma".
 
-    `requested` (default: $FUSEDRESNET_CONV_PATH) may force "mma" anywhere, or
-    "wgmma" (an error off cc 9.0: no silent fallback).
+    `requested` (default: $FUSEDRESNET_CONV_PATH) may be "auto", force "mma"
+    anywhere, or force "wgmma" (an error off cc 9.0: no silent fallback).
     """
     import os
     choice = (requested if requested is not None else os.environ.get(CONV_PATH_ENV, "")).strip().lower() or "auto"
     if choice == "auto":
-        return "wgmma" if tuple(cc) == WGMMA_CC else "mma"
+        return MIXED if tuple(cc) == WGMMA_CC else "mma"
+    if choice == MIXED and tuple(cc) == WGMMA_CC:
+        return MIXED
     if choice not in CONV_PATHS:
         raise ValueError(f"{CONV_PATH_ENV}={choice!r}: expected auto, mma or wgmma")
     if choice == "wgmma" and tuple(cc) != WGMMA_CC:
         raise RuntimeError(f"the wgmma path needs compute capability 9.0 (sm_90a), this device is {cc[0]}.{cc[1]}")
     return choice
+
+
+def path_arch(path: str) -> str | None:
+    """The architecture a path's module is compiled for: sm_90a for wgmma and mixed, CuPy's choice for mma."""
+    return WGMMA_ARCH if path in ("wgmma", MIXED) else None
+
+
+def tile_family(tile) -> str:
+    """"wgmma" for a conv_wgmma tile, "mma" for the mma.sync ones (generic and conv3x3_patch)."""
+    return "wgmma" if isinstance(tile, WgmmaConfig) else "mma"
 
 
 def wgmma_arch(arch: str | None) -> bool:
@@ -279,32 +309,77 @@ def tile_by_label(label: str):
 
 
 def conv_tiles(path: str) -> tuple:
-    """The generic implicit-GEMM tiles of a convolution path (the cost model chooses among them)."""
-    return WGMMA_TILES if path == "wgmma" else CONV_TILES
+    """The generic implicit-GEMM tiles the untuned cost model chooses among on a path (wgmma: the measured ones)."""
+    wgmma = tuple(t for t in WGMMA_TILES if t.measured)
+    return {"wgmma": wgmma, MIXED: CONV_TILES + wgmma}.get(path, CONV_TILES)
 
 
 def patch_applies(tile: PatchConfig, c: int, k: int, r: int, stride: int, pad: int) -> bool:
     return r == 3 and stride == 1 and pad == 1 and c % 64 == 0 and k % tile.bn == 0
 
 
-def load_tuned_plans(device: str, path: str, table_path: Path = TUNED_PLANS) -> dict:
-    """{plan_key: (tile, splits)} from the tuning table, {} if there is none for this GPU and conv path.
+# The mixed path's untuned rule: wgmma for a 3x3 conv with at least this many
+# MACs per SM (~12k clocks of tensor-core work at 2048 MAC/clock).
+WGMMA_MIN_MACS_PER_SM = 24e6
 
-    A table holds what one GPU model measured on one convolution path (its
-    "device" and "conv_path"; tables from before the wgmma path are "mma"):
-    on any other GPU or path the cost model plans instead.
+
+def wgmma_by_default(m: int, k: int, k_tiles: int, r: int, sms: int) -> bool:
+    """The untuned rule of the mixed path: a conv runs on wgmma tiles iff it is a 3x3 conv with at
+    least WGMMA_MIN_MACS_PER_SM multiply-adds per SM.
+
+    From the v6 H100 rows (NOTES.md, outcome 7): at >= 28 M MAC per SM (every
+    3x3 conv at N=128, the stride-1 ones at N=32) wgmma was faster or within
+    5%, except layer2.0.conv1 at N=128 (56 M, +0.007 ms); at 14 M (the
+    stride-2 3x3 convs at N=32) it was even or much slower (layer4.0.conv1
+    0.035 vs 0.023 ms); at N=1 (<= 0.3 M) 1.2-1.6x slower (the big tiles leave
+    SMs idle and the ring's fill and the epilogue are not amortised over a
+    short k-loop); it lost every 1x1 downsample (1-4 k-tiles). The whole
+    network at N=8 was 10% slower on wgmma: there every conv is <= 7 M.
+    """
+    return r == 3 and m * k * k_tiles * BK / sms >= WGMMA_MIN_MACS_PER_SM
+
+
+def plan_default(m: int, k: int, k_tiles: int, r: int, sms: int, path: str) -> ConvPlan:
+    """The untuned plan of a path: its family's cost model; on "mixed" the family by `wgmma_by_default`."""
+    if path == MIXED:
+        path = "wgmma" if wgmma_by_default(m, k, k_tiles, r, sms) else "mma"
+    return plan_conv(m, k, k_tiles, sms, conv_tiles(path))
+
+
+def load_tuned_plans(device: str, path: str, table_path: Path = TUNED_PLANS) -> dict:
+    """{plan_key: (tile, splits)} from the tuning table, {} if it has nothing for this GPU model and path.
+
+    A table holds what one GPU model measured (its "device"). Per plan key it
+    records the fastest candidate of each family it measured ("by_family") and
+    the fastest overall (the top-level "tile"/"splits", the mixed path's plan).
+    A forced path ("mma", "wgmma") takes its family's best; "mixed" takes the
+    overall best only from a table that measured both families. Tables from
+    before the mixed path ("conv_path": "mma" or "wgmma", no "by_family") hold
+    one family's plans. Any other GPU model plans with the cost model.
     """
     import json
     if not table_path.is_file():
         return {}
     data = json.loads(table_path.read_text())
-    if data.get("device") != device or data.get("conv_path", "mma") != path:
+    if data.get("device") != device:
+        return {}
+    families = data.get("families", [data.get("conv_path", "mma")])
+    if path == MIXED and set(families) != set(CONV_PATHS):
+        return {}
+    if path != MIXED and path not in families:
         return {}
     table = {}
     for key, entry in data["plans"].items():
+        if path != MIXED and "by_family" in entry:
+            entry = entry["by_family"].get(path)
+            if entry is None:
+                continue
         tile = tile_by_label(entry["tile"])
-        if tile is not None:
-            table[key] = (tile, int(entry["splits"]))
+        if tile is None:
+            raise ValueError(f"{table_path}: {key} names tile {entry['tile']!r}, which is not compiled")
+        if path != MIXED and tile_family(tile) != path:
+            continue
+        table[key] = (tile, int(entry["splits"]))
     return table
 
 

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # One call on the GPU host: install, correctness checks, benchmark.
-#   bash kernels/gpu_check.sh [check|bench|all|full|pytest|profile] [extra bench args]
-# all = check + bench; full = tune (writes kernels/tuned_plans.json here and
-# $OUT/tuned_plans.json) + check + bench + ncu profile of a few kernels.
-# The convolutions run on the path the engine picks (wgmma on an H100/H200,
-# mma.sync elsewhere); FUSEDRESNET_CONV_PATH=mma forces the old path for the
-# whole script. On the wgmma path `check` also runs the quick check of the
-# mma.sync path (check_mma.json; NO_MMA_CHECK=1 skips it) and `bench` times
-# both paths.
+#   bash kernels/gpu_check.sh [check|bench|all|tuned|full|tune|pytest|profile] [extra bench args]
+# all = check + bench; tuned = tune (writes kernels/tuned_plans.json here and
+# $OUT/tuned_plans.json, prints what it chose) + check + bench, the H100 run:
+#   bash kernels/gpu_check.sh tuned --batches 1,8,32,128,256     (~5 min)
+# full = tuned + ncu profile of a few kernels.
+# The convolutions run on the path the engine picks (mixed on an H100/H200:
+# each conv on the family its plan names; mma.sync elsewhere);
+# FUSEDRESNET_CONV_PATH=mma|wgmma forces one family for the whole script. On
+# cc 9.0 `check` also runs the quick check of the forced mma.sync path
+# (check_mma.json; NO_MMA_CHECK=1 skips it) and `bench` times the engine forced
+# to each family beside the mixed one.
 # Logs and results go to $OUT (the device tool brings them back) or ./gpu-out.
 set -o pipefail
 what=${1:-all}; shift || true
@@ -16,18 +19,34 @@ export PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/cupy-cache
 bash "$REPO/scripts/install_offline.sh" || exit 1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
 t0=$(date +%s)
-python3 -c "from fusedresnet.kernels.launch import library; import time; t=time.time(); lib=library(0); print(f'compile+load {time.time()-t:.1f}s, conv path {lib.path} (cc {lib.cc[0]}.{lib.cc[1]})')" 2>&1 | tail -12
+python3 -c "from fusedresnet.kernels.launch import library; import time; t=time.time(); lib=library(0); print(f'compile+load {time.time()-t:.1f}s, conv path {lib.path} (cc {lib.cc[0]}.{lib.cc[1]}), {len(lib.tuned)} tuned plans for {lib.device_name}')" 2>&1 | tail -12 \
+  || { echo "COMPILE/LOAD FAILED"; exit 1; }
 path=$(python3 -c "import cupy; from fusedresnet.kernels.configs import conv_path; cc=cupy.cuda.Device(0).compute_capability; print(conv_path((int(cc[:-1]), int(cc[-1]))))" 2>/dev/null)
 rc=0
-if [[ $what == full || $what == tune ]]; then
-  python3 -m fusedresnet.kernels.tune --out "$OUT/tuned_plans.json" 2>&1 | tail -12
+if [[ $what == full || $what == tune || $what == tuned ]]; then
+  # Limit: a tune that runs away must not eat the check and the bench (a failure is loud, no table copied).
+  timeout ${TUNE_LIMIT_S:-330} python3 -m fusedresnet.kernels.tune --out "$OUT/tuned_plans.json" 2>&1 \
+    | tee "$OUT/tune.log"
+  rc_tune=${PIPESTATUS[0]}
+  if (( rc_tune != 0 )); then
+    echo "TUNE FAILED (exit $rc_tune after $(( $(date +%s) - t0 ))s): kernels/tuned_plans.json left as it was"
+    exit 1
+  fi
   cp "$OUT/tuned_plans.json" "$REPO/kernels/tuned_plans.json"
+  python3 - "$OUT/tuned_plans.json" <<'PY'
+import collections, json, sys
+table = json.load(open(sys.argv[1]))
+count = collections.Counter((k.split("_")[0], e["family"]) for k, e in table["plans"].items())
+batches = sorted({k.split("_")[0] for k in table["plans"]}, key=lambda b: int(b[1:]))
+print(f"tuned plans for {table['device']} ({'+'.join(table['families'])}): " + ", ".join(
+    f"{b}: wgmma {count[b, 'wgmma']}/{count[b, 'wgmma'] + count[b, 'mma']}" for b in batches))
+PY
   echo "tune done after $(( $(date +%s) - t0 ))s"
 fi
-if [[ $what == check || $what == all || $what == full ]]; then
+if [[ $what == check || $what == all || $what == full || $what == tuned ]]; then
   python3 -m fusedresnet.kernels.check --json "$OUT/check.json" 2>&1 | tee /tmp/check.log | grep -v "^ok " ; rc=$?
   echo "check ($path path) exit $rc after $(( $(date +%s) - t0 ))s"
-  if [[ $path == wgmma && -z $NO_MMA_CHECK ]]; then
+  if [[ $path != mma && -z $NO_MMA_CHECK ]]; then
     python3 -m fusedresnet.kernels.check --quick --conv-path mma --json "$OUT/check_mma.json" 2>&1 \
       | tee /tmp/check_mma.log | grep -v "^ok " ; rc_mma=$?
     echo "check (mma path, quick) exit $rc_mma after $(( $(date +%s) - t0 ))s"
@@ -38,10 +57,12 @@ if [[ $what == pytest ]]; then
   # --noconftest: the suite's conftest needs the Triton client libraries, which this host lacks
   python3 -m pytest -q --noconftest -m gpu "$REPO/tests/test_kernels_gpu.py" 2>&1 | tee "$OUT/pytest.log" | tail -15; rc=$?
 fi
-if [[ $what == bench || $what == all || $what == full ]]; then
+if [[ $what == bench || $what == all || $what == full || $what == tuned ]]; then
   export FUSEDRESNET_BENCH_COMMAND="bash kernels/gpu_check.sh $what $* (runs: python -m fusedresnet.kernels.bench --accuracy <check.json> --out <dir> $*)"
-  python3 -m fusedresnet.kernels.bench --accuracy "$OUT/check.json" --out "$OUT/results" "$@" 2>&1 | tee "$OUT/bench.log" | tail -25
-  echo "bench exit $? after $(( $(date +%s) - t0 ))s"
+  python3 -m fusedresnet.kernels.bench --accuracy "$OUT/check.json" --out "$OUT/results" "$@" 2>&1 | tee "$OUT/bench.log" | tail -30
+  rc_bench=$?
+  echo "bench exit $rc_bench after $(( $(date +%s) - t0 ))s"
+  (( rc == 0 )) && rc=$rc_bench
 fi
 if [[ ( $what == full && -z $NO_NCU ) || $what == profile ]]; then
   # -c 6: the 3 profiled launches of the second round come after the 3 warm-up ones

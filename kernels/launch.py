@@ -3,9 +3,11 @@
 `KernelLibrary(device_id)` compiles every kernel once per device and launches
 them on the current CuPy stream (the engine enters its own with `with stream:`).
 On the mma path the module is CuPy's RawModule (NVRTC for the architecture
-CuPy picks; CuPy caches the binary on disk); on the wgmma path (cc 9.0) it is
-compiled for sm_90a by `nvrtc_build` and the convolutions run on conv_wgmma
-(`configs.conv_path`; FUSEDRESNET_CONV_PATH=mma forces the old path).
+CuPy picks; CuPy caches the binary on disk). On cc 9.0 (the mixed path, and
+the wgmma path forced by FUSEDRESNET_CONV_PATH=wgmma) one module compiled for
+sm_90a by `nvrtc_build` holds both kernel families, and each convolution
+runs on the family its plan's tile belongs to (`configs.conv_path`,
+`configs.plan_default`, the tuned table).
 Shapes are checked here, with messages that say which rule a tensor broke,
 because the kernels themselves assume aligned, well-formed input.
 """
@@ -40,12 +42,12 @@ from .configs import (
     PatchConfig,
     WgmmaConfig,
     conv_path,
-    conv_tiles,
     load_tuned_plans,
     make_plan,
     name_expressions,
     nvrtc_options,
-    plan_conv,
+    path_arch,
+    plan_default,
     plan_key,
     source_text,
 )
@@ -67,7 +69,7 @@ class KernelLibrary:
     """The compiled kernels on one device."""
 
     def __init__(self, device_id: int, path: str | None = None):
-        """`path`: "mma", "wgmma" or None (FUSEDRESNET_CONV_PATH, else by compute capability)."""
+        """`path`: "mma", "wgmma", "mixed" or None (FUSEDRESNET_CONV_PATH, else by compute capability)."""
         self.device_id = device_id
         with cp.cuda.Device(device_id):
             device = cp.cuda.Device(device_id)
@@ -76,7 +78,7 @@ class KernelLibrary:
             self.path = conv_path(self.cc, path)
             self.device_name = cp.cuda.runtime.getDeviceProperties(device_id)["name"].decode()
             tiles = CONV_TILES + tuple(STEM_TILES.values()) + PATCH_TILES
-            if self.path == "wgmma":
+            if path_arch(self.path) == WGMMA_ARCH:   # both families in one sm_90a module
                 from .nvrtc_build import compile_cubin
                 cubin, lowered = compile_cubin(source_text(WGMMA_ARCH), nvrtc_options(WGMMA_ARCH),
                                                name_expressions(WGMMA_ARCH))
@@ -88,8 +90,9 @@ class KernelLibrary:
                                            name_expressions=name_expressions())
                 get = self.module.get_function
             self.sms = device.attributes["MultiProcessorCount"]
-            # Measured best tile/split-K per layer shape (224x224 buckets) on this GPU model and
-            # conv path; other shapes, GPUs and paths use the cost model.
+            # Measured best tile/split-K per layer shape (224x224 buckets) on this GPU model, for
+            # this path (one family's best, or the best of both on mixed); other shapes and GPUs
+            # use the cost model.
             self.tuned = load_tuned_plans(self.device_name, self.path)
             self.kernels = {}
             for tile in tiles:
@@ -119,7 +122,7 @@ class KernelLibrary:
         tuned = self.tuned.get(plan_key(n, h, w, c, k, r, stride)) if r == s else None
         if tuned is not None:
             return make_plan(tuned[0], tuned[1], m, k, k_tiles, n, p, q)
-        return plan_conv(m, k, k_tiles, self.sms, conv_tiles(self.path))
+        return plan_default(m, k, k_tiles, r, self.sms, self.path)
 
     def conv(self, x, weight, bias, y, *, stride, pad, relu, residual=None, plan: ConvPlan | None = None,
              workspace=None):

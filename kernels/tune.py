@@ -1,14 +1,19 @@
-"""Measure every tile shape and split-K factor for every ResNet-18 convolution.
+"""Measure every tile shape and split-K factor of both kernel families for every ResNet-18 convolution.
 
     python -m fusedresnet.kernels.tune [--out tuned_plans.json] [--batches 1,2,...,256]
 
 For each convolution shape at 224x224 and each batch bucket of the engine,
 each candidate (tile config x split-K) runs REPS times inside a captured CUDA
-graph (so launch gaps do not count) and the fastest is kept. The result is
-the table `kernels/tuned_plans.json` that `KernelLibrary.plan` consults before
-falling back to the cost model in `configs.plan_conv` (other input sizes). The
-table is for the GPU model and convolution path it was measured on (`device`,
-`conv_path`): run it with FUSEDRESNET_CONV_PATH=mma for the mma.sync table.
+graph (so launch gaps do not count) and the fastest is kept. On compute
+capability 9.0 the candidates are the mma.sync tiles (generic and
+conv3x3_patch) AND the wgmma tiles; elsewhere the mma.sync ones. The result
+is the table `kernels/tuned_plans.json` that `KernelLibrary.plan` consults
+before falling back to the cost model (`configs.plan_default`, other input
+sizes): per plan key the overall winner (with its family: the mixed path's
+plan) and each family's own winner (the paths forced by
+FUSEDRESNET_CONV_PATH=mma|wgmma). The table is for the GPU model it was
+measured on (`device`). It prints, per batch, what it chose and the sums of
+the chosen, each family's best and the untuned default plans.
 """
 
 from __future__ import annotations
@@ -22,7 +27,22 @@ import time
 
 import cupy as cp
 
-from .configs import BK, CONV_TILES, PATCH_TILES, ConvPlan, conv_tiles, make_plan, patch_applies, plan_conv, plan_key
+from .configs import (
+    BK,
+    CONV_PATHS,
+    CONV_TILES,
+    MIXED,
+    PATCH_TILES,
+    WGMMA_ARCH,
+    WGMMA_TILES,
+    ConvPlan,
+    make_plan,
+    patch_applies,
+    path_arch,
+    plan_default,
+    plan_key,
+    tile_family,
+)
 from .launch import conv_out_size, library
 
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -52,29 +72,34 @@ def time_graph(fn, reps: int = 10, samples: int = 5) -> float:
     return statistics.median(times)
 
 
-def candidates(m: int, k: int, k_tiles: int, sms: int, patch=None, path: str = "mma"):
+def candidates(m: int, k: int, k_tiles: int, sms: int, patch=None, families=("mma",)):
     """Every (tile, split-K) worth timing; `patch` = (n, p, q, c, r, stride, pad) adds the patch kernels.
 
-    On the wgmma path the wgmma tiles come first, then the mma.sync ones (compiled there too).
+    Split-K only where the tiles alone fill fewer than two waves, with >= 2
+    k-tiles per split and at most 4 waves of blocks (beyond that the fp32
+    partials cost more than the idle SMs they fill).
     """
-    if patch is not None:
+    if patch is not None and "mma" in families:
         n, p, q, c, r, stride, pad = patch
         for tile in PATCH_TILES:
             if patch_applies(tile, c, k, r, stride, pad):
                 yield make_plan(tile, 1, m, k, k_tiles, n, p, q)
-    for tile in (conv_tiles(path) + CONV_TILES if path == "wgmma" else CONV_TILES):
+    tiles = (CONV_TILES if "mma" in families else ()) + (WGMMA_TILES if "wgmma" in families else ())
+    for tile in tiles:
         tiles_mn = math.ceil(m / tile.bm) * math.ceil(k / tile.bn)
         seen = set()
         for splits in SPLITS:
             per = math.ceil(k_tiles / splits)
             real = math.ceil(k_tiles / per)
-            if real in seen or (real > 1 and per < 2) or (real > 1 and tiles_mn >= 2 * sms):
+            if real in seen or (real > 1 and (per < 2 or tiles_mn >= 2 * sms
+                                              or tiles_mn * real > 4 * sms * tile.blocks_per_sm)):
                 continue
             seen.add(real)
             yield ConvPlan(tile, real, per, (math.ceil(m / tile.bm), math.ceil(k / tile.bn), real))
 
 
-def tune_conv(lib, n, h, w, c, k, r, stride, pad, relu=True, residual=False):
+def tune_conv(lib, families, n, h, w, c, k, r, stride, pad, relu=True, residual=False):
+    """[(ms, plan)] fastest first, and the ms of the untuned default plan of `lib.path`."""
     p, q = conv_out_size(h, r, stride, pad), conv_out_size(w, r, stride, pad)
     m, k_tiles = n * p * q, r * r * c // BK
     x = cp.random.standard_normal((n, h, w, c), dtype=cp.float32).astype(cp.float16)
@@ -82,18 +107,26 @@ def tune_conv(lib, n, h, w, c, k, r, stride, pad, relu=True, residual=False):
     bias = cp.zeros(k, dtype=cp.float32)
     y = cp.empty((n, p, q, k), dtype=cp.float16)
     res = cp.ones_like(y) if residual else None
+    plans = list(candidates(m, k, k_tiles, lib.sms, (n, p, q, c, r, stride, pad), families))
+    workspace = cp.empty(max(pl.splits for pl in plans) * y.size, dtype=cp.float32)
     rows = []
-    workspace = None
-    for plan in candidates(m, k, k_tiles, lib.sms, (n, p, q, c, r, stride, pad), lib.path):
-        if plan.splits > 1 and (workspace is None or workspace.size < plan.splits * y.size):
-            workspace = cp.empty(plan.splits * y.size, dtype=cp.float32)
+    for plan in plans:
         ms = time_graph(lambda: lib.conv(x, weight, bias, y, stride=stride, pad=pad, relu=relu, residual=res,
                                          plan=plan, workspace=workspace))
         rows.append((ms, plan))
     rows.sort(key=lambda t: t[0])
-    model = plan_conv(m, k, k_tiles, lib.sms, conv_tiles(lib.path))
+    model = plan_default(m, k, k_tiles, r, lib.sms, lib.path)
     model_ms = next((ms for ms, pl in rows if pl.tile == model.tile and pl.splits == model.splits), None)
+    if model_ms is None:   # a default plan outside the candidates (e.g. more splits): time it too
+        if model.splits * y.size > workspace.size:
+            workspace = cp.empty(model.splits * y.size, dtype=cp.float32)
+        model_ms = time_graph(lambda: lib.conv(x, weight, bias, y, stride=stride, pad=pad, relu=relu,
+                                               residual=res, plan=model, workspace=workspace))
     return rows, model_ms
+
+
+def _entry(ms, plan) -> dict:
+    return {"tile": plan.tile.label, "splits": plan.splits, "family": tile_family(plan.tile), "ms": round(ms, 5)}
 
 
 def main(argv=None):
@@ -105,31 +138,49 @@ def main(argv=None):
     args = parser.parse_args(argv)
     lib = library(0)
     lib.tuned = {}   # measure the candidates themselves, not an older table
+    # Both families wherever the sm_90a module (which holds both) is loaded.
+    families = CONV_PATHS if path_arch(lib.path) == WGMMA_ARCH else ("mma",)
+    if lib.path == "wgmma":
+        raise SystemExit("tune: run with FUSEDRESNET_CONV_PATH unset (or auto): the table records both families "
+                         "and the forced paths take their own family's best from it")
     device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    print(f"tune on {device} ({lib.sms} SMs), path {lib.path}, families {'+'.join(families)}", flush=True)
     table = {}
     started = time.time()
-    seen = set()
+    timed = 0
     for n in [int(b) for b in args.batches.split(",")]:
-        total_best = total_model = 0.0
+        sums = dict.fromkeys(("best", "default", *families), 0.0)
+        chosen = []
+        seen = set()
         for spec, h, w in layer_shapes():
             key = plan_key(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.stride)
             if key in seen:
                 continue
             seen.add(key)
-            rows, model_ms = tune_conv(lib, n, h, w, spec.in_channels, spec.out_channels, spec.kernel,
+            rows, model_ms = tune_conv(lib, families, n, h, w, spec.in_channels, spec.out_channels, spec.kernel,
                                        spec.stride, spec.padding, spec.relu, spec.adds_residual)
+            timed += len(rows)
             best_ms, best = rows[0]
-            table[key] = {"tile": best.tile.label, "splits": best.splits, "ms": round(best_ms, 5),
-                          "model_ms": round(model_ms, 5) if model_ms else None,
+            by_family = {}
+            for family in families:
+                ms, plan = next((ms, pl) for ms, pl in rows if tile_family(pl.tile) == family)
+                by_family[family] = _entry(ms, plan)
+                sums[family] += ms
+            table[key] = {**_entry(best_ms, best), "model_ms": round(model_ms, 5), "by_family": by_family,
                           "runner_up": [f"{pl.tile.label}/k{pl.splits}:{ms:.4f}" for ms, pl in rows[1:4]]}
-            total_best += best_ms
-            total_model += model_ms or best_ms
-        print(f"batch {n:>3}: tuned sum {total_best:.3f} ms, cost model {total_model:.3f} ms "
-              f"({time.time() - started:.0f}s)", flush=True)
-    result = {"device": device, "conv_path": lib.path, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "plans": table}
+            sums["best"] += best_ms
+            sums["default"] += model_ms
+            chosen.append(f"{spec.name.removesuffix('.conv1').replace('.downsample', '.ds')}="
+                          f"{best.tile.label}/k{best.splits}")
+        others = ", ".join(f"{f}-only {sums[f]:.3f}" for f in families)
+        print(f"batch {n:>3}: tuned sum {sums['best']:.3f} ms ({others}, untuned {lib.path} default "
+              f"{sums['default']:.3f}) after {time.time() - started:.0f}s\n    " + " ".join(chosen), flush=True)
+    result = {"device": device, "families": list(families), "conv_path": MIXED if len(families) > 1 else "mma",
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "plans": table}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1, sort_keys=True)
+    print(f"tune: {timed} candidates timed in {time.time() - started:.0f}s, {len(table)} plans -> {args.out}",
+          flush=True)
     return 0
 
 

@@ -134,28 +134,85 @@ def test_kernels_compile_under_nvrtc_like_the_engine(arch):
     assert nvrtc.nvrtcGetCUBINSize(program, ctypes.byref(cubin_size)) == 0 and cubin_size.value > 0
 
 
-def test_conv_path_is_wgmma_on_cc_9_0_only_and_can_be_forced(monkeypatch):
-    from fusedresnet.kernels.configs import CONV_PATH_ENV, conv_path
+def test_conv_path_is_mixed_on_cc_9_0_only_and_one_family_can_be_forced(monkeypatch):
+    from fusedresnet.kernels.configs import CONV_PATH_ENV, MIXED, conv_path
     monkeypatch.delenv(CONV_PATH_ENV, raising=False)
-    assert conv_path((9, 0)) == "wgmma"
+    assert conv_path((9, 0)) == MIXED
     assert [conv_path(cc) for cc in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0))] == ["mma"] * 5
     monkeypatch.setenv(CONV_PATH_ENV, "mma")
     assert conv_path((9, 0)) == "mma"
     assert conv_path((9, 0), "wgmma") == "wgmma"          # an explicit argument beats the environment
+    assert conv_path((9, 0), "auto") == MIXED
     monkeypatch.setenv(CONV_PATH_ENV, "wgmma")
     with pytest.raises(RuntimeError, match="compute capability 9.0"):
         conv_path((8, 9))                                  # never a silent fallback
+    with pytest.raises(ValueError, match="auto, mma or wgmma"):
+        conv_path((8, 9), MIXED)                           # mixed needs the sm_90a module too
     monkeypatch.setenv(CONV_PATH_ENV, "tensor")
     with pytest.raises(ValueError, match="auto, mma or wgmma"):
         conv_path((9, 0))
 
 
-def test_tuned_plans_apply_only_to_the_gpu_and_conv_path_they_were_measured_on():
+def test_untuned_mixed_plans_use_mma_sync_at_small_batch_and_for_1x1_and_wgmma_for_large_3x3():
+    """The untuned rule of NOTES.md outcome 7 on an H100 (132 SMs), at the issue's batch sizes."""
+    from fusedresnet.kernels.configs import MIXED, plan_default, tile_family
+    sms = 132
+
+    def family(n, p, c, k, r):
+        return tile_family(plan_default(n * p * p, k, r * r * c // 64, r, sms, MIXED).tile)
+    for n in (1, 8):   # every conv of the network is mma.sync at small batch
+        for p, c, k, r in ((56, 64, 64, 3), (28, 128, 128, 3), (14, 256, 256, 3), (7, 512, 512, 3), (7, 256, 512, 1)):
+            assert family(n, p, c, k, r) == "mma", (n, p, c, k, r)
+    assert family(128, 56, 64, 64, 3) == family(128, 7, 512, 512, 3) == "wgmma"
+    assert family(32, 56, 64, 64, 3) == family(32, 7, 512, 512, 3) == "wgmma"   # 28 M MAC per SM
+    assert family(32, 14, 128, 256, 3) == "mma"            # the stride-2 3x3 convs at 32: 14 M
+    assert family(256, 7, 256, 512, 1) == "mma"            # 1x1 downsample, 4 k-tiles
+    # Untuned wgmma plans only use tiles whose efficiency was measured.
+    for n in (32, 128, 256):
+        tile = plan_default(n * 196, 256, 36, 3, sms, "wgmma").tile
+        assert tile_family(tile) == "wgmma" and tile.measured
+
+
+def test_tuned_table_gives_each_path_its_own_family_and_only_on_its_gpu(tmp_path):
     import json
 
-    from fusedresnet.kernels.configs import TUNED_PLANS, load_tuned_plans
+    from fusedresnet.kernels.configs import MIXED, WGMMA_TILES, load_tuned_plans
+    wg, mma, patch = WGMMA_TILES[2].label, "64x64w2x2s4", "patch8x16n64w4x2s4"
+    plans = {
+        "n128_h56_w56_c64_k64_r3_s1": {"tile": wg, "splits": 1, "family": "wgmma", "by_family": {
+            "mma": {"tile": patch, "splits": 1}, "wgmma": {"tile": wg, "splits": 1}}},
+        "n1_h7_w7_c512_k512_r3_s1": {"tile": mma, "splits": 12, "family": "mma", "by_family": {
+            "mma": {"tile": mma, "splits": 12}, "wgmma": {"tile": wg, "splits": 6}}},
+    }
+    table = tmp_path / "tuned_plans.json"
+    table.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "families": ["mma", "wgmma"], "plans": plans}))
+    device = "NVIDIA H100 80GB HBM3"
+    mixed = load_tuned_plans(device, MIXED, table)
+    assert [(t.label, s) for t, s in mixed.values()] == [(wg, 1), (mma, 12)]
+    assert [(t.label, s) for t, s in load_tuned_plans(device, "mma", table).values()] == [(patch, 1), (mma, 12)]
+    assert [(t.label, s) for t, s in load_tuned_plans(device, "wgmma", table).values()] == [(wg, 1), (wg, 6)]
+    assert load_tuned_plans("NVIDIA H200", MIXED, table) == {}
+    assert load_tuned_plans("NVIDIA A100-SXM4-80GB", "mma", table) == {}
+    # A table that measured one family only has no mixed plans.
+    table.write_text(json.dumps({"device": device, "families": ["mma"], "plans": {
+        k: v["by_family"]["mma"] for k, v in plans.items()}}))
+    assert load_tuned_plans(device, MIXED, table) == {} == load_tuned_plans(device, "wgmma", table)
+    assert len(load_tuned_plans(device, "mma", table)) == 2
+    # A table naming a tile that is not compiled is an error, not a silent cost-model plan.
+    table.write_text(json.dumps({"device": device, "families": ["mma"], "plans": {
+        "n1_h7_w7_c512_k512_r3_s1": {"tile": "256x256w9x9s9", "splits": 1}}}))
+    with pytest.raises(ValueError, match="not compiled"):
+        load_tuned_plans(device, "mma", table)
+
+
+def test_committed_tuned_plans_apply_only_to_the_gpu_they_were_measured_on():
+    import json
+
+    from fusedresnet.kernels.configs import CONV_PATHS, MIXED, TUNED_PLANS, load_tuned_plans
     table = json.loads(TUNED_PLANS.read_text())
-    device, path = table["device"], table.get("conv_path", "mma")
-    assert len(load_tuned_plans(device, path)) == len(table["plans"]) > 0
-    assert load_tuned_plans(device, "wgmma" if path == "mma" else "mma") == {}
-    assert load_tuned_plans("NVIDIA A100-SXM4-80GB", path) == {}
+    device = table["device"]
+    families = table.get("families", [table.get("conv_path", "mma")])
+    for family in CONV_PATHS:
+        assert (len(load_tuned_plans(device, family)) == len(table["plans"])) == (family in families)
+    assert bool(load_tuned_plans(device, MIXED)) == (set(families) == set(CONV_PATHS))
+    assert load_tuned_plans("NVIDIA A100-SXM4-80GB", families[0]) == {}

@@ -57,8 +57,8 @@ def test_engine_serves_through_create_custom_engine(checker, tmp_path):
     assert logits.shape == (3, 1000) and logits.dtype == torch.float32 and torch.isfinite(logits).all()
 
 
-def test_conv_path_is_wgmma_on_compute_capability_9_and_mma_can_be_forced(checker):
-    from fusedresnet.kernels.configs import WGMMA_TILES
+def test_conv_path_is_mixed_on_compute_capability_9_and_each_family_can_be_forced(checker):
+    from fusedresnet.kernels.configs import MIXED, WGMMA_TILES, tile_family
     from fusedresnet.kernels.launch import library
     hopper = torch.cuda.get_device_capability(0) == (9, 0)
     forced = library(0, "mma")
@@ -68,9 +68,15 @@ def test_conv_path_is_wgmma_on_compute_capability_9_and_mma_can_be_forced(checke
         with pytest.raises(RuntimeError, match="compute capability 9.0"):
             library(0, "wgmma")
         return
-    assert library(0, "wgmma").path == "wgmma"
-    # The forced mma.sync library has no wgmma kernels; the wgmma one plans wgmma tiles without a tuned table.
+    # The forced mma.sync library has no wgmma kernels; the sm_90a one (wgmma, mixed) has both families.
     assert not any(t.name_expression in forced.kernels for t in WGMMA_TILES)
-    wgmma = library(0, "wgmma")
-    plan = wgmma.plan(3, 28, 28, 128, 128, 3, 3, 1, 1)   # batch 3: never in a tuning table
-    assert plan.tile in WGMMA_TILES
+    mixed, wgmma = library(0, "auto"), library(0, "wgmma")
+    assert mixed.path == MIXED and wgmma.path == "wgmma"
+    assert all(t.name_expression in mixed.kernels for t in WGMMA_TILES)
+    # Batch 3 is never in a tuning table: the untuned plans. Forced paths keep to their family;
+    # mixed takes mma.sync at small batch (NOTES.md, outcome 7).
+    for args in ((3, 28, 28, 128, 128, 3, 3, 1, 1), (3, 7, 7, 512, 512, 3, 3, 1, 1)):
+        assert tile_family(wgmma.plan(*args).tile) == "wgmma"
+        assert tile_family(forced.plan(*args).tile) == "mma"
+        assert tile_family(mixed.plan(*args).tile) == "mma"
+    assert tile_family(mixed.plan(96, 7, 7, 512, 512, 3, 3, 1, 1).tile) == "wgmma"   # batch 96: 84 M MAC/SM
