@@ -131,7 +131,7 @@ def fmt(value, spec=".0f", default="-"):
 def markdown(results: dict) -> str:
     n = results["gpus"]
     summary = results["summary"]
-    lines = [f"# Several GPUs: {n} GPUs against one of the same host", "",
+    lines = [f"# Several GPUs: {n} GPUs against one of the same host{results.get('label', '')}", "",
              f"Device: {results['device']}. Date: {results['started_at']}. Commit: {results.get('git_commit') or '-'}.",
              f"Command: `{results['command']}`", "",
              f"Custom model at 32 images/request: **{fmt(summary['scaling_32'], '.2f')}x** on {n} GPUs "
