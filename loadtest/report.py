@@ -239,6 +239,73 @@ def summary_section(table: dict) -> list[str]:
     return lines + [""]
 
 
+# The serving targets on the H100 (issue 9), checked against each sweep's steps of the custom model.
+TARGET_IMG_PER_S_1 = 20_000        # gRPC, 1 image/request, with p99 at most TARGET_P99_1_MS
+TARGET_P99_1_MS = 50.0
+TARGET_IMG_PER_S_32 = 35_000       # gRPC, 32 images/request
+TARGET_IMG_PER_S_32_CUDA = 45_000  # CUDA shared memory, 32 images/request
+TARGET_ONE_IN_FLIGHT_P50_MS, TARGET_ONE_IN_FLIGHT_P99_MS = 1.5, 5.0
+TARGET_MAX_MS = 50.0               # no request slower, at any level up to the peak
+
+
+def targets_section(results: dict, table: dict) -> list[str]:
+    """The serving targets, met or not, from the custom model's gRPC steps; the hand-written analysis of
+    what limits each (results["bottlenecks"]) follows when the sweep has one."""
+    def custom_steps(images, shared_memory):
+        return [(users, models[MODEL_CUSTOM], models.get(MODEL_CUDNN)) for key, by_users in table.items()
+                if key[1] == "grpc" and key[2] == images and key[4] == shared_memory
+                for users, models in by_users.items() if MODEL_CUSTOM in models]
+
+    def best(images, shared_memory, p99_limit=None):
+        runs = [(s["img_per_s"], s.get("p99_ms"), users, s.get("load_generator", "locust"))
+                for users, s, _ in custom_steps(images, shared_memory)
+                if s.get("img_per_s") and (p99_limit is None or (s.get("p99_ms") or 1e9) <= p99_limit)]
+        return max(runs) if runs else None
+
+    def row(name, target, value, met):
+        return f"| {name} | {target} | {value} | {'met' if met else '**not met**'} |"
+
+    lines = ["## Targets (H100, issue 9)", "", "| target | wanted | this sweep | |", "|---|---|---|---|"]
+    for images, shared_memory, wanted, name in (
+            (1, "none", TARGET_IMG_PER_S_1, f"gRPC, 1 image/request (p99 <= {TARGET_P99_1_MS:g} ms)"),
+            (32, "none", TARGET_IMG_PER_S_32, "gRPC, 32 images/request"),
+            (32, "cuda", TARGET_IMG_PER_S_32_CUDA, "CUDA shared memory, 32 images/request")):
+        found = best(images, shared_memory, TARGET_P99_1_MS if images == 1 else None)
+        value = "-" if not found else (f"{found[0]:,.0f} img/s ({found[2]} in flight, {found[3]}, "
+                                       f"p99 {fmt(found[1])} ms)")
+        lines.append(row(name, f">= {wanted:,} img/s", value, bool(found) and found[0] >= wanted))
+    single = [s for users, s, _ in custom_steps(1, "none") if users == 1]
+    for s in single:
+        lines.append(row(f"1 request in flight ({s.get('load_generator', 'locust')})",
+                         f"p50 <= {TARGET_ONE_IN_FLIGHT_P50_MS} ms, p99 <= {TARGET_ONE_IN_FLIGHT_P99_MS} ms",
+                         f"p50 {fmt(s.get('p50_ms'), 2)} ms, p99 {fmt(s.get('p99_ms'), 2)} ms",
+                         (s.get("p50_ms") or 1e9) <= TARGET_ONE_IN_FLIGHT_P50_MS
+                         and (s.get("p99_ms") or 1e9) <= TARGET_ONE_IN_FLIGHT_P99_MS))
+    def peak_level(by_users):
+        """The fewest in flight that reach 95% of the series' best img/s: more only adds queueing."""
+        rates = {users: (models.get(MODEL_CUSTOM) or {}).get("img_per_s") or 0 for users, models in by_users.items()}
+        return min(users for users, rate in rates.items() if rate >= 0.95 * max(rates.values()))
+
+    slowest = [(s["max_ms"], users, series_label(key)) for key, by_users in table.items()
+               for users, models in by_users.items()
+               if (s := models.get(MODEL_CUSTOM)) and s.get("max_ms") is not None and users <= peak_level(by_users)]
+    if slowest:
+        worst = max(slowest)
+        lines.append(row("slowest request, every level up to each series' peak (the fewest in flight reaching "
+                         "95% of its best img/s)", f"<= {TARGET_MAX_MS:g} ms",
+                         f"{worst[0]:.1f} ms ({worst[2]}, {worst[1]} in flight)", worst[0] <= TARGET_MAX_MS))
+    levels = [(s, n) for key, by_users in table.items() for models in by_users.values()
+              if (s := models.get(MODEL_CUSTOM)) and (n := models.get(MODEL_CUDNN))]
+    ahead = [s["img_per_s"] >= n["img_per_s"] and (s.get("p50_ms") or 1e9) <= (n.get("p50_ms") or 1e9)
+             for s, n in levels]
+    lines.append(row("custom ahead of cuDNN in img/s and p50", "at every level", f"{sum(ahead)} of {len(ahead)} levels",
+                     all(ahead)))
+    lines.append("")
+    if results.get("bottlenecks"):
+        lines += [results["bottlenecks"], ""]
+    return lines
+
+
 def series_table(key: tuple, by_users: dict) -> list[str]:
     lines = [f"### {series_label(key)}", "",
              "| users | custom img/s | cuDNN img/s | ratio | custom p50 ms | cuDNN p50 ms | ratio "
@@ -324,6 +391,7 @@ def markdown(results: dict, table: dict, name: str) -> str:
         lines += ["**Pre-warm requests failed:** " + "; ".join(results["prewarm_failures"]), ""]
     lines += sanity_section(results)
     lines += summary_section(table)
+    lines += targets_section(results, table)
     lines += ["## Throughput and latency", "",
               f"![latency against throughput]({name}_latency_vs_throughput.png)", "",
               f"![throughput by concurrency]({name}_throughput_by_users.png)", ""]

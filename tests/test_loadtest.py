@@ -208,3 +208,32 @@ def test_report_reads_sweeps_saved_with_the_old_input_names(tiny_sweep, tmp_path
     assert read["agreement"]["input_format"] == "IMAGE_NORMALIZED"
     assert report.main([str(saved), "--out", str(tmp_path / "report")]) == 0
     assert "1 image/request, IMAGE (locust)" in (tmp_path / "report" / "old.md").read_text()
+
+
+def test_targets_section_says_which_serving_targets_a_sweep_meets():
+    def step(model, images, shared_memory, users, img_per_s, p50, p99, max_ms):
+        return {"model": model, "load_generator": "grpc_flood", "protocol": "grpc", "images_per_request": images,
+                "input_format": "IMAGE", "shared_memory": shared_memory, "processes_asked": 8, "users": users,
+                "img_per_s": img_per_s, "p50_ms": p50, "p99_ms": p99, "max_ms": max_ms, "sent": 1, "failures": 0,
+                "measured_requests": 1}
+    custom, cudnn = report.MODEL_CUSTOM, report.MODEL_CUDNN
+    steps = [step(custom, 1, "none", 1, 700, 1.4, 4.0, 9.0), step(cudnn, 1, "none", 1, 600, 1.6, 4.5, 9.5),
+             step(custom, 1, "none", 256, 21_000, 12.0, 60.0, 70.0),     # fastest, but p99 over 50 ms
+             step(cudnn, 1, "none", 256, 15_000, 16.0, 40.0, 45.0),
+             step(custom, 1, "none", 128, 19_000, 6.0, 30.0, 40.0),
+             step(cudnn, 1, "none", 128, 14_000, 8.0, 35.0, 44.0),
+             step(custom, 32, "cuda", 16, 46_000, 10.0, 20.0, 30.0),
+             step(cudnn, 32, "cuda", 16, 30_000, 15.0, 25.0, 31.0)]
+    text = "\n".join(report.targets_section({"bottlenecks": "THE ANALYSIS"}, report.grouped(steps)))
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    one = rows["gRPC, 1 image/request (p99 <= 50 ms)"]
+    assert "19,000 img/s (128 in flight" in one and "**not met**" in one   # 21k had p99 60 ms
+    assert "46,000 img/s" in rows["CUDA shared memory, 32 images/request"]
+    assert rows["CUDA shared memory, 32 images/request"].endswith("| met |")
+    assert "-" in rows["gRPC, 32 images/request"] and "**not met**" in rows["gRPC, 32 images/request"]
+    assert rows["1 request in flight (grpc_flood)"].endswith("| met |")
+    assert "3 of 4 levels" not in text and "4 of 4 levels" in text
+    # the 1-image series peaks (95% of 21k) at 256 in flight, whose slowest request took 70 ms
+    slowest = next(line for name, line in rows.items() if name.startswith("slowest request"))
+    assert "70.0 ms" in slowest and "**not met**" in slowest
+    assert "THE ANALYSIS" in text
