@@ -342,15 +342,63 @@ def grpc_burst_in_process(grpc_url: str, model: str, images: np.ndarray, first_i
     `channels` channels, every 4th with a queue timeout of `queue_timeout_us`, stopping early after
     `stop_after_refusals` queue-full refusals. Returns {index: [(seconds to answer, logits or error
     text)]} for every request sent."""
+    triton = [grpcclient.InferenceServerClient(grpc_url) for _ in range(channels)]
+    try:
+        tensors = []
+        for i in range(len(images)):
+            window = images[burst_window(i, images_per_request, len(images))]
+            tensor = grpcclient.InferInput(INPUT_UINT8, list(window.shape), "UINT8")
+            tensor.set_data_from_numpy(window)
+            tensors.append(tensor)
+        return fire_burst(triton, model, tensors, first_index, count, queue_timeout_us, stop_after_refusals)
+    finally:
+        for channel in triton:
+            channel.close()
+
+
+def grpc_shm_burst_in_process(grpc_url: str, admin_token: str, model: str, images: np.ndarray, first_index: int,
+                              count: int, queue_timeout_us: int, stop_after_refusals: int, images_per_request: int,
+                              region_images: int) -> tuple[dict, str]:
+    """One sender of a burst whose inputs are in SYSTEM SHARED MEMORY, so a request costs the sender
+    almost nothing (no pixels serialised) while the server does the full work of `images_per_request`
+    images: one region of `region_images` images (the burst images repeated: slot k holds image
+    k % len(images)) is registered with the admin token; request `index` reads `images_per_request`
+    consecutive slots from slot index % len(images), i.e. exactly `burst_window(index % len(images),
+    images_per_request, len(images))`. LOGITS come back in the gRPC response. Otherwise as
+    `grpc_burst_in_process` (one channel). The region is unregistered and unlinked on the way out,
+    also when sending failed. Returns (answers as `grpc_burst_in_process`, the region's name)."""
+    from fusedresnet.client.shared_memory import registered_region
+
+    count_images = len(images)
+    if count_images - 1 + images_per_request > region_images:
+        raise ValueError(f"{images_per_request} images from any of {count_images} slots need a region of "
+                         f"{count_images - 1 + images_per_request} images, not {region_images}")
+    image_bytes = images[0].nbytes
+    triton = grpcclient.InferenceServerClient(grpc_url)
+    try:
+        with registered_region(triton, "grpc", "system", region_images * image_bytes, admin_token,
+                               label="burst") as region:
+            region.write(images[burst_window(0, region_images, count_images)])
+            tensors = []
+            for i in range(count_images):
+                tensor = grpcclient.InferInput(INPUT_UINT8, [images_per_request, *images.shape[1:]], "UINT8")
+                tensor.set_shared_memory(region.name, images_per_request * image_bytes, offset=i * image_bytes)
+                tensors.append(tensor)
+            answers = fire_burst([triton], model, tensors, first_index, count, queue_timeout_us,
+                                 stop_after_refusals)
+        return answers, region.name
+    finally:
+        triton.close()
+
+
+def fire_burst(triton: list, model: str, tensors: list, first_index: int, count: int, queue_timeout_us: int,
+               stop_after_refusals: int) -> dict:
+    """Request `first_index + i` carries tensors[(first_index + i) % len(tensors)] and goes out on
+    channel i % len(triton); every 4th asks for a queue timeout of `queue_timeout_us`; sending stops
+    after `count` requests or `stop_after_refusals` queue-full refusals. Waits for every answer (and a
+    moment more, for a duplicate): {index: [(seconds to answer, logits or error text)]}."""
     import threading as _threading
 
-    triton = [grpcclient.InferenceServerClient(grpc_url) for _ in range(channels)]
-    tensors = []
-    for i in range(len(images)):
-        window = images[burst_window(i, images_per_request, len(images))]
-        tensor = grpcclient.InferInput(INPUT_UINT8, list(window.shape), "UINT8")
-        tensor.set_data_from_numpy(window)
-        tensors.append(tensor)
     answers: dict[int, list] = {}
     sent_at: dict[int, float] = {}
     lock = _threading.Lock()
@@ -368,14 +416,12 @@ def grpc_burst_in_process(grpc_url: str, model: str, images: np.ndarray, first_i
     while sent < count and refusals[0] < stop_after_refusals:
         index = first_index + sent
         sent_at[index] = time.monotonic()
-        triton[sent % channels].async_infer(model, [tensors[index % len(images)]], on_answer(index),
-                                            client_timeout=CLIENT_TIMEOUT_S,
-                                            timeout=queue_timeout_us if index % 4 == 3 else None)
+        triton[sent % len(triton)].async_infer(model, [tensors[index % len(tensors)]], on_answer(index),
+                                               client_timeout=CLIENT_TIMEOUT_S,
+                                               timeout=queue_timeout_us if index % 4 == 3 else None)
         sent += 1
     wait_until(lambda: len(answers) == sent, CLIENT_TIMEOUT_S + 10, 0.1)
     time.sleep(0.5)  # a duplicate answer would arrive now
-    for channel in triton:
-        channel.close()
     with lock:
         return {index: list(outcomes) for index, outcomes in answers.items()} | \
             {first_index + i: [] for i in range(sent) if first_index + i not in answers}

@@ -19,6 +19,7 @@ import concurrent.futures
 import multiprocessing
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,6 +34,7 @@ from fusedresnet.backend.spec import (
     max_batch_size,
     model_config,
 )
+from fusedresnet.client.shared_memory import shared_memory_status
 from fusedresnet.loadtest import triton_metrics
 
 from robustness_helpers import (
@@ -42,6 +44,7 @@ from robustness_helpers import (
     client,
     counter_delta,
     grpc_burst_in_process,
+    grpc_shm_burst_in_process,
     infer_image,
     record,
     request_counters,
@@ -97,16 +100,33 @@ def grpc_burst(server, model, images, max_requests):
     return sorted(answers), answers  # request indices, answers
 
 
-def parallel_grpc_burst(server, model, images, per_sender, senders, images_per_request):
+def parallel_shm_burst(server, admin_token, model, images, per_sender, senders, images_per_request,
+                       stop_after_refusals=ENOUGH_REFUSALS):
+    """`senders` spawned processes burst at once, each through its own system shared-memory region of
+    max_batch_size() images (grpc_shm_burst_in_process): a request carries no pixels, only a region
+    name and offset, so it costs a sender little, while the server copies and computes `images_per_request`
+    images for it, so the senders outrun any server (serialising 8 x 150 KB per request over gRPC
+    cost four H100-host processes about what the server spent on it: the queue never filled).
+    Returns (request indices, answers, the senders' region names)."""
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(senders, mp_context=context) as pool:
-        parts = pool.map(grpc_burst_in_process, *zip(*[
-            (server.grpc_url, model, images, i * per_sender, per_sender, SHORT_TIMEOUT_US, ENOUGH_REFUSALS, 1,
-             images_per_request) for i in range(senders)]))
-        answers = {}
-        for part in parts:
-            answers.update(part)
-    return sorted(answers), answers  # request indices (sender i numbers from i * per_sender), answers
+        parts = list(pool.map(grpc_shm_burst_in_process, *zip(*[
+            (server.grpc_url, admin_token, model, images, i * per_sender, per_sender, SHORT_TIMEOUT_US,
+             stop_after_refusals, images_per_request, max_batch_size(model)) for i in range(senders)])))
+    answers, regions = {}, []
+    for part, region in parts:
+        answers.update(part)
+        regions.append(region)
+    return sorted(answers), answers, regions  # request indices (sender i numbers from i * per_sender)
+
+
+def assert_regions_gone(server, admin_token, regions):
+    """The senders' regions are unregistered from the server and unlinked from /dev/shm."""
+    assert len(set(regions)) == len(regions), regions
+    with client(server, "grpc") as triton:
+        registered = shared_memory_status(triton, "grpc", "system", admin_token)
+    assert not set(regions) & set(registered), registered
+    assert not [name for name in regions if Path("/dev/shm", name).exists()]
 
 
 def wait_for_idle(server, model, timeout_s=CLIENT_TIMEOUT_S):
@@ -180,7 +200,7 @@ def check_burst(server, model, protocol, sent, answers, counters_before, images,
 
 @pytest.mark.parametrize("model", MODELS)
 def test_grpc_burst_beyond_the_queue_gets_one_answer_per_request_refusals_are_explicit_and_counted(
-        triton_server, model, burst_images, results):
+        triton_server, admin_token, model, burst_images, results):
     images, reference = burst_images
     policy = queue_policy(model)
     assert policy["timeout_action"] == "REJECT" and policy["allow_timeout_override"]
@@ -188,21 +208,44 @@ def test_grpc_burst_beyond_the_queue_gets_one_answer_per_request_refusals_are_ex
     # the queue plus one full batch in execution is the most the server holds; send well beyond it
     most = 8 * (policy["max_queue_size"] + max_batch_size())
     sent, answers = grpc_burst(triton_server, model, images, most)
-    senders, images_per_request = 1, 1
+    senders, images_per_request, inputs = 1, 1, "grpc"
     if not any(QUEUE_FULL in str(a[0][1]) for a in answers.values() if a):
-        # one Python client did not outrun this server (a fast GPU): burst from several processes at once
+        # one Python client did not outrun this server (a fast GPU): burst from several processes at once,
+        # inputs in system shared memory (test_shared_memory_burst_from_several_processes_... runs it on any host)
         wait_for_idle(triton_server, model)
         before = request_counters(triton_server, model)
-        senders = PARALLEL_SENDERS
-        # each request carries every burst image: the server's work per request grows 8-fold, the
-        # senders' far less (on the H100 four processes of single-image requests never filled the queue)
-        images_per_request = len(images)
-        sent, answers = parallel_grpc_burst(triton_server, model, images, most // images_per_request, senders,
-                                            images_per_request)
+        senders, images_per_request, inputs = PARALLEL_SENDERS, len(images), "system shared memory"
+        sent, answers, regions = parallel_shm_burst(triton_server, admin_token, model, images,
+                                                    most // images_per_request, senders, images_per_request)
+        assert_regions_gone(triton_server, admin_token, regions)
     figures = check_burst(triton_server, model, "grpc", sent, answers, before, images, reference, policy,
                           images_per_request=images_per_request)
     record(results, "overload", {f"grpc_{model}": {**figures, "sender_processes": senders,
-                                                   "images_per_request": images_per_request}})
+                                                   "images_per_request": images_per_request, "inputs": inputs}})
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_shared_memory_burst_from_several_processes_fills_the_queue_with_one_correct_answer_per_request(
+        triton_server, admin_token, model, burst_images, results):
+    """The GPU host's fallback burst, run here on purpose: PARALLEL_SENDERS processes, each with its own
+    registered system shared-memory region, fire requests of the 8 burst images until each has seen
+    ENOUGH_REFUSALS refusals. The queue must fill, every request gets exactly one answer (success, queue
+    refusal or queue timeout, nothing else), Triton's counters agree, every success has the reference
+    logits of its window, and no region is left registered or in /dev/shm."""
+    images, reference = burst_images
+    policy = queue_policy(model)
+    wait_for_idle(triton_server, model)
+    before = request_counters(triton_server, model)
+    images_per_request = len(images)
+    most = 8 * (policy["max_queue_size"] + max_batch_size(model))
+    sent, answers, regions = parallel_shm_burst(triton_server, admin_token, model, images,
+                                                most // images_per_request, PARALLEL_SENDERS, images_per_request)
+    assert_regions_gone(triton_server, admin_token, regions)
+    figures = check_burst(triton_server, model, "grpc", sent, answers, before, images, reference, policy,
+                          images_per_request=images_per_request)
+    record(results, "overload", {f"grpc_shm_{model}": {**figures, "sender_processes": PARALLEL_SENDERS,
+                                                       "images_per_request": images_per_request,
+                                                       "inputs": "system shared memory"}})
 
 
 def test_http_flood_gets_one_answer_per_request_and_every_refusal_is_an_explicit_503(
