@@ -216,3 +216,26 @@ def test_committed_tuned_plans_apply_only_to_the_gpu_they_were_measured_on():
         assert (len(load_tuned_plans(device, family)) == len(table["plans"])) == (family in families)
     assert bool(load_tuned_plans(device, MIXED)) == (set(families) == set(CONV_PATHS))
     assert load_tuned_plans("NVIDIA A100-SXM4-80GB", families[0]) == {}
+
+
+def test_sass_diff_keeps_instruction_and_control_words_and_drops_only_addresses(tmp_path):
+    """kernels/sass_diff.py: the per-kernel SASS listing the refactor check compares (see its module doc)."""
+    from fusedresnet.kernels.sass_diff import compare, split_listing
+    sass = ("\tcode for sm_90a\n\t\tFunction : _Z1kILi3EEvPf\n\t.headerflags\t@\"EF_CUDA_SM90\"\n"
+            "        /*0000*/                   LDC R1, c[0x0][0x28] ;             /* 0x00000a00ff017b82 */\n"
+            "                                                                      /* 0x000fe20000000800 */\n"
+            "        /*0010*/                   EXIT ;                             /* 0x000000000000794d */\n")
+    usage = " Function _Z1kILi3EEvPf:\n  REG:10 STACK:0 SHARED:0 LOCAL:0 CONSTANT[0]:536\n"
+    listing = split_listing(sass, usage)
+    assert listing == {"_Z1kILi3EEvPf": "resources: REG:10 STACK:0 SHARED:0 LOCAL:0 CONSTANT[0]:536\n"
+                       "LDC R1, c[0x0][0x28] ; /* 0x00000a00ff017b82 */\n/* 0x000fe20000000800 */\n"
+                       "EXIT ; /* 0x000000000000794d */\n"}
+    # Same code at other addresses compares equal; another control word (a stall count) does not.
+    moved = split_listing(sass.replace("/*0000*/", "/*0100*/").replace("/*0010*/", "/*0110*/"), usage)
+    stalled = split_listing(sass.replace("0x000fe20000000800", "0x000fe40000000800"), usage)
+    assert moved == listing and stalled != listing
+    for side, text in (("a", listing), ("b", moved), ("c", stalled)):
+        (tmp_path / side / "sm_90a").mkdir(parents=True)
+        (tmp_path / side / "sm_90a" / "k[3].sass").write_text(text["_Z1kILi3EEvPf"])
+    assert compare(tmp_path / "a", tmp_path / "b") == 0
+    assert compare(tmp_path / "a", tmp_path / "c") == 1
