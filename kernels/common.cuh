@@ -5,9 +5,10 @@
 // conversions and the tensor-core instructions are inline PTX. That keeps the
 // sources identical under NVRTC (what CuPy compiles with at run time) and nvcc
 // (what the CPU compile test and the SASS inspection use), with no include
-// paths to get wrong. The Python launcher pastes this file in place of the
-// #include line, so CuPy's kernel cache (keyed on the source text) sees every
-// change.
+// paths to get wrong. The Python launcher (configs.source_text) pastes this
+// file and the other headers (epilogue.cuh, loaders.cuh) once at the top of the
+// translation unit and drops the #include lines, so CuPy's kernel cache (keyed
+// on the source text) sees every change.
 #ifndef FUSEDRESNET_COMMON_CUH
 #define FUSEDRESNET_COMMON_CUH
 

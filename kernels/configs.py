@@ -15,6 +15,10 @@ TUNED_PLANS = KERNEL_DIR / "tuned_plans.json"   # written by `python -m fusedres
 MMA_SOURCES = ("conv_implicit_gemm.cu", "conv3x3_patch.cu", "stem.cu", "pool_head.cu")
 WGMMA_SOURCES = ("conv_wgmma.cu",)     # sm_90a only
 SOURCES = MMA_SOURCES + WGMMA_SOURCES
+# The shared headers, pasted at the top of the translation unit in this order
+# (each .cu includes those it uses, for readers and editors; source_text drops
+# the #include lines).
+HEADERS = ("common.cuh", "epilogue.cuh", "loaders.cuh")
 
 # Options passed to CuPy's RawModule (NVRTC). CuPy adds the architecture
 # (-arch=sm_XY for the current device) itself, and -ftz=true; the compile
@@ -252,16 +256,22 @@ def name_expressions(arch: str | None = None) -> list[str]:
 
 
 def source_text(arch: str | None = None) -> str:
-    """The kernel sources for `arch` as one translation unit, `#include "common.cuh"` pasted in once.
+    """The kernel sources for `arch` as one translation unit: the HEADERS pasted in once, then the .cu files.
 
     conv_wgmma.cu is part of it only for sm_90a (wgmma does not assemble for any other target).
     """
-    common = (KERNEL_DIR / "common.cuh").read_text()
-    parts = [common]
+    parts = [_drop_includes((KERNEL_DIR / name).read_text()) for name in HEADERS]
     for name in SOURCES if wgmma_arch(arch) else MMA_SOURCES:
         text = (KERNEL_DIR / name).read_text()
-        parts.append(f"// ---- {name} ----\n" + text.replace('#include "common.cuh"', ""))
+        parts.append(f"// ---- {name} ----\n" + _drop_includes(text))
     return "\n".join(parts)
+
+
+def _drop_includes(text: str) -> str:
+    """The text without its `#include "<header>"` lines (every header is pasted once, first)."""
+    for name in HEADERS:
+        text = text.replace(f'#include "{name}"', "")
+    return text
 
 
 @dataclass(frozen=True)

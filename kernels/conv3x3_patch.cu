@@ -16,12 +16,14 @@
 // patch buffers. Patch pixel p keeps its 16-byte chunk j at j ^ (p & 7), so
 // the 8 consecutive pixels of an ldmatrix phase hit 8 different bank groups.
 //
-// The epilogue is the one of conv_implicit_gemm.cu: bias, optional residual,
-// optional ReLU, fp16 NHWC store; rows outside the image are dropped. With
-// SMEM_EPILOGUE the accumulators go through shared memory first, so that the
-// residual loads and output stores are 16 bytes per thread and coalesced.
+// The epilogue is epilogue.cuh's (as in conv_implicit_gemm.cu): bias, optional
+// residual, optional ReLU, fp16 NHWC store; rows outside the image are
+// dropped. With SMEM_EPILOGUE the accumulators (+ bias) go through shared
+// memory first, so that the residual loads and output stores are 16 bytes per
+// thread and coalesced (epilogue_store8).
 
 #include "common.cuh"
+#include "epilogue.cuh"
 
 template <int TH, int TW, int BN, int WARPS_M, int WARPS_N, int STAGES, bool SMEM_EPILOGUE>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
@@ -169,22 +171,7 @@ conv3x3_patch(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
             const float4 p0 = *reinterpret_cast<const float4 *>(stage + row * SP + c8 * 8);
             const float4 p1 = *reinterpret_cast<const float4 *>(stage + row * SP + c8 * 8 + 4);
             float v[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
-            if (residual != nullptr) {
-                const vec16 r = *reinterpret_cast<const vec16 *>(residual + off);
-                float lo, hi;
-                unpack_half2(r.x, lo, hi); v[0] += lo; v[1] += hi;
-                unpack_half2(r.y, lo, hi); v[2] += lo; v[3] += hi;
-                unpack_half2(r.z, lo, hi); v[4] += lo; v[5] += hi;
-                unpack_half2(r.w, lo, hi); v[6] += lo; v[7] += hi;
-            }
-            if (relu) {
-#pragma unroll
-                for (int j = 0; j < 8; ++j) v[j] = fmaxf(v[j], 0.f);
-            }
-            vec16 out;
-            out.x = pack_half2(v[0], v[1]); out.y = pack_half2(v[2], v[3]);
-            out.z = pack_half2(v[4], v[5]); out.w = pack_half2(v[6], v[7]);
-            *reinterpret_cast<vec16 *>(y + off) = out;
+            epilogue_store8(v, off, residual, y, relu);
         }
     } else {
 #pragma unroll
@@ -198,14 +185,7 @@ conv3x3_patch(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
 #pragma unroll
                 for (int ni = 0; ni < NI; ++ni) {
                     const int k = n0 + warp_n * WTN + ni * 8 + 2 * t4;
-                    float v0 = acc[mi][ni][hr * 2] + bias[k], v1 = acc[mi][ni][hr * 2 + 1] + bias[k + 1];
-                    if (residual != nullptr) {
-                        float r0, r1;
-                        unpack_half2(*reinterpret_cast<const half2_bits *>(residual + base + k), r0, r1);
-                        v0 += r0; v1 += r1;
-                    }
-                    if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
-                    *reinterpret_cast<half2_bits *>(y + base + k) = pack_half2(v0, v1);
+                    epilogue_pair(acc[mi][ni][hr * 2], acc[mi][ni][hr * 2 + 1], k, base + k, bias, residual, y, relu);
                 }
             }
         }

@@ -30,9 +30,12 @@
 // adds the slices and applies the epilogue. With gridDim.z == 1 the epilogue
 // runs here.
 //
-// EPILOGUE (fused, per output element, fp32):  v = acc + bias[k]  (folded
-// BatchNorm);  v += residual[m,k] (the block's identity, when given);  v =
-// max(v, 0) (when relu);  y[m,k] = fp16(v).
+// EPILOGUE (fused, per output element, fp32; epilogue.cuh):  v = acc + bias[k]
+// (folded BatchNorm);  v += residual[m,k] (the block's identity, when given);
+// v = max(v, 0) (when relu);  y[m,k] = fp16(v).
+//
+// The MODE 0 A loader and the B loader are loaders.cuh's (shared with
+// conv_wgmma.cu); the stem gather below is this file's own.
 //
 // STEM. The first convolution (7x7/2, C=3) has a reduction of only 147 values,
 // not a multiple of 64, and its input is either UINT8 NHWC pixels or fp32 NCHW
@@ -54,6 +57,8 @@
 //   v3  fragments double-buffered across k16 steps; mma not volatile.
 
 #include "common.cuh"
+#include "epilogue.cuh"
+#include "loaders.cuh"
 
 template <int BM, int BN>
 struct TileSmem {
@@ -91,19 +96,7 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
     // Per-thread loader state: which output pixels (A rows) this thread copies.
     const int chunk = tid & 7;
     int a_base[A_ITERS], a_ih[A_ITERS], a_iw[A_ITERS];
-#pragma unroll
-    for (int i = 0; i < A_ITERS; ++i) {
-        int m = m0 + tid / 8 + i * ROW_STEP;
-        if (m < M) {
-            int n = m / (P * Q), pq = m - n * (P * Q);
-            int p = pq / Q, q = pq - p * Q;
-            a_base[i] = n * H * W * C;
-            a_ih[i] = p * stride - pad;
-            a_iw[i] = q * stride - pad;
-        } else {
-            a_base[i] = 0; a_ih[i] = -(1 << 20); a_iw[i] = 0;   // always out of bounds: zero rows
-        }
-    }
+    igemm_a_rows<A_ITERS, ROW_STEP>(a_base, a_ih, a_iw, m0, tid, M, H, W, C, P, Q, stride, pad);   // loaders.cuh
     const int c_tiles = C / BK;   // MODE 0 only
 
     // Stem loader state (MODE 1/2): the output pixel of A row tid % BM.
@@ -122,26 +115,10 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
     auto load_tile = [&](int stage, int kt) {
         half_bits *sA = smem + stage * TileSmem<BM, BN>::STAGE_HALFS;
         half_bits *sB = sA + TileSmem<BM, BN>::A_HALFS;
-        // B: BN filter rows, 64 reduction values each.
-#pragma unroll
-        for (int i = 0; i < B_ITERS; ++i) {
-            int row = tid / 8 + i * ROW_STEP;
-            int k = n0 + row;
-            const half_bits *src = w + (u64)min(k, K - 1) * ldw + kt * BK + chunk * 8;
-            cp_async_16(smem_addr(sB + swz(row, chunk)), src, k < K ? 16 : 0);
-        }
+        igemm_load_b<B_ITERS, ROW_STEP>(sB, w, n0, K, ldw, kt, tid, chunk);
         if constexpr (MODE == 0) {
-            int tap = kt / c_tiles, c0 = (kt - tap * c_tiles) * BK;
-            int r = tap / S, s = tap - r * S;
-            const half_bits *x = reinterpret_cast<const half_bits *>(x_);
-#pragma unroll
-            for (int i = 0; i < A_ITERS; ++i) {
-                int row = tid / 8 + i * ROW_STEP;
-                int ih = a_ih[i] + r, iw = a_iw[i] + s;
-                bool ok = (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
-                const half_bits *src = ok ? x + a_base[i] + (ih * W + iw) * C + c0 + chunk * 8 : x;
-                cp_async_16(smem_addr(sA + swz(row, chunk)), src, ok ? 16 : 0);
-            }
+            igemm_load_a<A_ITERS, ROW_STEP>(sA, reinterpret_cast<const half_bits *>(x_), a_base, a_ih, a_iw, kt,
+                                            c_tiles, S, H, W, C, tid, chunk);
         } else {
             // Stem gather. The reduction is laid out as 8 filter rows r (the
             // last all zero) x 24 values j = s*3 + c (21 real, 3 zero): for a
@@ -241,8 +218,8 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
     }
     cp_async_wait<0>();
 
-    // Epilogue straight from the accumulator fragments: thread (g = lane/4,
-    // t = lane%4) holds rows g and g+8, columns 2t and 2t+1 of each m16n8 tile.
+    // Epilogue straight from the accumulator fragments (epilogue.cuh): thread
+    // (g = lane/4, t = lane%4) holds rows g and g+8, columns 2t and 2t+1 of each m16n8 tile.
     const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi) {
@@ -254,21 +231,8 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
             for (int ni = 0; ni < NI; ++ni) {
                 int k = n0 + warp_n * WTN + ni * 8 + 2 * t4;
                 if (k >= K) continue;
-                float v0 = acc[mi][ni][half_row * 2], v1 = acc[mi][ni][half_row * 2 + 1];
-                u64 off = (u64)m * K + k;
-                if (partial != nullptr) {
-                    float2 pv; pv.x = v0; pv.y = v1;
-                    *reinterpret_cast<float2 *>(partial + (u64)blockIdx.z * M * K + off) = pv;
-                    continue;
-                }
-                v0 += bias[k]; v1 += bias[k + 1];
-                if (residual != nullptr) {
-                    float r0, r1;
-                    unpack_half2(*reinterpret_cast<const half2_bits *>(residual + off), r0, r1);
-                    v0 += r0; v1 += r1;
-                }
-                if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
-                *reinterpret_cast<half2_bits *>(y + off) = pack_half2(v0, v1);
+                epilogue_pair_or_partial(acc[mi][ni][half_row * 2], acc[mi][ni][half_row * 2 + 1], k,
+                                         (u64)m * K + k, M, K, bias, residual, y, partial, relu);
             }
         }
     }
@@ -296,20 +260,5 @@ splitk_epilogue(const float *__restrict__ partial, int splits, const float *__re
         const float4 p1 = *reinterpret_cast<const float4 *>(p + 4);
         v[0] += p0.x; v[1] += p0.y; v[2] += p0.z; v[3] += p0.w; v[4] += p1.x; v[5] += p1.y; v[6] += p1.z; v[7] += p1.w;
     }
-    if (residual != nullptr) {
-        const vec16 r = *reinterpret_cast<const vec16 *>(residual + off);
-        float lo, hi;
-        unpack_half2(r.x, lo, hi); v[0] += lo; v[1] += hi;
-        unpack_half2(r.y, lo, hi); v[2] += lo; v[3] += hi;
-        unpack_half2(r.z, lo, hi); v[4] += lo; v[5] += hi;
-        unpack_half2(r.w, lo, hi); v[6] += lo; v[7] += hi;
-    }
-    if (relu) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = fmaxf(v[j], 0.f);
-    }
-    vec16 out;
-    out.x = pack_half2(v[0], v[1]); out.y = pack_half2(v[2], v[3]);
-    out.z = pack_half2(v[4], v[5]); out.w = pack_half2(v[6], v[7]);
-    *reinterpret_cast<vec16 *>(y + off) = out;
+    epilogue_store8(v, off, residual, y, relu);
 }

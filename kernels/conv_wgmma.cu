@@ -1,7 +1,8 @@
 // Convolution as implicit GEMM on Hopper tensor cores (sm_90a): wgmma.mma_async
-// with shared-memory matrix descriptors, the same loaders and epilogue as
-// conv_implicit_gemm.cu (read that file's header first: implicit GEMM, the
-// swizzled 128-byte tile rows, split-K and the epilogue are explained there).
+// with shared-memory matrix descriptors, the same loaders (loaders.cuh) and
+// epilogue (epilogue.cuh) as conv_implicit_gemm.cu (read that file's header
+// first: implicit GEMM, the swizzled 128-byte tile rows and split-K are
+// explained there).
 //
 // WHY. On the H100 the mma.sync kernels issue one m16n8k16 per 4096 MACs plus
 // the ldmatrix loads that feed it, from every warp: measured 26-37% of the
@@ -45,14 +46,17 @@
 // EPILOGUE. The wgmma accumulator layout per warp is the mma.sync m16n8 one
 // repeated over the BN/8 column groups: thread (warp w of the warpgroup, g =
 // lane/4, t = lane%4) holds rows 16w+g and 16w+g+8, columns 8j+2t and 8j+2t+1
-// in d[4j..4j+3]. The epilogue is conv_implicit_gemm.cu's: bias, optional
-// residual, optional ReLU, fp16 NHWC (or the fp32 split-K partials).
+// in d[4j..4j+3]. The epilogue is epilogue.cuh's, as in conv_implicit_gemm.cu:
+// bias, optional residual, optional ReLU, fp16 NHWC (or the fp32 split-K
+// partials).
 //
 // Versions (measurements in NOTES.md):
 //   v1  cp.async ring + wgmma from shared-memory descriptors, all threads load
 //       and compute (no warp specialisation, no TMA, no mbarriers).
 
 #include "common.cuh"
+#include "epilogue.cuh"
+#include "loaders.cuh"
 
 // The 64-bit shared-memory matrix descriptor of a K-major operand tile in the
 // 128-byte swizzle (PTX ISA, "Matrix Descriptor Format"): start address >> 4
@@ -188,44 +192,17 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
     const int kt_end = min(num_k_tiles, kt_begin + k_tiles_per_split);
     const int nkt = kt_end - kt_begin;
 
-    // Loader state, as in conv_implicit_gemm.cu (MODE 0).
+    // Loader state and loaders: loaders.cuh, as in conv_implicit_gemm.cu (MODE 0).
     const int chunk = tid & 7;
     int a_base[A_ITERS], a_ih[A_ITERS], a_iw[A_ITERS];
-#pragma unroll
-    for (int i = 0; i < A_ITERS; ++i) {
-        const int m = m0 + tid / 8 + i * ROW_STEP;
-        if (m < M) {
-            const int n = m / (P * Q), pq = m - n * (P * Q);
-            const int p = pq / Q, q = pq - p * Q;
-            a_base[i] = n * H * W * C;
-            a_ih[i] = p * stride - pad;
-            a_iw[i] = q * stride - pad;
-        } else {
-            a_base[i] = 0; a_ih[i] = -(1 << 20); a_iw[i] = 0;   // always out of bounds: zero rows
-        }
-    }
+    igemm_a_rows<A_ITERS, ROW_STEP>(a_base, a_ih, a_iw, m0, tid, M, H, W, C, P, Q, stride, pad);
     const int c_tiles = C / BK;
 
     auto load_tile = [&](int stage, int kt) {
         half_bits *sA = smem + stage * STAGE_HALFS;
         half_bits *sB = sA + A_HALFS;
-#pragma unroll
-        for (int i = 0; i < B_ITERS; ++i) {
-            const int row = tid / 8 + i * ROW_STEP;
-            const int k = n0 + row;
-            const half_bits *src = w + (u64)min(k, K - 1) * ldw + kt * BK + chunk * 8;
-            cp_async_16(smem_addr(sB + swz(row, chunk)), src, k < K ? 16 : 0);
-        }
-        const int tap = kt / c_tiles, c0 = (kt - tap * c_tiles) * BK;
-        const int r = tap / S, s = tap - r * S;
-#pragma unroll
-        for (int i = 0; i < A_ITERS; ++i) {
-            const int row = tid / 8 + i * ROW_STEP;
-            const int ih = a_ih[i] + r, iw = a_iw[i] + s;
-            const bool ok = (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
-            const half_bits *src = ok ? x + a_base[i] + (ih * W + iw) * C + c0 + chunk * 8 : x;
-            cp_async_16(smem_addr(sA + swz(row, chunk)), src, ok ? 16 : 0);
-        }
+        igemm_load_b<B_ITERS, ROW_STEP>(sB, w, n0, K, ldw, kt, tid, chunk);
+        igemm_load_a<A_ITERS, ROW_STEP>(sA, x, a_base, a_ih, a_iw, kt, c_tiles, S, H, W, C, tid, chunk);
     };
 
     float acc[MB][NACC];
@@ -286,21 +263,8 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
             for (int j = 0; j < BN / 8; ++j) {
                 const int k = n0 + j * 8 + 2 * t4;
                 if (k >= K) continue;
-                float v0 = acc[mb][4 * j + half_row * 2], v1 = acc[mb][4 * j + half_row * 2 + 1];
-                const u64 off = (u64)m * K + k;
-                if (partial != nullptr) {
-                    float2 pv; pv.x = v0; pv.y = v1;
-                    *reinterpret_cast<float2 *>(partial + (u64)blockIdx.z * M * K + off) = pv;
-                    continue;
-                }
-                v0 += bias[k]; v1 += bias[k + 1];
-                if (residual != nullptr) {
-                    float r0, r1;
-                    unpack_half2(*reinterpret_cast<const half2_bits *>(residual + off), r0, r1);
-                    v0 += r0; v1 += r1;
-                }
-                if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
-                *reinterpret_cast<half2_bits *>(y + off) = pack_half2(v0, v1);
+                epilogue_pair_or_partial(acc[mb][4 * j + half_row * 2], acc[mb][4 * j + half_row * 2 + 1], k,
+                                         (u64)m * K + k, M, K, bias, residual, y, partial, relu);
             }
         }
     }

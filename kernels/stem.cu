@@ -20,6 +20,9 @@
 //      mma.sync m16n8k16 (8 warps, 4 x 2, 32 x 32 each);
 //   4. adds the bias, applies ReLU and stores fp16.
 // A block loops over `tiles_per_block` consecutive tiles, reusing the filter.
+// Steps 1 and 3 and the filter load are device functions shared with the
+// fused stem + max-pool kernel below (stem_load_patch, stem_mma_32x32,
+// stem_load_filter).
 
 #include "common.cuh"
 
@@ -38,6 +41,72 @@ __device__ __forceinline__ int stem_swz(int row, int chunk) {
     return row * STEM_KG + (((chunk & ~7) | ((chunk ^ row) & 7)) << 3);
 }
 
+// The [64][192] filter into sB (swizzled), by cp.async; committed by the caller.
+template <int THREADS>
+__device__ __forceinline__ void stem_load_filter(half_bits *sB, const half_bits *__restrict__ w, int tid) {
+    for (int i = tid; i < STEM_K * (STEM_KG / 8); i += THREADS) {
+        const int row = i / (STEM_KG / 8), ch = i - row * (STEM_KG / 8);
+        cp_async_16(smem_addr(sB + stem_swz(row, ch)), w + row * STEM_KG + ch * 8, 16);
+    }
+}
+
+// The normalised fp16 input patch of IN_H x IN_W pixels from (iy0, ix0) of
+// image n into sIn ([IN_H][IN_ROW] halfs, 3 channels per pixel): MODE 1 uint8
+// NHWC pixels * scale + shift, MODE 2 fp32 NCHW values; 0 outside the image.
+template <int MODE, int IN_H, int IN_W, int IN_ROW, int THREADS>
+__device__ __forceinline__ void stem_load_patch(half_bits *sIn, const void *__restrict__ x_, const float (&scale)[3],
+                                                const float (&shift)[3], int n, int H, int W, int iy0, int ix0,
+                                                int tid) {
+    for (int i = tid; i < IN_H * IN_W; i += THREADS) {
+        const int iy = i / IN_W, ix = i - iy * IN_W;
+        const int gy = iy0 + iy, gx = ix0 + ix;
+        float v[3] = {0.f, 0.f, 0.f};
+        if ((unsigned)gy < (unsigned)H && (unsigned)gx < (unsigned)W) {
+            if (MODE == 1) {
+                const unsigned char *p = reinterpret_cast<const unsigned char *>(x_) + ((u64)(n * H + gy) * W + gx) * 3;
+#pragma unroll
+                for (int c = 0; c < 3; ++c) v[c] = (float)p[c] * scale[c] + shift[c];
+            } else {
+                const float *x = reinterpret_cast<const float *>(x_);
+#pragma unroll
+                for (int c = 0; c < 3; ++c) v[c] = x[((u64)(n * 3 + c) * H + gy) * W + gx];
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < 3; ++c) sIn[iy * IN_ROW + ix * 3 + c] = float_to_half(v[c]);
+    }
+}
+
+// One warp's 32 x 32 x 192 product on tensor cores: rows warp_m*32 .. +31 of
+// sA ([rows][192]) times filter rows warp_n*32 .. +31 of sB ([64][192]), both
+// swizzled by stem_swz; mma.sync m16n8k16, acc zeroed first.
+__device__ __forceinline__ void stem_mma_32x32(float (&acc)[2][4][4], const half_bits *sA, const half_bits *sB,
+                                               int warp_m, int warp_n, int lane) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < STEM_KG / 16; ++kk) {
+        unsigned int a[2][4], b[4][2];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+            ldmatrix_x4(smem_addr(sA + stem_swz(warp_m * 32 + mi * 16 + (lane & 15), kk * 2 + (lane >> 4))),
+                        a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+#pragma unroll
+        for (int nj = 0; nj < 2; ++nj)
+            ldmatrix_x4(smem_addr(sB + stem_swz(warp_n * 32 + nj * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                kk * 2 + ((lane >> 3) & 1))),
+                        b[2 * nj][0], b[2 * nj][1], b[2 * nj + 1][0], b[2 * nj + 1][1]);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < 4; ++ni) mma_16816(acc[mi][ni], a[mi], b[ni]);
+    }
+}
+
 template <int MODE>
 __global__ void __launch_bounds__(256, 2)
 stem_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, const float *__restrict__ bias,
@@ -51,10 +120,7 @@ stem_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, con
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int warp_m = warp >> 1, warp_n = warp & 1;
 
-    for (int i = tid; i < STEM_K * (STEM_KG / 8); i += 256) {
-        const int row = i / (STEM_KG / 8), ch = i - row * (STEM_KG / 8);
-        cp_async_16(smem_addr(sB + stem_swz(row, ch)), w + row * STEM_KG + ch * 8, 16);
-    }
+    stem_load_filter<256>(sB, w, tid);
     cp_async_commit();
     float scale[3] = {1.f, 1.f, 1.f}, shift[3] = {0.f, 0.f, 0.f};
     if (MODE == 1) {
@@ -72,24 +138,7 @@ stem_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, con
         __syncthreads();   // the previous tile is done with sIn and sA
 
         // 1. normalised fp16 input patch
-        for (int i = tid; i < STEM_IN_H * STEM_IN_W; i += 256) {
-            const int iy = i / STEM_IN_W, ix = i - iy * STEM_IN_W;
-            const int gy = iy0 + iy, gx = ix0 + ix;
-            float v[3] = {0.f, 0.f, 0.f};
-            if ((unsigned)gy < (unsigned)H && (unsigned)gx < (unsigned)W) {
-                if (MODE == 1) {
-                    const unsigned char *p = reinterpret_cast<const unsigned char *>(x_) + ((u64)(n * H + gy) * W + gx) * 3;
-#pragma unroll
-                    for (int c = 0; c < 3; ++c) v[c] = (float)p[c] * scale[c] + shift[c];
-                } else {
-                    const float *x = reinterpret_cast<const float *>(x_);
-#pragma unroll
-                    for (int c = 0; c < 3; ++c) v[c] = x[((u64)(n * 3 + c) * H + gy) * W + gx];
-                }
-            }
-#pragma unroll
-            for (int c = 0; c < 3; ++c) sIn[iy * STEM_IN_ROW + ix * 3 + c] = float_to_half(v[c]);
-        }
+        stem_load_patch<MODE, STEM_IN_H, STEM_IN_W, STEM_IN_ROW, 256>(sIn, x_, scale, shift, n, H, W, iy0, ix0, tid);
         __syncthreads();
 
         // 2. A tile: (filter row r, output pixel row) pairs; r is warp-uniform.
@@ -116,29 +165,7 @@ stem_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, con
 
         // 3. 128 x 64 x 192 on tensor cores
         float acc[2][4][4];
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < STEM_KG / 16; ++kk) {
-            unsigned int a[2][4], b[4][2];
-#pragma unroll
-            for (int mi = 0; mi < 2; ++mi)
-                ldmatrix_x4(smem_addr(sA + stem_swz(warp_m * 32 + mi * 16 + (lane & 15), kk * 2 + (lane >> 4))),
-                            a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
-#pragma unroll
-            for (int nj = 0; nj < 2; ++nj)
-                ldmatrix_x4(smem_addr(sB + stem_swz(warp_n * 32 + nj * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                    kk * 2 + ((lane >> 3) & 1))),
-                            b[2 * nj][0], b[2 * nj][1], b[2 * nj + 1][0], b[2 * nj + 1][1]);
-#pragma unroll
-            for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-                for (int ni = 0; ni < 4; ++ni) mma_16816(acc[mi][ni], a[mi], b[ni]);
-        }
+        stem_mma_32x32(acc, sA, sB, warp_m, warp_n, lane);
 
         // 4. bias + ReLU, fp16 NHWC
         const int g = lane >> 2, t4 = lane & 3;
@@ -201,10 +228,7 @@ stem_pool_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int warp_m = warp >> 1, warp_n = warp & 1;             // 5 x 2 warps, 32 x 32 each
 
-    for (int i = tid; i < STEM_K * (STEM_KG / 8); i += 320) {
-        const int row = i / (STEM_KG / 8), ch = i - row * (STEM_KG / 8);
-        cp_async_16(smem_addr(sB + stem_swz(row, ch)), w + row * STEM_KG + ch * 8, 16);
-    }
+    stem_load_filter<320>(sB, w, tid);
     cp_async_commit();
     float scale[3] = {1.f, 1.f, 1.f}, shift[3] = {0.f, 0.f, 0.f};
     if (MODE == 1) {
@@ -222,24 +246,7 @@ stem_pool_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w
         const int iy0 = 2 * sy0 - 3, ix0 = 2 * sx0 - 3;          // input origin
         __syncthreads();   // the previous tile is done with sIn and sA
 
-        for (int i = tid; i < SP_IN_H * SP_IN_W; i += 320) {
-            const int iy = i / SP_IN_W, ix = i - iy * SP_IN_W;
-            const int gy = iy0 + iy, gx = ix0 + ix;
-            float v[3] = {0.f, 0.f, 0.f};
-            if ((unsigned)gy < (unsigned)H && (unsigned)gx < (unsigned)W) {
-                if (MODE == 1) {
-                    const unsigned char *p = reinterpret_cast<const unsigned char *>(x_) + ((u64)(n * H + gy) * W + gx) * 3;
-#pragma unroll
-                    for (int c = 0; c < 3; ++c) v[c] = (float)p[c] * scale[c] + shift[c];
-                } else {
-                    const float *x = reinterpret_cast<const float *>(x_);
-#pragma unroll
-                    for (int c = 0; c < 3; ++c) v[c] = x[((u64)(n * 3 + c) * H + gy) * W + gx];
-                }
-            }
-#pragma unroll
-            for (int c = 0; c < 3; ++c) sIn[iy * SP_IN_ROW + ix * 3 + c] = float_to_half(v[c]);
-        }
+        stem_load_patch<MODE, SP_IN_H, SP_IN_W, SP_IN_ROW, 320>(sIn, x_, scale, shift, n, H, W, iy0, ix0, tid);
         __syncthreads();
 
         for (int i = tid; i < 8 * SP_M; i += 320) {
@@ -262,29 +269,7 @@ stem_pool_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w
         __syncthreads();
 
         float acc[2][4][4];
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < STEM_KG / 16; ++kk) {
-            unsigned int a[2][4], b[4][2];
-#pragma unroll
-            for (int mi = 0; mi < 2; ++mi)
-                ldmatrix_x4(smem_addr(sA + stem_swz(warp_m * 32 + mi * 16 + (lane & 15), kk * 2 + (lane >> 4))),
-                            a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
-#pragma unroll
-            for (int nj = 0; nj < 2; ++nj)
-                ldmatrix_x4(smem_addr(sB + stem_swz(warp_n * 32 + nj * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                    kk * 2 + ((lane >> 3) & 1))),
-                            b[2 * nj][0], b[2 * nj][1], b[2 * nj + 1][0], b[2 * nj + 1][1]);
-#pragma unroll
-            for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-                for (int ni = 0; ni < 4; ++ni) mma_16816(acc[mi][ni], a[mi], b[ni]);
-        }
+        stem_mma_32x32(acc, sA, sB, warp_m, warp_n, lane);
         __syncthreads();   // every warp is done reading sA: it becomes the stem-value buffer
 
         const int g = lane >> 2, t4 = lane & 3;

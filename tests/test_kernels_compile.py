@@ -24,6 +24,7 @@ import pytest
 from fusedresnet.kernels.configs import (
     ARCHS,
     COMPILE_OPTIONS,
+    HEADERS,
     KERNEL_DIR,
     SOURCES,
     WGMMA_ARCH,
@@ -41,6 +42,13 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH: cannot c
 def test_every_cu_file_is_part_of_the_compiled_source():
     on_disk = sorted(p.name for p in KERNEL_DIR.glob("*.cu"))
     assert on_disk == sorted(SOURCES), "a .cu file in kernels/ is not listed in configs.SOURCES (never compiled)"
+    assert sorted(p.name for p in KERNEL_DIR.glob("*.cuh")) == sorted(HEADERS)
+    for arch in ("sm_80", WGMMA_ARCH):   # each header pasted once, no #include left for NVRTC to resolve
+        text = source_text(arch)
+        assert not re.search(r"^\s*#\s*include", text, re.M)
+        for name in HEADERS:
+            guard = "FUSEDRESNET_" + name.removesuffix(".cuh").upper() + "_CUH"
+            assert text.count(f"#define {guard}") == 1, name
     for name in SOURCES:
         assert f"// ---- {name} ----" in source_text(WGMMA_ARCH)
     for name in WGMMA_SOURCES:   # wgmma does not assemble for the other targets

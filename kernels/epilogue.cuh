@@ -1,0 +1,71 @@
+// The fused epilogue of every convolution kernel, per output element, fp32:
+//     v = acc + bias[k]            (the folded BatchNorm)
+//     v += residual[m, k]          (the block's identity, when residual != nullptr)
+//     v = max(v, 0)                (when relu)
+//     y[m, k] = fp16(v)            (NHWC: row m = output pixel, K contiguous channels)
+// or, for one slice of a split-K reduction, the raw fp32 sums into
+// partial[slice][m][k] (splitk_epilogue in conv_implicit_gemm.cu adds the
+// slices and applies the epilogue above).
+//
+// Two granularities: a pair of adjacent channels straight from the
+// accumulator fragments (thread (g = lane/4, t = lane%4) of an m16n8 tile
+// holds rows g and g+8, columns 2t and 2t+1; the wgmma accumulators repeat
+// that layout), and 8 channels (16 bytes of output) per thread where the
+// values were gathered first (splitk_epilogue, the shared-memory epilogue of
+// conv3x3_patch).
+#ifndef FUSEDRESNET_EPILOGUE_CUH
+#define FUSEDRESNET_EPILOGUE_CUH
+#include "common.cuh"
+
+// Channels k, k+1 of the element at offset `off` (= m*K + k) of y / residual.
+__device__ __forceinline__ void epilogue_pair(float v0, float v1, int k, u64 off, const float *__restrict__ bias,
+                                              const half_bits *__restrict__ residual, half_bits *__restrict__ y,
+                                              int relu) {
+    v0 += bias[k]; v1 += bias[k + 1];
+    if (residual != nullptr) {
+        float r0, r1;
+        unpack_half2(*reinterpret_cast<const half2_bits *>(residual + off), r0, r1);
+        v0 += r0; v1 += r1;
+    }
+    if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
+    *reinterpret_cast<half2_bits *>(y + off) = pack_half2(v0, v1);
+}
+
+// The fragment epilogue of the implicit-GEMM kernels: with a split-K
+// workspace (partial != nullptr) the pair goes to slice blockIdx.z of
+// partial[splits][M][K] as fp32, else through epilogue_pair.
+__device__ __forceinline__ void epilogue_pair_or_partial(float v0, float v1, int k, u64 off, int M, int K,
+                                                         const float *__restrict__ bias,
+                                                         const half_bits *__restrict__ residual,
+                                                         half_bits *__restrict__ y, float *__restrict__ partial,
+                                                         int relu) {
+    if (partial != nullptr) {
+        float2 pv; pv.x = v0; pv.y = v1;
+        *reinterpret_cast<float2 *>(partial + (u64)blockIdx.z * M * K + off) = pv;
+        return;
+    }
+    epilogue_pair(v0, v1, k, off, bias, residual, y, relu);
+}
+
+// 8 channels at `off` (a multiple of 8): v already holds acc + bias; adds the
+// residual, applies ReLU and stores 16 bytes.
+__device__ __forceinline__ void epilogue_store8(float (&v)[8], u64 off, const half_bits *__restrict__ residual,
+                                                half_bits *__restrict__ y, int relu) {
+    if (residual != nullptr) {
+        const vec16 r = *reinterpret_cast<const vec16 *>(residual + off);
+        float lo, hi;
+        unpack_half2(r.x, lo, hi); v[0] += lo; v[1] += hi;
+        unpack_half2(r.y, lo, hi); v[2] += lo; v[3] += hi;
+        unpack_half2(r.z, lo, hi); v[4] += lo; v[5] += hi;
+        unpack_half2(r.w, lo, hi); v[6] += lo; v[7] += hi;
+    }
+    if (relu) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = fmaxf(v[j], 0.f);
+    }
+    vec16 out;
+    out.x = pack_half2(v[0], v[1]); out.y = pack_half2(v[2], v[3]);
+    out.z = pack_half2(v[4], v[5]); out.w = pack_half2(v[6], v[7]);
+    *reinterpret_cast<vec16 *>(y + off) = out;
+}
+#endif  // FUSEDRESNET_EPILOGUE_CUH
