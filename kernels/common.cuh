@@ -23,7 +23,8 @@ struct alignas(16) vec16 { unsigned int x, y, z, w; };  // 16 bytes = 8 fp16
 // (1024 bytes) form one swizzle atom: ldmatrix phases hit eight different bank
 // groups, and it is exactly the 128-byte swizzle of a Hopper wgmma shared-memory
 // descriptor (conv_wgmma.cu), for tiles that start on a 1024-byte boundary.
-constexpr int BK = 64;
+// BK itself, like every fixed size of the kernels, comes from configs.GEOMETRY
+// (pasted before this file).
 
 // Offset (in halfs) of 16-byte chunk `chunk` of row `row` in a swizzled [rows][64] tile.
 __device__ __forceinline__ int swz(int row, int chunk) { return row * BK + ((chunk ^ (row & 7)) << 3); }

@@ -45,10 +45,73 @@ WGMMA_CC = (9, 0)
 # the mma path on the Ampere/Ada parts and on an H100 forced to it, sm_90a for wgmma.
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", WGMMA_ARCH)
 
-BK = 64                 # reduction slice per pipeline stage (see common.cuh, conv_implicit_gemm.cu)
-STEM_KG_PADDED = 192    # 7*7*3 = 147 reduction values, padded to whole k-tiles
-HEAD_IMGS = 8           # images per avgpool_fc block
-HEAD_BLOCKS_X = 4       # class slices per avgpool_fc grid row
+# THE GEOMETRY, defined once. Every fixed tile size, thread count and
+# shared-memory size of the kernels is here; `source_text` pastes each as a
+# `constexpr int` at the top of the CUDA translation unit (geometry_preamble),
+# and the launcher uses the same Python values. The .cu files restate none of
+# them: they derive what they need (e.g. stem.cu's patch height 2*STEM_TH+5)
+# and static_assert that their shared-memory carve-up fits the bytes below.
+# The per-instantiation tile shapes (BM, BN, warps, STAGES) are template
+# arguments, from the TileConfig / WgmmaConfig / PatchConfig tables further
+# down (`name_expression`).
+GEOMETRY = {
+    "BK": 64,                  # reduction slice per pipeline stage: 64 fp16 = one 128-byte swizzled row
+    "STEM_TH": 8,              # stem_conv7x7s2: output tile rows x cols per block (GEMM rows = 128)
+    "STEM_TW": 16,
+    "STEM_KG": 192,            # 7*7*3 = 147 reduction values as 8 filter rows x 24, whole k-tiles
+    "STEM_K": 64,              # stem output channels
+    "STEM_IN_ROW": 112,        # halfs per input-patch row: (2*STEM_TW+5)*3 = 111, padded to even
+    "STEM_THREADS": 256,       # 8 warps, 4 x 2 of 32 x 32
+    "SP_PH": 4,                # stem_pool_conv7x7s2: pooled tile rows x cols per block
+    "SP_PW": 8,
+    "SP_M": 160,               # its GEMM rows: 9 x 17 = 153 stem pixels padded to 5 warps x 32
+    "SP_IN_ROW": 118,          # halfs per input-patch row: (2*(2*SP_PW+1)+5)*3 = 117, padded to even
+    "SP_C_ROW": 72,            # halfs per staged stem pixel (64 + 8 pad)
+    "STEM_POOL_THREADS": 320,  # 10 warps, 5 x 2 of 32 x 32
+    "EW_THREADS": 256,         # element-wise kernels: splitk_epilogue, maxpool_3x3s2
+    "HEAD_THREADS": 256,       # avgpool_fc (8 warps, one class per warp at a time)
+    "WGMMA_SMEM_ALIGN": 1024,  # conv_wgmma aligns its ring to the 128B-swizzle atom: allocated on top
+}
+# Shared-memory bytes per launch, as expressions over GEOMETRY and the
+# template arguments named in the key: evaluated here for the launcher, pasted
+# as constexpr functions / ints for the kernels (the same text in both).
+SMEM_BYTES = {
+    "conv_smem_bytes(BM, BN, STAGES)": "STAGES * (BM + BN) * BK * 2",
+    "wgmma_smem_bytes(BM, BN, STAGES)": "STAGES * (BM + BN) * BK * 2 + WGMMA_SMEM_ALIGN",
+    "patch_smem_bytes(TH, TW, BN, STAGES)": "2 * (TH + 2) * (TW + 2) * BK * 2 + STAGES * BN * BK * 2",
+    "STEM_SMEM_BYTES": "(STEM_TH * STEM_TW + STEM_K) * STEM_KG * 2 + (2 * STEM_TH + 5) * STEM_IN_ROW * 2",
+    "STEM_POOL_SMEM_BYTES": "(SP_M + STEM_K) * STEM_KG * 2 + (2 * (2 * SP_PH + 1) + 5) * SP_IN_ROW * 2",
+}
+
+
+def smem_bytes(name: str, **args: int) -> int:
+    """The value of SMEM_BYTES[name...] for these template arguments (e.g. smem_bytes("conv", BM=128, ...))."""
+    key = next(k for k in SMEM_BYTES if k.split("(")[0] in (name, f"{name}_smem_bytes"))
+    params = key.split("(")[1].rstrip(")").split(", ") if "(" in key else []
+    if sorted(params) != sorted(args):
+        raise TypeError(f"{key}: got {sorted(args)}")
+    return int(eval(SMEM_BYTES[key], {"__builtins__": {}}, {**GEOMETRY, **args}))
+
+
+def geometry_preamble() -> str:
+    """GEOMETRY and SMEM_BYTES as C++ constexpr definitions: the first lines of the translation unit."""
+    lines = ["// Generated from kernels/configs.py (GEOMETRY, SMEM_BYTES): the one definition of the kernels'",
+             "// fixed geometry, shared with the launcher. Do not restate these in the .cu files."]
+    lines += [f"constexpr int {name} = {value};" for name, value in GEOMETRY.items()]
+    for key, expr in SMEM_BYTES.items():
+        if "(" in key:
+            name, params = key.split("(")
+            args = ", ".join(f"int {p}" for p in params.rstrip(")").split(", "))
+            lines.append(f"__host__ __device__ constexpr int {name}({args}) {{ return {expr}; }}")
+        else:
+            lines.append(f"constexpr int {key} = {expr};")
+    return "\n".join(lines) + "\n"
+
+
+BK = GEOMETRY["BK"]
+STEM_KG_PADDED = GEOMETRY["STEM_KG"]
+HEAD_IMGS = 8           # images per avgpool_fc block: its template argument (name_expressions)
+HEAD_BLOCKS_X = 4       # class slices per avgpool_fc grid row (a launch choice, not compiled in)
 
 
 @dataclass(frozen=True)
@@ -70,7 +133,7 @@ class TileConfig:
 
     @property
     def smem_bytes(self) -> int:
-        return self.stages * (self.bm + self.bn) * BK * 2
+        return smem_bytes("conv", BM=self.bm, BN=self.bn, STAGES=self.stages)
 
     @property
     def name_expression(self) -> str:
@@ -112,8 +175,7 @@ class WgmmaConfig:
 
     @property
     def smem_bytes(self) -> int:
-        # + 1024: the kernel aligns its ring to a 1024-byte boundary (the swizzle atom).
-        return self.stages * (self.bm + self.bn) * BK * 2 + 1024
+        return smem_bytes("wgmma", BM=self.bm, BN=self.bn, STAGES=self.stages)
 
     @property
     def name_expression(self) -> str:
@@ -172,7 +234,7 @@ class PatchConfig:
 
     @property
     def smem_bytes(self) -> int:
-        return 2 * (self.th + 2) * (self.tw + 2) * 64 * 2 + self.stages * self.bn * 64 * 2
+        return smem_bytes("patch", TH=self.th, TW=self.tw, BN=self.bn, STAGES=self.stages)
 
     @property
     def name_expression(self) -> str:
@@ -201,11 +263,13 @@ STEM_TILES = {
     "float32": TileConfig(128, 64, 4, 2, 3, mode=2),
 }
 STEM_KERNELS = {"uint8": "stem_conv7x7s2<1>", "float32": "stem_conv7x7s2<2>"}
-STEM_SMEM_BYTES = (128 + 64) * STEM_KG_PADDED * 2 + 21 * 112 * 2   # A + B tiles + input patch (stem.cu)
-STEM_TILE_H, STEM_TILE_W = 8, 16
+STEM_SMEM_BYTES = smem_bytes("STEM_SMEM_BYTES")     # A + B tiles + input patch (stem.cu)
+STEM_TILE_H, STEM_TILE_W = GEOMETRY["STEM_TH"], GEOMETRY["STEM_TW"]
+STEM_THREADS, STEM_POOL_THREADS = GEOMETRY["STEM_THREADS"], GEOMETRY["STEM_POOL_THREADS"]
+EW_THREADS, HEAD_THREADS = GEOMETRY["EW_THREADS"], GEOMETRY["HEAD_THREADS"]
 STEM_POOL_KERNELS = {"uint8": "stem_pool_conv7x7s2<1>", "float32": "stem_pool_conv7x7s2<2>"}
-STEM_POOL_SMEM_BYTES = (160 + 64) * STEM_KG_PADDED * 2 + 23 * 118 * 2   # A + B tiles + input patch
-STEM_POOL_TILE_H, STEM_POOL_TILE_W = 4, 8    # pooled pixels per block tile
+STEM_POOL_SMEM_BYTES = smem_bytes("STEM_POOL_SMEM_BYTES")   # A + B tiles + input patch
+STEM_POOL_TILE_H, STEM_POOL_TILE_W = GEOMETRY["SP_PH"], GEOMETRY["SP_PW"]   # pooled pixels per block tile
 OTHER_KERNELS = ("splitk_epilogue", "maxpool_3x3s2", f"avgpool_fc<{HEAD_IMGS}>", *STEM_KERNELS.values(),
                  *STEM_POOL_KERNELS.values())
 
@@ -256,11 +320,11 @@ def name_expressions(arch: str | None = None) -> list[str]:
 
 
 def source_text(arch: str | None = None) -> str:
-    """The kernel sources for `arch` as one translation unit: the HEADERS pasted in once, then the .cu files.
+    """The kernel sources for `arch` as one translation unit: the geometry, the HEADERS once, the .cu files.
 
     conv_wgmma.cu is part of it only for sm_90a (wgmma does not assemble for any other target).
     """
-    parts = [_drop_includes((KERNEL_DIR / name).read_text()) for name in HEADERS]
+    parts = [geometry_preamble()] + [_drop_includes((KERNEL_DIR / name).read_text()) for name in HEADERS]
     for name in SOURCES if wgmma_arch(arch) else MMA_SOURCES:
         text = (KERNEL_DIR / name).read_text()
         parts.append(f"// ---- {name} ----\n" + _drop_includes(text))

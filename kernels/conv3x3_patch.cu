@@ -39,6 +39,7 @@ conv3x3_patch(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
     constexpr int B_HALFS = BN * 64;
     constexpr int B_ITERS = BN * 8 / THREADS;
     static_assert(NI % 2 == 0 && (BN * 8) % THREADS == 0 && BM % (16 * WARPS_M) == 0, "tile shape");
+    static_assert((2 * PATCH_HALFS + STAGES * B_HALFS) * 2 <= patch_smem_bytes(TH, TW, BN, STAGES), "smem layout");
 
     extern __shared__ vec16 smem_vec[];
     half_bits *patch = reinterpret_cast<half_bits *>(smem_vec);      // [2][PATCH_PIX][64]
@@ -146,7 +147,7 @@ conv3x3_patch(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
         // buffers are free now), then each thread finishes 8 channels of one
         // row: 16-byte residual loads and output stores, coalesced along K.
         constexpr int SP = BN + 4;   // fp32 row pitch: a warp's float2 stores spread over all banks
-        static_assert(BM * SP * 4 <= (2 * PATCH_HALFS + STAGES * B_HALFS) * 2, "staging fits");
+        static_assert(BM * SP * 4 <= patch_smem_bytes(TH, TW, BN, STAGES), "staging fits");
         __syncthreads();
         float *stage = reinterpret_cast<float *>(smem_vec);
 #pragma unroll

@@ -81,6 +81,7 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
     static_assert((BM * 8) % THREADS == 0 && (BN * 8) % THREADS == 0, "loader mapping");
     constexpr int A_ITERS = BM * 8 / THREADS, B_ITERS = BN * 8 / THREADS;
     constexpr int ROW_STEP = THREADS / 8;
+    static_assert(STAGES * TileSmem<BM, BN>::STAGE_HALFS * 2 <= conv_smem_bytes(BM, BN, STAGES), "smem layout");
 
     extern __shared__ vec16 smem_vec[];
     half_bits *smem = reinterpret_cast<half_bits *>(smem_vec);
@@ -240,7 +241,7 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
 
 // Sum of the split-K slices + the same epilogue, 8 channels (16 bytes of
 // output) per thread. K must be a multiple of 8.
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(EW_THREADS)
 splitk_epilogue(const float *__restrict__ partial, int splits, const float *__restrict__ bias,
                 const half_bits *__restrict__ residual, half_bits *__restrict__ y, int M, int K, int relu) {
     const int groups = K / 8;

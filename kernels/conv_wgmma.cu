@@ -178,11 +178,14 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
     constexpr int A_HALFS = BM * BK, STAGE_HALFS = (BM + BN) * BK;   // multiples of 512 halfs = 1024 bytes
 
     // The ring must start on a 1024-byte boundary (base offset 0 in the
-    // descriptors); the launcher allocates 1024 bytes more than the ring.
+    // descriptors); the launch allocates WGMMA_SMEM_ALIGN bytes more than the ring.
+    static_assert(WGMMA_SMEM_ALIGN == 1024 && STAGES * STAGE_HALFS * 2 + WGMMA_SMEM_ALIGN
+                  <= wgmma_smem_bytes(BM, BN, STAGES), "smem layout");
+    constexpr unsigned int ALIGN_MASK = WGMMA_SMEM_ALIGN - 1;
     extern __shared__ vec16 smem_vec[];
     const unsigned int raw = smem_addr(smem_vec);
     half_bits *smem = reinterpret_cast<half_bits *>(reinterpret_cast<unsigned char *>(smem_vec)
-                                                    + (((raw + 1023u) & ~1023u) - raw));
+                                                    + (((raw + ALIGN_MASK) & ~ALIGN_MASK) - raw));
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2, warp_in_wg = warp & 3;

@@ -23,16 +23,20 @@ from .configs import (
     BK,
     COMPILE_OPTIONS,
     CONV_TILES,
+    EW_THREADS,
     HEAD_BLOCKS_X,
     HEAD_IMGS,
+    HEAD_THREADS,
     PATCH_TILES,
     STEM_KERNELS,
     STEM_KG_PADDED,
     STEM_POOL_KERNELS,
     STEM_POOL_SMEM_BYTES,
+    STEM_POOL_THREADS,
     STEM_POOL_TILE_H,
     STEM_POOL_TILE_W,
     STEM_SMEM_BYTES,
+    STEM_THREADS,
     STEM_TILE_H,
     STEM_TILE_W,
     STEM_TILES,
@@ -63,6 +67,16 @@ def _i(v) -> np.int32:
 
 def conv_out_size(size: int, kernel: int, stride: int, padding: int) -> int:
     return (size + 2 * padding - kernel) // stride + 1
+
+
+def _blocks(total: int, per_block: int) -> int:
+    return -(-total // per_block)
+
+
+def _launch(kernel, grid, threads: int, args: tuple, shared_mem: int = 0):
+    """Every kernel launch goes through here: `grid` blocks (x[, y[, z]]) of `threads` threads, `shared_mem`
+    bytes of dynamic shared memory (the tile's `smem_bytes` / configs.SMEM_BYTES), on the current CuPy stream."""
+    kernel(tuple(grid), (threads,), args, shared_mem=shared_mem)
 
 
 class KernelLibrary:
@@ -174,14 +188,17 @@ class KernelLibrary:
         p2, q2 = conv_out_size(p1, 3, 2, 1), conv_out_size(q1, 3, 2, 1)
         if c != 3 or k != 64 or weight_padded.shape[1] != STEM_KG_PADDED or y.shape != (n, p2, q2, k):
             raise ValueError(f"stem_pool: input {x.shape}, weight {weight_padded.shape}, output {y.shape}")
-        tiles_x, tiles_y = -(-q2 // STEM_POOL_TILE_W), -(-p2 // STEM_POOL_TILE_H)
+        tiles_x, tiles_y = _blocks(q2, STEM_POOL_TILE_W), _blocks(p2, STEM_POOL_TILE_H)
         total = n * tiles_x * tiles_y
-        per_block = max(1, min(8, total // (self.sms * 2 * 3)))
-        self.stem_pool_kernels[kind]((-(-total // per_block),), (320,),
-                                     (_ptr(x), _ptr(weight_padded), _ptr(bias), _ptr(y), _ptr(in_scale),
-                                      _ptr(in_shift), _i(n), _i(h), _i(w), _i(p1), _i(q1), _i(p2), _i(q2),
-                                      _i(tiles_x), _i(tiles_x * tiles_y), _i(total), _i(per_block)),
-                                     shared_mem=STEM_POOL_SMEM_BYTES)
+        per_block = self._stem_tiles_per_block(total)
+        _launch(self.stem_pool_kernels[kind], (_blocks(total, per_block),), STEM_POOL_THREADS,
+                (_ptr(x), _ptr(weight_padded), _ptr(bias), _ptr(y), _ptr(in_scale), _ptr(in_shift), _i(n), _i(h),
+                 _i(w), _i(p1), _i(q1), _i(p2), _i(q2), _i(tiles_x), _i(tiles_x * tiles_y), _i(total),
+                 _i(per_block)), STEM_POOL_SMEM_BYTES)
+
+    def _stem_tiles_per_block(self, total: int) -> int:
+        """Tiles per stem block: up to 8 (the filter is loaded once per block), keeping >= 3 waves of 2 blocks/SM."""
+        return max(1, min(8, total // (self.sms * 2 * 3)))
 
     def _stem_patch(self, x, weight_padded, bias, y, kind, in_scale, in_shift):
         if kind == "uint8":
@@ -192,13 +209,13 @@ class KernelLibrary:
         p, q = conv_out_size(h, 7, 2, 3), conv_out_size(w, 7, 2, 3)
         if c != 3 or k != 64 or weight_padded.shape[1] != STEM_KG_PADDED or y.shape != (n, p, q, k):
             raise ValueError(f"stem: input {x.shape}, weight {weight_padded.shape}, output {y.shape}")
-        tiles_x, tiles_y = -(-q // STEM_TILE_W), -(-p // STEM_TILE_H)
+        tiles_x, tiles_y = _blocks(q, STEM_TILE_W), _blocks(p, STEM_TILE_H)
         total = n * tiles_x * tiles_y
-        per_block = max(1, min(8, total // (self.sms * 2 * 3)))
-        self.stem_kernels[kind]((-(-total // per_block),), (256,),
-                                (_ptr(x), _ptr(weight_padded), _ptr(bias), _ptr(y), _ptr(in_scale), _ptr(in_shift),
-                                 _i(n), _i(h), _i(w), _i(p), _i(q), _i(tiles_x), _i(tiles_x * tiles_y), _i(total),
-                                 _i(per_block)), shared_mem=STEM_SMEM_BYTES)
+        per_block = self._stem_tiles_per_block(total)
+        _launch(self.stem_kernels[kind], (_blocks(total, per_block),), STEM_THREADS,
+                (_ptr(x), _ptr(weight_padded), _ptr(bias), _ptr(y), _ptr(in_scale), _ptr(in_shift), _i(n), _i(h),
+                 _i(w), _i(p), _i(q), _i(tiles_x), _i(tiles_x * tiles_y), _i(total), _i(per_block)),
+                STEM_SMEM_BYTES)
 
     def _launch_conv(self, plan: ConvPlan, x, weight, bias, residual, y, workspace, in_scale, in_shift, dims,
                      relu):
@@ -210,10 +227,10 @@ class KernelLibrary:
         if isinstance(tile, PatchConfig):
             if not (r == s == 3 and stride == 1 and pad == 1 and c % 64 == 0 and k % tile.bn == 0):
                 raise ValueError(f"{tile.label} needs a 3x3/1 pad-1 conv with C % 64 == 0, K % {tile.bn} == 0")
-            tiles_x, tiles_y = -(-w // tile.tw), -(-h // tile.th)
-            kernel((n * tiles_x * tiles_y, k // tile.bn, 1), (tile.threads,),
-                   (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _i(n), _i(h), _i(w), _i(c), _i(k),
-                    _i(tiles_x), _i(tiles_x * tiles_y), _i(1 if relu else 0)), shared_mem=tile.smem_bytes)
+            tiles_x, tiles_y = _blocks(w, tile.tw), _blocks(h, tile.th)
+            _launch(kernel, (n * tiles_x * tiles_y, k // tile.bn, 1), tile.threads,
+                    (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _i(n), _i(h), _i(w), _i(c), _i(k),
+                     _i(tiles_x), _i(tiles_x * tiles_y), _i(1 if relu else 0)), tile.smem_bytes)
             return
         partial = None
         if plan.splits > 1:
@@ -231,13 +248,12 @@ class KernelLibrary:
         else:
             args = (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _ptr(partial), _ptr(in_scale),
                     _ptr(in_shift)) + tail
-        kernel(plan.grid, (tile.threads,), args, shared_mem=tile.smem_bytes)
+        _launch(kernel, plan.grid, tile.threads, args, tile.smem_bytes)
         if partial is not None:
             m = n * p * q
-            total = m * (k // 8)
-            self.splitk_epilogue(((total + 255) // 256,), (256,),
-                                 (_ptr(partial), _i(plan.splits), _ptr(bias), _ptr(residual), _ptr(y), _i(m),
-                                  _i(k), _i(1 if relu else 0)))
+            _launch(self.splitk_epilogue, (_blocks(m * (k // 8), EW_THREADS),), EW_THREADS,
+                    (_ptr(partial), _i(plan.splits), _ptr(bias), _ptr(residual), _ptr(y), _i(m), _i(k),
+                     _i(1 if relu else 0)))
 
     # -- pool and head -------------------------------------------------------
     def maxpool_3x3s2(self, x, y):
@@ -245,18 +261,17 @@ class KernelLibrary:
         p, q = conv_out_size(h, 3, 2, 1), conv_out_size(w, 3, 2, 1)
         if y.shape != (n, p, q, c) or c % 8:
             raise ValueError(f"maxpool: input {x.shape}, output {y.shape}")
-        total = n * p * q * (c // 8)
-        self.maxpool(((total + 255) // 256,), (256,), (_ptr(x), _ptr(y), _i(n), _i(h), _i(w), _i(c), _i(p), _i(q)))
+        _launch(self.maxpool, (_blocks(n * p * q * (c // 8), EW_THREADS),), EW_THREADS,
+                (_ptr(x), _ptr(y), _i(n), _i(h), _i(w), _i(c), _i(p), _i(q)))
 
     def avgpool_fc(self, x, weight, bias, logits):
         n, h, w, c = x.shape
         classes = weight.shape[0]
         if c != 512 or weight.shape[1] != 512 or logits.shape != (n, classes):
             raise ValueError(f"avgpool_fc: features {x.shape}, weight {weight.shape}, logits {logits.shape}")
-        per_block = -(-classes // HEAD_BLOCKS_X)
-        grid = (HEAD_BLOCKS_X, -(-n // HEAD_IMGS))
-        self.avgpool_fc_kernel(grid, (256,), (_ptr(x), _ptr(weight), _ptr(bias), _ptr(logits), _i(n), _i(h * w),
-                                       _i(classes), _i(per_block)))
+        _launch(self.avgpool_fc_kernel, (HEAD_BLOCKS_X, _blocks(n, HEAD_IMGS)), HEAD_THREADS,
+                (_ptr(x), _ptr(weight), _ptr(bias), _ptr(logits), _i(n), _i(h * w), _i(classes),
+                 _i(_blocks(classes, HEAD_BLOCKS_X))))
 
 
 def library(device_id: int, path: str | None = None) -> KernelLibrary:

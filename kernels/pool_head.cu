@@ -13,7 +13,7 @@
 
 #include "common.cuh"
 
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(EW_THREADS)
 maxpool_3x3s2(const half_bits *__restrict__ x, half_bits *__restrict__ y, int N, int H, int W, int C, int P, int Q) {
     const int groups = C / 8;
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -41,9 +41,9 @@ maxpool_3x3s2(const half_bits *__restrict__ x, half_bits *__restrict__ y, int N,
     *reinterpret_cast<vec16 *>(y + (((u64)n * P + p) * Q + q) * C + gidx * 8) = out;
 }
 
-// Requires C == 512 (features per image) and 256 threads.
+// Requires C == 512 (features per image) and HEAD_THREADS threads.
 template <int IMGS>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(HEAD_THREADS)
 avgpool_fc(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ b,
            float *__restrict__ logits, int N, int HW, int classes, int classes_per_block) {
     constexpr int C = 512;
@@ -53,7 +53,7 @@ avgpool_fc(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
 
     // Pool: thread handles one 8-channel group of one image per pass.
     const float inv = 1.f / (float)HW;
-    for (int job = tid; job < IMGS * (C / 8); job += 256) {
+    for (int job = tid; job < IMGS * (C / 8); job += HEAD_THREADS) {
         const int i = job / (C / 8), g8 = job % (C / 8);
         float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         if (img0 + i < N) {
@@ -77,7 +77,7 @@ avgpool_fc(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
     // FC: each warp takes classes; lane covers channels [lane*8, lane*8+8) and [256+lane*8, ...).
     const int cls_begin = blockIdx.x * classes_per_block;
     const int cls_end = min(classes, cls_begin + classes_per_block);
-    for (int cls = cls_begin + warp; cls < cls_end; cls += 8) {
+    for (int cls = cls_begin + warp; cls < cls_end; cls += HEAD_THREADS / 32) {
         float wv[16];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {

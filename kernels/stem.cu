@@ -26,13 +26,14 @@
 
 #include "common.cuh"
 
-#define STEM_TH 8
-#define STEM_TW 16
+// STEM_TH, STEM_TW, STEM_KG, STEM_K, STEM_IN_ROW, STEM_THREADS and the SP_*
+// sizes below come from configs.GEOMETRY (pasted before this file).
 #define STEM_IN_H (2 * STEM_TH + 5)     // 21
 #define STEM_IN_W (2 * STEM_TW + 5)     // 37
-#define STEM_IN_ROW 112                 // halfs per patch row: 37*3 = 111, padded to an even count
-#define STEM_KG 192
-#define STEM_K 64
+static_assert(STEM_IN_W * 3 <= STEM_IN_ROW && STEM_IN_ROW % 2 == 0, "patch rows: whole pixels, 32-bit aligned");
+static_assert(STEM_TH * STEM_TW == 128 && STEM_THREADS == 256, "8 warps of 32 x 32 over a 128 x 64 tile");
+static_assert(((STEM_TH * STEM_TW + STEM_K) * STEM_KG + STEM_IN_H * STEM_IN_ROW) * 2 <= STEM_SMEM_BYTES,
+              "sA + sB + sIn fit the launch's shared memory");
 
 // Offset (halfs) of 16-byte chunk `chunk` of row `row` in a [rows][192] tile:
 // the low 3 bits of the chunk index are XORed with the row, so the 8 rows an
@@ -108,7 +109,7 @@ __device__ __forceinline__ void stem_mma_32x32(float (&acc)[2][4][4], const half
 }
 
 template <int MODE>
-__global__ void __launch_bounds__(256, 2)
+__global__ void __launch_bounds__(STEM_THREADS, 2)
 stem_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, const float *__restrict__ bias,
                half_bits *__restrict__ y, const float *__restrict__ in_scale, const float *__restrict__ in_shift,
                int N, int H, int W, int P, int Q, int tiles_x, int tiles_per_image, int total_tiles,
@@ -120,7 +121,7 @@ stem_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, con
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int warp_m = warp >> 1, warp_n = warp & 1;
 
-    stem_load_filter<256>(sB, w, tid);
+    stem_load_filter<STEM_THREADS>(sB, w, tid);
     cp_async_commit();
     float scale[3] = {1.f, 1.f, 1.f}, shift[3] = {0.f, 0.f, 0.f};
     if (MODE == 1) {
@@ -138,11 +139,11 @@ stem_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, con
         __syncthreads();   // the previous tile is done with sIn and sA
 
         // 1. normalised fp16 input patch
-        stem_load_patch<MODE, STEM_IN_H, STEM_IN_W, STEM_IN_ROW, 256>(sIn, x_, scale, shift, n, H, W, iy0, ix0, tid);
+        stem_load_patch<MODE, STEM_IN_H, STEM_IN_W, STEM_IN_ROW, STEM_THREADS>(sIn, x_, scale, shift, n, H, W, iy0, ix0, tid);
         __syncthreads();
 
         // 2. A tile: (filter row r, output pixel row) pairs; r is warp-uniform.
-        for (int i = tid; i < 8 * 128; i += 256) {
+        for (int i = tid; i < 8 * 128; i += STEM_THREADS) {
             const int r = i >> 7, row = i & 127;
             const int py = row / STEM_TW, px = row - py * STEM_TW;
             vec16 c0, c1, c2;
@@ -204,19 +205,21 @@ stem_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, con
 // Then each of 256 threads takes 8 channels of one pooled pixel: nine 16-byte
 // shared loads, packed fp16 max, one 16-byte global store.
 
-#define SP_PH 4                          // pooled tile rows
-#define SP_PW 8                          // pooled tile cols
+// SP_PH x SP_PW pooled pixels, SP_M GEMM rows, SP_IN_ROW, SP_C_ROW and
+// STEM_POOL_THREADS: configs.GEOMETRY.
 #define SP_SH (2 * SP_PH + 1)            // 9 stem rows
 #define SP_SW (2 * SP_PW + 1)            // 17 stem cols
 #define SP_ROWS (SP_SH * SP_SW)          // 153 GEMM rows
-#define SP_M 160                         // padded to 5 warps x 32
 #define SP_IN_H (2 * SP_SH + 5)          // 23
 #define SP_IN_W (2 * SP_SW + 5)          // 39
-#define SP_IN_ROW 118                    // halfs per patch row: 39*3 = 117, padded to even
-#define SP_C_ROW 72                      // halfs per staged stem pixel (64 + 8 pad)
+static_assert(SP_ROWS <= SP_M && SP_M % 32 == 0 && STEM_POOL_THREADS == SP_M / 32 * 2 * 32, "5 x 2 warps of 32 x 32");
+static_assert(SP_IN_W * 3 <= SP_IN_ROW && SP_IN_ROW % 2 == 0 && SP_C_ROW >= STEM_K, "patch and staging rows");
+static_assert(SP_PH * SP_PW * 8 <= STEM_POOL_THREADS, "one thread per 8 channels of a pooled pixel");
+static_assert(((SP_M + STEM_K) * STEM_KG + SP_IN_H * SP_IN_ROW) * 2 <= STEM_POOL_SMEM_BYTES
+              && SP_ROWS * SP_C_ROW <= SP_M * STEM_KG, "sA + sB + sIn fit; the stem values fit over sA");
 
 template <int MODE>
-__global__ void __launch_bounds__(320, 2)
+__global__ void __launch_bounds__(STEM_POOL_THREADS, 2)
 stem_pool_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, const float *__restrict__ bias,
                     half_bits *__restrict__ y, const float *__restrict__ in_scale, const float *__restrict__ in_shift,
                     int N, int H, int W, int P1, int Q1, int P2, int Q2, int tiles_x, int tiles_per_image,
@@ -228,7 +231,7 @@ stem_pool_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int warp_m = warp >> 1, warp_n = warp & 1;             // 5 x 2 warps, 32 x 32 each
 
-    stem_load_filter<320>(sB, w, tid);
+    stem_load_filter<STEM_POOL_THREADS>(sB, w, tid);
     cp_async_commit();
     float scale[3] = {1.f, 1.f, 1.f}, shift[3] = {0.f, 0.f, 0.f};
     if (MODE == 1) {
@@ -246,10 +249,10 @@ stem_pool_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w
         const int iy0 = 2 * sy0 - 3, ix0 = 2 * sx0 - 3;          // input origin
         __syncthreads();   // the previous tile is done with sIn and sA
 
-        stem_load_patch<MODE, SP_IN_H, SP_IN_W, SP_IN_ROW, 320>(sIn, x_, scale, shift, n, H, W, iy0, ix0, tid);
+        stem_load_patch<MODE, SP_IN_H, SP_IN_W, SP_IN_ROW, STEM_POOL_THREADS>(sIn, x_, scale, shift, n, H, W, iy0, ix0, tid);
         __syncthreads();
 
-        for (int i = tid; i < 8 * SP_M; i += 320) {
+        for (int i = tid; i < 8 * SP_M; i += STEM_POOL_THREADS) {
             const int r = i / SP_M, row = i - r * SP_M;          // r is warp-uniform (SP_M = 5 warps)
             vec16 c0, c1, c2;
             c0.x = c0.y = c0.z = c0.w = 0u; c1 = c0; c2 = c0;
