@@ -41,6 +41,11 @@ from pathlib import Path
 import cupy as cp
 import torch
 
+# Dependency direction: the kernel library itself (configs, launch, nvrtc_build, the .cu files) imports
+# nothing from fusedresnet.backend. This harness times the kernels in the network they serve: it
+# needs ResNet-18's layer shapes and folded weights (backend.folding, backend.resnet) and, for the
+# whole-network timings, the engine that strings the kernels together (backend.engine_cuda), so it
+# depends on the backend as a test of it would; the backend never imports the harness.
 from ..backend.engine_cuda import FusedCudaEngine
 from ..backend.folding import STEM, fold_resnet18
 from ..backend.resnet import DEFAULT_SEED, build_resnet18

@@ -45,6 +45,11 @@ import cupy as cp
 import torch
 import torch.nn.functional as F
 
+# Dependency direction: the kernel library itself (configs, launch, nvrtc_build, the .cu files) imports
+# nothing from fusedresnet.backend. This harness checks the kernels against the network they serve: it
+# needs ResNet-18's layer shapes and folded weights (backend.folding, backend.resnet) and, for the
+# whole-network checks, the engine that strings the kernels together (backend.engine_cuda), so it
+# depends on the backend as a test of it would; the backend never imports the harness.
 from ..backend.engine_cuda import FusedCudaEngine
 from ..backend.folding import STEM, all_convs, fold_resnet18
 from ..backend.images import normalize_uint8, smooth_random_images

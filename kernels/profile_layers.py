@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import cupy as cp
 
+# The engine only for its prepared weights (folded, fp16 KRSC, the stem padded): see check.py on why the
+# harness, unlike the kernel library, imports the backend.
 from ..backend.engine_cuda import FusedCudaEngine
 from ..backend.folding import fold_resnet18
 from ..backend.resnet import build_resnet18

@@ -130,6 +130,7 @@ def _entry(ms, plan) -> dict:
 
 
 def main(argv=None):
+    # The batch buckets the engine captures graphs for are the ones worth tuning (the engine owns them).
     from ..backend.engine_cuda import BATCH_BUCKETS
     from .check import layer_shapes
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
