@@ -142,6 +142,7 @@ class TritonServer:
             env["CUDA_VISIBLE_DEVICES"] = ""
         elif self.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"   # indices as nvidia-smi numbers the GPUs (checked in start)
         return env
 
     def start(self, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> TritonServer:

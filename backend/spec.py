@@ -32,14 +32,20 @@ FP32_INPUT_ABS_LIMIT = 100.0
 # Smallest H and W the fused engine (and its nn.Module) takes: five stride-2 stages leave 1x1.
 MIN_INPUT_SIZE = 32
 # Phases of a model's execute(), timed and added to Triton's metrics endpoint as this counter
-# (microseconds, labels model, instance, device, gpu_uuid, phase); h2d/engine/d2h are GPU time
-# between CUDA events.
+# (microseconds, labels METRIC_LABELS and phase); h2d/engine/d2h are GPU time between CUDA events.
 EXECUTE_PHASE_METRIC = "fusedresnet_execute_phase_us"
 EXECUTE_PHASES = ("read", "gather", "h2d", "engine", "d2h", "respond")
-# Images and executions of each instance (labels model, instance, device, gpu_uuid): Triton's
-# own per-model counters carry no GPU label in this build, so these tell how GPUs share the work.
+# Images and engine runs (one per input kind in an execute()) of each instance (labels METRIC_LABELS):
+# Triton's own per-model counters carry no GPU label in this build, so these tell how GPUs share
+# the work. Written with the phases, at most every METRICS_FLUSH_S (each update is a message from the
+# stub to the server) and at unload, so they lag by up to that.
+METRICS_FLUSH_S = 0.5
 IMAGES_METRIC = "fusedresnet_images"
 EXECUTIONS_METRIC = "fusedresnet_executions"
+# Labels of the models' own metrics. Not "instance": Prometheus renames a scraped "instance" label
+# (it names the scrape target); gpu_uuid as Triton's GPU gauges write it ("GPU-..."), empty on a CPU.
+GPU_UUID_LABEL = "gpu_uuid"
+METRIC_LABELS = ("model", "model_instance", "device", GPU_UUID_LABEL)
 OUTPUT_ENGINE = "ENGINE"               # UINT8 [-1]: UTF-8 name of the engine that computed the response
 
 # Files that `prepare` writes into each model's version folder.

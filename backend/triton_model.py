@@ -19,8 +19,9 @@ Both `model_repository/*/1/model.py` files are thin subclasses of
   (`torch_threads`), so any Triton start gets it: several stub processes each
   running a thread per core would oversubscribe the CPU.
 - timing: the time of each phase of `execute()` is added to Triton's metrics
-  endpoint as `fusedresnet_execute_phase_us{model,instance,device,gpu_uuid,phase}`, with the
-  images and batches each instance computed (`fusedresnet_images`, `fusedresnet_executions`).
+  endpoint as `fusedresnet_execute_phase_us{model,model_instance,device,gpu_uuid,phase}`, with
+  the images and engine runs of each instance (`fusedresnet_images`, `fusedresnet_executions`;
+  written at most every METRICS_FLUSH_S and at unload).
 - several GPUs: `KIND_AUTO` with `count: N` gives N instances on every visible
   GPU; each instance builds its engine, CUDA graphs and buffers on the device
   Triton gives it (`model_instance_device_id`).
@@ -56,6 +57,8 @@ from .spec import (
     INPUT_FP32,
     INPUT_UINT8,
     INPUTS,
+    METRIC_LABELS,
+    METRICS_FLUSH_S,
     OUTPUT_ENGINE,
     OUTPUT_LOGITS,
     power_of_two_buckets,
@@ -65,9 +68,6 @@ from .spec import (
 # kernel compilation, CUDA-graph capture or cuDNN's algorithm choice. On a GPU
 # every power of two up to the config's max_batch_size (the engines' graph buckets).
 CPU_WARMUP_BATCH_SIZES = (1, 8)
-# Phases of execute() reported on Triton's metrics endpoint; flushed at most this often,
-# since each metric update is a message from the stub to the server.
-METRICS_FLUSH_S = 0.5
 
 
 class RequestError(ValueError):
@@ -131,7 +131,7 @@ class ExecuteTimer:
     now and then (see METRICS_FLUSH_S)."""
 
     def __init__(self, model_name: str, instance_name: str, device: str, gpu_uuid: str):
-        labels = {"model": model_name, "instance": instance_name, "device": device, "gpu_uuid": gpu_uuid}
+        labels = dict(zip(METRIC_LABELS, (model_name, instance_name, device, gpu_uuid), strict=True))
         # The families must outlive their metrics: keep them.
         self.phase_family = pb_utils.MetricFamily(
             name=EXECUTE_PHASE_METRIC, kind=pb_utils.MetricFamily.COUNTER,
@@ -161,6 +161,11 @@ class ExecuteTimer:
         self.pending_images = self.pending_executions = 0
 
     def close(self):
+        self.last_flush = 0.0    # what is still pending reaches the server before the metrics go
+        try:
+            self.flush_now_and_then()
+        except Exception as error:  # unloading goes on; the counters only miss the last half second
+            pb_utils.Logger.log_warn(f"execute metrics not written at unload: {error}")
         self.metrics.clear()     # metrics before their families (the backend requires that order)
         self.images_metric = self.executions_metric = None
         self.phase_family = self.images_family = self.executions_family = None

@@ -260,12 +260,13 @@ def targets_section(results: dict, table: dict) -> list[str]:
         runs = [(s["img_per_s"], s.get("p99_ms"), users, s.get("load_generator", "locust"))
                 for users, s, _ in custom_steps(images, shared_memory)
                 if s.get("img_per_s") and (p99_limit is None or (s.get("p99_ms") or 1e9) <= p99_limit)]
-        return max(runs) if runs else None
+        return max(runs, key=lambda run: run[0]) if runs else None
 
     def row(name, target, value, met):
         return f"| {name} | {target} | {value} | {'met' if met else '**not met**'} |"
 
-    lines = ["## Targets (H100, issue 9)", "", "| target | wanted | this sweep | |", "|---|---|---|---|"]
+    lines = ["## Serving targets (issue 9, set for the H100)", "", "| target | wanted | this sweep | |",
+             "|---|---|---|---|"]
     for images, shared_memory, wanted, name in (
             (1, "none", TARGET_IMG_PER_S_1, f"gRPC, 1 image/request (p99 <= {TARGET_P99_1_MS:g} ms)"),
             (32, "none", TARGET_IMG_PER_S_32, "gRPC, 32 images/request"),
@@ -281,18 +282,26 @@ def targets_section(results: dict, table: dict) -> list[str]:
                          f"p50 {fmt(s.get('p50_ms'), 2)} ms, p99 {fmt(s.get('p99_ms'), 2)} ms",
                          (s.get("p50_ms") or 1e9) <= TARGET_ONE_IN_FLIGHT_P50_MS
                          and (s.get("p99_ms") or 1e9) <= TARGET_ONE_IN_FLIGHT_P99_MS))
-    def peak_level(by_users):
-        """The fewest in flight that reach 95% of the series' best img/s: more only adds queueing."""
-        rates = {users: (models.get(MODEL_CUSTOM) or {}).get("img_per_s") or 0 for users, models in by_users.items()}
+    # A series and its repeats with more load-generator processes (the same traffic) share one peak level:
+    # the fewest in flight that reach 95% of the best img/s any of them gave; more only adds queueing.
+    families = defaultdict(dict)
+    for key, by_users in table.items():
+        for users, models in by_users.items():
+            rate = (models.get(MODEL_CUSTOM) or {}).get("img_per_s") or 0
+            family = families[key[:5]]
+            family[users] = max(family.get(users, 0), rate)
+
+    def peak_level(key):
+        rates = families[key[:5]]
         return min(users for users, rate in rates.items() if rate >= 0.95 * max(rates.values()))
 
     slowest = [(s["max_ms"], users, series_label(key)) for key, by_users in table.items()
                for users, models in by_users.items()
-               if (s := models.get(MODEL_CUSTOM)) and s.get("max_ms") is not None and users <= peak_level(by_users)]
+               if (s := models.get(MODEL_CUSTOM)) and s.get("max_ms") is not None and users <= peak_level(key)]
     if slowest:
         worst = max(slowest)
         lines.append(row("slowest request, every level up to each series' peak (the fewest in flight reaching "
-                         "95% of its best img/s)", f"<= {TARGET_MAX_MS:g} ms",
+                         "95% of the best img/s of the series and its repeats)", f"<= {TARGET_MAX_MS:g} ms",
                          f"{worst[0]:.1f} ms ({worst[2]}, {worst[1]} in flight)", worst[0] <= TARGET_MAX_MS))
     levels = [(s, n) for key, by_users in table.items() for models in by_users.values()
               if (s := models.get(MODEL_CUSTOM)) and (n := models.get(MODEL_CUDNN))]

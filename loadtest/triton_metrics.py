@@ -13,7 +13,7 @@ step is the difference of a snapshot taken after it and one taken before it:
                                               copying inputs in, running the model, copying outputs out
 
 The models add the time of each phase of their execute() (backend/triton_model.py),
-summed over executions: `fusedresnet_execute_phase_us{model,instance,device,gpu_uuid,phase}`.
+summed over executions: `fusedresnet_execute_phase_us{model,model_instance,device,gpu_uuid,phase}`.
 
 GPU utilisation (`nv_gpu_utilization`, a 0..1 gauge per GPU, refreshed every
 --metrics-interval-ms) only exists on a GPU host; it is sampled, not differenced.
@@ -31,7 +31,13 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fusedresnet.backend.spec import EXECUTE_PHASE_METRIC, EXECUTE_PHASES, EXECUTIONS_METRIC, IMAGES_METRIC
+from fusedresnet.backend.spec import (
+    EXECUTE_PHASE_METRIC,
+    EXECUTE_PHASES,
+    EXECUTIONS_METRIC,
+    GPU_UUID_LABEL,
+    IMAGES_METRIC,
+)
 
 SUCCESS = "nv_inference_request_success"
 FAILURE = "nv_inference_request_failure"
@@ -44,7 +50,7 @@ COMPUTE_INFER_US = "nv_inference_compute_infer_duration_us"
 COMPUTE_OUTPUT_US = "nv_inference_compute_output_duration_us"
 GPU_UTILIZATION = "nv_gpu_utilization"
 CPU_UTILIZATION = "nv_cpu_utilization"
-GPU_LABEL = "gpu_uuid"
+GPU_LABEL = GPU_UUID_LABEL
 
 # Server-side time per request, in the order a request spends it.
 TIME_BREAKDOWN = {"queue_us": QUEUE_US, "compute_input_us": COMPUTE_INPUT_US,
@@ -124,8 +130,10 @@ def mean_gauge(snapshots: list[MetricsSnapshot], name: str) -> float | None:
 
 def per_gpu(before: MetricsSnapshot, after: MetricsSnapshot, model: str,
             during: list[MetricsSnapshot]) -> dict[str, dict]:
-    """Per GPU (by uuid) between two snapshots: the images and batches `model`'s instances on it computed,
-    their share of the model's images, and the GPU's mean utilisation; empty where there is no GPU."""
+    """Per GPU (by uuid) between two snapshots: the share of `model`'s images its instances computed,
+    that share of the images Triton counted (img/s), their engine runs, and the GPU's mean utilisation;
+    empty where there is no GPU. The models write their counters at most every 0.5 s, so the share
+    and runs of a window are approximate at its edges; img/s takes its total from Triton's own count."""
     uuids = sorted({s.labels[GPU_LABEL] for s in after.samples
                     if s.name in (IMAGES_METRIC, GPU_UTILIZATION) and s.labels.get(GPU_LABEL)})
     seconds = max(after.taken_at - before.taken_at, 1e-9)
@@ -133,16 +141,17 @@ def per_gpu(before: MetricsSnapshot, after: MetricsSnapshot, model: str,
     def delta(name, **labels):
         return after.total(name, model, **labels) - before.total(name, model, **labels)
 
-    total = delta(IMAGES_METRIC)
+    counted = delta(IMAGES_METRIC)
+    served = delta(INFERENCES)
     result = {}
     for uuid in uuids:
-        images = delta(IMAGES_METRIC, gpu_uuid=uuid)
+        share = delta(IMAGES_METRIC, **{GPU_LABEL: uuid}) / counted if counted else None
         utilization = [s.value for snapshot in during for s in snapshot.samples
                        if s.name == GPU_UTILIZATION and s.labels.get(GPU_LABEL) == uuid]
         result[uuid] = {
-            "img_per_s": images / seconds,
-            "executions": int(round(delta(EXECUTIONS_METRIC, gpu_uuid=uuid))),
-            "share": images / total if total else None,
+            "img_per_s": share * served / seconds if share is not None else 0.0,
+            "executions": int(round(delta(EXECUTIONS_METRIC, **{GPU_LABEL: uuid}))),
+            "share": share,
             "utilization": sum(utilization) / len(utilization) if utilization else None,
         }
     return result

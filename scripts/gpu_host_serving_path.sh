@@ -13,7 +13,8 @@
 #   sequence   as shipped -> + threads -> + instances -> + copies -> + system shm -> + CUDA shm
 #              (needs build/shipped: `git archive de30da4 | tar -x -C build/shipped`)
 # MPS=1: the parts run under CUDA MPS (the control daemon started here, stopped at the end), so the
-# models' stub processes share each GPU instead of time-slicing it; result files get the suffix _mps.
+# models' stub processes share each GPU instead of time-slicing it; the multigpu part's files get the
+# suffix _mps (the other parts write their usual names: keep them apart with another OUT).
 # Logs and JSON go to $OUT (or build/gpu-host).
 set -uo pipefail
 OUT="${OUT:-build/gpu-host}"; mkdir -p "$OUT"

@@ -275,7 +275,7 @@ def test_grafana_dashboard_queries_only_metrics_the_server_exports():
                    "nv_inference_request_summary_us"):
         assert needed in used, needed
     phase_panels = [e for e in expressions if spec.EXECUTE_PHASE_METRIC in e]
-    assert any("instance" in e for e in phase_panels) and all("phase" in e for e in phase_panels)
+    assert any("model_instance" in e for e in phase_panels) and all("phase" in e for e in phase_panels)
     assert len({panel["id"] for panel in dashboard["panels"]}) == len(dashboard["panels"])
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import re
+import time
 
 import numpy as np
 import pytest
@@ -21,7 +22,9 @@ from fusedresnet.backend.spec import (
     EXECUTE_PHASE_METRIC,
     EXECUTIONS_METRIC,
     FOLDED_PARAMS_FILE,
+    GPU_UUID_LABEL,
     IMAGES_METRIC,
+    METRICS_FLUSH_S,
     MODEL_CUDNN,
     MODEL_CUSTOM,
     MODELS,
@@ -49,6 +52,7 @@ def test_gpus_option_sets_the_servers_visible_devices(tmp_path):
     triton = find_triton()
     chosen = serve.TritonServer(admin_token="t", use_gpu=True, gpus="1")
     assert chosen.environment(triton)["CUDA_VISIBLE_DEVICES"] == "1"
+    assert chosen.environment(triton)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"   # nvidia-smi's numbering
     hidden = serve.TritonServer(admin_token="t", use_gpu=False, gpus="1")
     assert hidden.environment(triton)["CUDA_VISIBLE_DEVICES"] == ""
 
@@ -64,8 +68,10 @@ def test_gpus_option_names_a_gpu_the_host_lacks_clearly(tmp_path):
 def test_per_gpu_splits_a_models_images_by_device():
     def snapshot(taken_at, first, second, executions):
         def instance(name, gpu, model="m"):
-            return f'gpu_uuid="{gpu}",instance="{name}",model="{model}"'
+            return f'gpu_uuid="{gpu}",model_instance="{name}",model="{model}"'
         text = "\n".join([
+            "# TYPE nv_inference_count counter",     # Triton's own count: no GPU label in this build
+            f'nv_inference_count{{model="m",version="1"}} {first + second}',
             f"# TYPE {IMAGES_METRIC} counter",     # two instances on GPU-a, one on GPU-b, another model
             f"{IMAGES_METRIC}{{{instance('m_0', 'GPU-a')}}} {first * 5 // 6}",
             f"{IMAGES_METRIC}{{{instance('m_1', 'GPU-a')}}} {first - first * 5 // 6}",
@@ -97,13 +103,22 @@ def test_cpu_host_metrics_have_no_gpu_split(triton_server, varied_images):
     before = triton_metrics.scrape(triton_server.metrics_url)
     with ResNetClient(MODEL_CUSTOM, "grpc", triton_server.grpc_url) as client:
         client.infer(varied_images[:2])
-    after = triton_metrics.scrape(triton_server.metrics_url)
+        # an instance writes its counts at most every METRICS_FLUSH_S, at its next execute(): keep
+        # asking (one image at a time) until the two images show
+        deadline = time.monotonic() + 30
+        while True:
+            time.sleep(METRICS_FLUSH_S + 0.1)
+            after = triton_metrics.scrape(triton_server.metrics_url)
+            counted = after.total(IMAGES_METRIC, MODEL_CUSTOM) - before.total(IMAGES_METRIC, MODEL_CUSTOM)
+            if counted >= 2 or time.monotonic() > deadline:
+                break
+            client.infer(varied_images[2:3])
+    assert counted >= 2
     assert triton_metrics.per_gpu(before, after, MODEL_CUSTOM, [after]) == {}
     for name in (EXECUTE_PHASE_METRIC, IMAGES_METRIC, EXECUTIONS_METRIC):
         labels = [s.labels for s in after.samples if s.name == name and s.labels["model"] == MODEL_CUSTOM]
-        assert labels and all(label["device"] == "cpu" and not label.get("gpu_uuid") for label in labels), name
-    images = after.total(IMAGES_METRIC, MODEL_CUSTOM) - before.total(IMAGES_METRIC, MODEL_CUSTOM)
-    assert images == 2
+        assert labels and all(label["device"] == "cpu" and not label.get(GPU_UUID_LABEL)
+                              and label["model_instance"].startswith(MODEL_CUSTOM) for label in labels), name
 
 
 @pytest.mark.gpu
@@ -122,13 +137,16 @@ def test_engines_run_on_every_gpu_and_match_the_reference(prepared_repository, d
         bucket = engine.bucket(len(pixels))
         buffer = engine.input_buffer("IMAGE", bucket)
         assert buffer.device == torch.device(device), engine.name
-        # as the served model does: on the engine's stream, in inference mode (the graphs' buffers are
-        # inference tensors)
-        with torch.inference_mode(), torch.cuda.device(device), torch.cuda.stream(engine.stream):
+        # the input written and finished first; then the engine runs with the caller's current device
+        # left at cuda:0, so it must bind its own device and stream itself
+        with torch.inference_mode():
             buffer.fill_(0)
             buffer[:len(pixels)].copy_(pixels)
+            torch.cuda.synchronize(device)
+            assert torch.cuda.current_device() == 0
             logits = engine.run_buffer("IMAGE", bucket, len(pixels))
             assert logits.device == torch.device(device), engine.name
+            torch.cuda.synchronize(device)
             logits = logits.float().cpu().numpy()
         stats = compare_logits(logits, reference)
         assert stats["rel_l2"] <= SET_REL_L2_TOLERANCE, (engine.name, stats)
