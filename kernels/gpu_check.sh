@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # One call on the GPU host: install, correctness checks, benchmark.
 #   bash kernels/gpu_check.sh [check|bench|all|tuned|full|tune|pytest|profile] [extra bench args]
-# all = check + bench; tuned = tune (writes kernels/tuned_plans.json here and
-# $OUT/tuned_plans.json, prints what it chose) + check + bench, the H100 run:
+# all = check + bench; tuned = quick check of every tile (check_pretune.json:
+# a faulting or wrong new tile shows up here, not as a crash inside the tune;
+# on failure the tune is skipped) + tune (writes kernels/tuned_plans.json here
+# and $OUT/tuned_plans.json, prints what it chose; all batch buckets: extra
+# args go to bench only) + check + bench, the H100 run:
 #   bash kernels/gpu_check.sh tuned --batches 1,8,32,128,256     (~5 min)
-# full = tuned + ncu profile of a few kernels.
+# full = tuned + ncu profile of a few kernels. A failed tune leaves the
+# committed table and goes on to check + bench (exit status 1 at the end).
 # The convolutions run on the path the engine picks (mixed on an H100/H200:
 # each conv on the family its plan names; mma.sync elsewhere);
 # FUSEDRESNET_CONV_PATH=mma|wgmma forces one family for the whole script. On
@@ -23,15 +27,26 @@ python3 -c "from fusedresnet.kernels.launch import library; import time; t=time.
   || { echo "COMPILE/LOAD FAILED"; exit 1; }
 path=$(python3 -c "import cupy; from fusedresnet.kernels.configs import conv_path; cc=cupy.cuda.Device(0).compute_capability; print(conv_path((int(cc[:-1]), int(cc[-1]))))" 2>/dev/null)
 rc=0
-if [[ $what == full || $what == tune || $what == tuned ]]; then
+rc_tune=0
+if [[ $what == full || $what == tuned ]]; then
+  # Every tile (both families, forced) once before the tune times them: a kernel fault inside the
+  # tune kills its CUDA context and says little; the check names the tile and keeps the rest.
+  python3 -m fusedresnet.kernels.check --quick --json "$OUT/check_pretune.json" 2>&1 \
+    | tee /tmp/check_pretune.log | grep -v "^ok " ; rc_tune=$?
+  echo "pre-tune check ($path path, quick) exit $rc_tune after $(( $(date +%s) - t0 ))s"
+  (( rc_tune != 0 )) && echo "PRE-TUNE CHECK FAILED: tune skipped, kernels/tuned_plans.json left as it was"
+fi
+if [[ ( $what == full || $what == tune || $what == tuned ) && $rc_tune == 0 ]]; then
   # Limit: a tune that runs away must not eat the check and the bench (a failure is loud, no table copied).
   timeout ${TUNE_LIMIT_S:-330} python3 -m fusedresnet.kernels.tune --out "$OUT/tuned_plans.json" 2>&1 \
     | tee "$OUT/tune.log"
   rc_tune=${PIPESTATUS[0]}
   if (( rc_tune != 0 )); then
     echo "TUNE FAILED (exit $rc_tune after $(( $(date +%s) - t0 ))s): kernels/tuned_plans.json left as it was"
-    exit 1
+    [[ $what == tune ]] && exit 1
   fi
+fi
+if [[ ( $what == full || $what == tune || $what == tuned ) && $rc_tune == 0 ]]; then
   cp "$OUT/tuned_plans.json" "$REPO/kernels/tuned_plans.json"
   python3 - "$OUT/tuned_plans.json" <<'PY'
 import collections, json, sys
@@ -72,4 +87,5 @@ if [[ ( $what == full && -z $NO_NCU ) || $what == profile ]]; then
       python3 -m fusedresnet.kernels.profile_layers > "$OUT/ncu.txt" 2>&1
   echo "ncu exit $? after $(( $(date +%s) - t0 ))s"
 fi
+(( rc == 0 )) && rc=$rc_tune
 exit $rc

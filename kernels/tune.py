@@ -111,8 +111,13 @@ def tune_conv(lib, families, n, h, w, c, k, r, stride, pad, relu=True, residual=
     workspace = cp.empty(max(pl.splits for pl in plans) * y.size, dtype=cp.float32)
     rows = []
     for plan in plans:
-        ms = time_graph(lambda: lib.conv(x, weight, bias, y, stride=stride, pad=pad, relu=relu, residual=res,
-                                         plan=plan, workspace=workspace))
+        try:
+            ms = time_graph(lambda: lib.conv(x, weight, bias, y, stride=stride, pad=pad, relu=relu,
+                                             residual=res, plan=plan, workspace=workspace))
+        except Exception:   # a launch or kernel fault: say which candidate before the context is gone
+            print(f"tune: FAILED on {plan_key(n, h, w, c, k, r, stride)} {plan.tile.label}/k{plan.splits} "
+                  f"grid {plan.grid}", flush=True)
+            raise
         rows.append((ms, plan))
     rows.sort(key=lambda t: t[0])
     model = plan_default(m, k, k_tiles, r, lib.sms, lib.path)
