@@ -129,6 +129,18 @@ def assert_regions_gone(server, admin_token, regions):
     assert not [name for name in regions if Path("/dev/shm", name).exists()]
 
 
+def shared_memory_burst(server, admin_token, model, images, most):
+    """Once the model is idle: PARALLEL_SENDERS processes burst requests carrying all `images` from system
+    shared memory (`most` images in all); returns (counters before, request indices, answers), after
+    checking that every sender's region is gone."""
+    wait_for_idle(server, model)
+    before = request_counters(server, model)
+    sent, answers, regions = parallel_shm_burst(server, admin_token, model, images, most // len(images),
+                                                PARALLEL_SENDERS, len(images))
+    assert_regions_gone(server, admin_token, regions)
+    return before, sent, answers
+
+
 def wait_for_idle(server, model, timeout_s=CLIENT_TIMEOUT_S):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and \
@@ -212,12 +224,8 @@ def test_grpc_burst_beyond_the_queue_gets_one_answer_per_request_refusals_are_ex
     if not any(QUEUE_FULL in str(a[0][1]) for a in answers.values() if a):
         # one Python client did not outrun this server (a fast GPU): burst from several processes at once,
         # inputs in system shared memory (test_shared_memory_burst_from_several_processes_... runs it on any host)
-        wait_for_idle(triton_server, model)
-        before = request_counters(triton_server, model)
         senders, images_per_request, inputs = PARALLEL_SENDERS, len(images), "system shared memory"
-        sent, answers, regions = parallel_shm_burst(triton_server, admin_token, model, images,
-                                                    most // images_per_request, senders, images_per_request)
-        assert_regions_gone(triton_server, admin_token, regions)
+        before, sent, answers = shared_memory_burst(triton_server, admin_token, model, images, most)
     figures = check_burst(triton_server, model, "grpc", sent, answers, before, images, reference, policy,
                           images_per_request=images_per_request)
     record(results, "overload", {f"grpc_{model}": {**figures, "sender_processes": senders,
@@ -234,13 +242,9 @@ def test_shared_memory_burst_from_several_processes_fills_the_queue_with_one_cor
     logits of its window, and no region is left registered or in /dev/shm."""
     images, reference = burst_images
     policy = queue_policy(model)
-    wait_for_idle(triton_server, model)
-    before = request_counters(triton_server, model)
     images_per_request = len(images)
     most = 8 * (policy["max_queue_size"] + max_batch_size(model))
-    sent, answers, regions = parallel_shm_burst(triton_server, admin_token, model, images,
-                                                most // images_per_request, PARALLEL_SENDERS, images_per_request)
-    assert_regions_gone(triton_server, admin_token, regions)
+    before, sent, answers = shared_memory_burst(triton_server, admin_token, model, images, most)
     figures = check_burst(triton_server, model, "grpc", sent, answers, before, images, reference, policy,
                           images_per_request=images_per_request)
     record(results, "overload", {f"grpc_shm_{model}": {**figures, "sender_processes": PARALLEL_SENDERS,
