@@ -118,7 +118,9 @@ class _Plan:
 class FusedCudaEngine:
     """ResNet-18 forward pass on our fused fp16 kernels, one CUDA graph per batch bucket and input shape."""
 
-    name = "fused-cuda-fp16"
+    # The name the models answer with (ENGINE output, load log, load-test report): the kernel families
+    # of the library's conv path (mixed: each conv on the wgmma or mma.sync kernel its plan names).
+    NAMES = {"mma": "fused-cuda-fp16-mma", "wgmma": "fused-cuda-fp16-wgmma", "mixed": "fused-cuda-fp16-wgmma+mma"}
 
     def __init__(self, params_or_path, device: str = "cuda:0", conv_path: str | None = None):
         """`conv_path`: "mma", "wgmma", "auto" or None (FUSEDRESNET_CONV_PATH, else by compute capability)."""
@@ -133,6 +135,7 @@ class FusedCudaEngine:
         self._plans: dict[tuple, _Plan] = {}
         with cp.cuda.Device(self.device_id):
             self.lib = library(self.device_id, conv_path)
+            self.name = self.NAMES[self.lib.path]
             self.cupy_stream = cp.cuda.Stream(non_blocking=True)
             self.side_stream = cp.cuda.Stream(non_blocking=True)
             # The same CUDA stream seen by torch: the serving interface's `stream`.

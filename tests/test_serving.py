@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
@@ -26,7 +27,9 @@ from fusedresnet.client.resnet_client import ResNetClient
 # The engine each model must run, by name (README, *The service*): on a GPU the custom model runs
 # our fused kernels and nothing else; a fallback there is a failure, not another valid answer.
 EXPECTED_ENGINE = {
-    (MODEL_CUSTOM, "gpu"): "fused-cuda-fp16",
+    # the kernel families by compute capability (README, *Kernels*): wgmma + mma.sync on cc 9.0
+    (MODEL_CUSTOM, "gpu"): ("fused-cuda-fp16-wgmma+mma" if torch.cuda.is_available()
+                            and torch.cuda.get_device_capability() == (9, 0) else "fused-cuda-fp16-mma"),
     (MODEL_CUSTOM, "cpu"): "torch-folded-cpu-fp32",
     (MODEL_CUDNN, "gpu"): "torchscript-cudnn-fp16-channels-last-cuda-graphs",
     (MODEL_CUDNN, "cpu"): "torchscript-cpu-fp32",
