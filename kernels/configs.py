@@ -18,7 +18,7 @@ SOURCES = MMA_SOURCES + WGMMA_SOURCES
 # The shared headers, pasted at the top of the translation unit in this order
 # (each .cu includes those it uses, for readers and editors; source_text drops
 # the #include lines).
-HEADERS = ("common.cuh", "epilogue.cuh", "loaders.cuh")
+HEADERS = ("common.cuh", "epilogue.cuh", "loaders.cuh", "warp_mma.cuh")
 
 # Options passed to CuPy's RawModule (NVRTC). CuPy adds the architecture
 # (-arch=sm_XY for the current device) itself, and -ftz=true; the compile

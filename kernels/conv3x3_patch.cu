@@ -24,6 +24,7 @@
 
 #include "common.cuh"
 #include "epilogue.cuh"
+#include "warp_mma.cuh"
 
 template <int TH, int TW, int BN, int WARPS_M, int WARPS_N, int STAGES, bool SMEM_EPILOGUE>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
@@ -88,12 +89,7 @@ conv3x3_patch(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
     }
 
     float acc[MI][NI][4];
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NI; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+    warp_mma_zero(acc);
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -112,32 +108,14 @@ conv3x3_patch(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
         const int shift = r * PW + s;
         const half_bits *pA = patch + (cc & 1) * PATCH_HALFS;
         const half_bits *sB = ring + (it % STAGES) * B_HALFS;
-        unsigned int a[2][MI][4], b[2][NI][2];   // double-buffered as in conv_implicit_gemm.cu
-        auto load_frags = [&](int buf, int kk) {
-#pragma unroll
-            for (int mi = 0; mi < MI; ++mi) {
+        WarpFrags<MI, NI> frags;
+        warp_mma_pipelined<MI, NI, BK / 16>(   // warp_mma.cuh
+            acc, frags, lane, warp_m, warp_n,
+            [&](int mi, int, int ch) {   // A: the patch pixel of this lane's row, shifted by the tap
                 const int pix = a_pix[mi] + shift;
-                const int ch = kk * 2 + (lane >> 4);
-                ldmatrix_x4(smem_addr(pA + pix * 64 + ((ch ^ (pix & 7)) << 3)), a[buf][mi][0], a[buf][mi][1],
-                            a[buf][mi][2], a[buf][mi][3]);
-            }
-#pragma unroll
-            for (int nj = 0; nj < NI / 2; ++nj) {
-                const int row = warp_n * WTN + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
-                const int ch = kk * 2 + ((lane >> 3) & 1);
-                ldmatrix_x4(smem_addr(sB + row * 64 + ((ch ^ (row & 7)) << 3)), b[buf][2 * nj][0],
-                            b[buf][2 * nj][1], b[buf][2 * nj + 1][0], b[buf][2 * nj + 1][1]);
-            }
-        };
-        load_frags(0, 0);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-            if (kk + 1 < 4) load_frags((kk + 1) & 1, kk + 1);
-#pragma unroll
-            for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-                for (int ni = 0; ni < NI; ++ni) mma_16816(acc[mi][ni], a[kk & 1][mi], b[kk & 1][ni]);
-        }
+                return smem_addr(pA + swz(pix, ch));
+            },
+            [&](int row, int ch) { return smem_addr(sB + swz(row, ch)); });
     }
     cp_async_wait<0>();
 

@@ -59,6 +59,7 @@
 #include "common.cuh"
 #include "epilogue.cuh"
 #include "loaders.cuh"
+#include "warp_mma.cuh"
 
 template <int BM, int BN>
 struct TileSmem {
@@ -77,7 +78,6 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
     constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;   // warp tile
     constexpr int MI = WTM / 16, NI = WTN / 8;              // mma tiles per warp
-    static_assert(NI % 2 == 0, "B fragments are loaded two n8 tiles at a time");
     static_assert((BM * 8) % THREADS == 0 && (BN * 8) % THREADS == 0, "loader mapping");
     constexpr int A_ITERS = BM * 8 / THREADS, B_ITERS = BN * 8 / THREADS;
     constexpr int ROW_STEP = THREADS / 8;
@@ -166,12 +166,7 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
     };
 
     float acc[MI][NI][4];
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NI; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+    warp_mma_zero(acc);
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -188,34 +183,10 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
 
         const half_bits *sA = smem + (i % STAGES) * TileSmem<BM, BN>::STAGE_HALFS;
         const half_bits *sB = sA + TileSmem<BM, BN>::A_HALFS;
-        // Fragments double-buffered across the four k16 steps: the ldmatrix
-        // of step kk+1 is issued before the mma of step kk (asm volatile keeps
-        // source order, so the order written here is the order issued).
-        unsigned int a[2][MI][4], b[2][NI][2];
-        auto load_frags = [&](int buf, int kk) {
-#pragma unroll
-            for (int mi = 0; mi < MI; ++mi) {
-                int row = warp_m * WTM + mi * 16 + (lane & 15);
-                int ch = kk * 2 + (lane >> 4);
-                ldmatrix_x4(smem_addr(sA + swz(row, ch)), a[buf][mi][0], a[buf][mi][1], a[buf][mi][2], a[buf][mi][3]);
-            }
-#pragma unroll
-            for (int nj = 0; nj < NI / 2; ++nj) {
-                int row = warp_n * WTN + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
-                int ch = kk * 2 + ((lane >> 3) & 1);
-                ldmatrix_x4(smem_addr(sB + swz(row, ch)), b[buf][2 * nj][0], b[buf][2 * nj][1],
-                            b[buf][2 * nj + 1][0], b[buf][2 * nj + 1][1]);
-            }
-        };
-        load_frags(0, 0);
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
-            if (kk + 1 < BK / 16) load_frags((kk + 1) & 1, kk + 1);
-#pragma unroll
-            for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-                for (int ni = 0; ni < NI; ++ni) mma_16816(acc[mi][ni], a[kk & 1][mi], b[kk & 1][ni]);
-        }
+        WarpFrags<MI, NI> frags;
+        warp_mma_pipelined<MI, NI, BK / 16>(acc, frags, lane, warp_m, warp_n,   // warp_mma.cuh
+                                            [&](int, int row, int ch) { return smem_addr(sA + swz(row, ch)); },
+                                            [&](int row, int ch) { return smem_addr(sB + swz(row, ch)); });
     }
     cp_async_wait<0>();
 

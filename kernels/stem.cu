@@ -25,6 +25,7 @@
 // stem_load_filter).
 
 #include "common.cuh"
+#include "warp_mma.cuh"
 
 // STEM_TH, STEM_TW, STEM_KG, STEM_K, STEM_IN_ROW, STEM_THREADS and the SP_*
 // sizes below come from configs.GEOMETRY (pasted before this file).
@@ -78,34 +79,15 @@ __device__ __forceinline__ void stem_load_patch(half_bits *sIn, const void *__re
     }
 }
 
-// One warp's 32 x 32 x 192 product on tensor cores: rows warp_m*32 .. +31 of
-// sA ([rows][192]) times filter rows warp_n*32 .. +31 of sB ([64][192]), both
-// swizzled by stem_swz; mma.sync m16n8k16, acc zeroed first.
+// One warp's 32 x 32 x 192 product on tensor cores (warp_mma.cuh): rows
+// warp_m*32 .. +31 of sA ([rows][192]) times filter rows warp_n*32 .. +31 of
+// sB ([64][192]), both swizzled by stem_swz; acc zeroed first.
 __device__ __forceinline__ void stem_mma_32x32(float (&acc)[2][4][4], const half_bits *sA, const half_bits *sB,
                                                int warp_m, int warp_n, int lane) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < STEM_KG / 16; ++kk) {
-        unsigned int a[2][4], b[4][2];
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-            ldmatrix_x4(smem_addr(sA + stem_swz(warp_m * 32 + mi * 16 + (lane & 15), kk * 2 + (lane >> 4))),
-                        a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
-#pragma unroll
-        for (int nj = 0; nj < 2; ++nj)
-            ldmatrix_x4(smem_addr(sB + stem_swz(warp_n * 32 + nj * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                kk * 2 + ((lane >> 3) & 1))),
-                        b[2 * nj][0], b[2 * nj][1], b[2 * nj + 1][0], b[2 * nj + 1][1]);
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-            for (int ni = 0; ni < 4; ++ni) mma_16816(acc[mi][ni], a[mi], b[ni]);
-    }
+    warp_mma_zero(acc);
+    warp_mma<2, 4, STEM_KG / 16>(acc, lane, warp_m, warp_n,
+                                 [&](int, int row, int ch) { return smem_addr(sA + stem_swz(row, ch)); },
+                                 [&](int row, int ch) { return smem_addr(sB + stem_swz(row, ch)); });
 }
 
 template <int MODE>
