@@ -146,6 +146,8 @@ def test_soak_mixed_traffic_keeps_every_valid_answer_correct_and_memory_bounded(
         "rss_growth_mib_after_first_quarter": round(
             (final[1] - [s for s in samples if s[0] >= SOAK_SECONDS / 4][0][1]) / MIB, 1),
         "rss_mib_per_process_end": {k: round(v / MIB, 1) for k, v in final[2].items()},
+        # which process grows: each process's RSS after the warm-up and at the end
+        "rss_growth_mib_per_process": {k: round((v - baseline[2].get(k, 0)) / MIB, 1) for k, v in final[2].items()},
         "gpu_mib_after_warm_up": baseline[3], "gpu_mib_end": final[3], "gpu_growth_mib": gpu_growth,
         "bound": MEMORY_GROWTH_BOUND,
         "background_load": None if not background.get("step") else {
@@ -153,6 +155,9 @@ def test_soak_mixed_traffic_keeps_every_valid_answer_correct_and_memory_bounded(
                 "concurrency", "images_per_request", "img_per_s", "p50_ms", "p99_ms", "max_ms", "sent",
                 "succeeded", "failures", "avg_batch", "gpu_utilization", "client_cpu_percent", "error_examples")},
         "rss_mib_samples": [[round(t, 1), round(b / MIB, 1)] for t, b, _, _ in samples],
+        # per process, one sample in ten (the growth curve of each: levelling off or a steady leak)
+        "rss_mib_per_process_samples": [[round(t, 1), {k: round(v / MIB, 1) for k, v in per.items()}]
+                                        for t, _, per, _ in samples[::10] + samples[-1:]],
     }
     record(results_dir(tmp_path_factory), "soak", {f"soak_{int(SOAK_SECONDS)}s": figures})
 
