@@ -20,8 +20,8 @@
 //      mma.sync m16n8k16 (8 warps, 4 x 2, 32 x 32 each);
 //   4. adds the bias, applies ReLU and stores fp16.
 // A block loops over `tiles_per_block` consecutive tiles, reusing the filter.
-// Steps 1 and 3 and the filter load are device functions shared with the
-// fused stem + max-pool kernel below (stem_load_patch, stem_mma_32x32,
+// Steps 1-3 and the filter load are device functions shared with the fused
+// stem + max-pool kernel below (stem_load_patch, stem_build_a, stem_mma_32x32,
 // stem_load_filter).
 
 #include "common.cuh"
@@ -79,6 +79,46 @@ __device__ __forceinline__ void stem_load_patch(half_bits *sIn, const void *__re
     }
 }
 
+// Step 2: the A tile ([ROWS][192], swizzled by stem_swz) from the patch. GEMM
+// row `row` is output pixel (row / OUT_W, row % OUT_W) of the tile, and for
+// filter row r its 21 values (s, c) are input pixels 2*px .. 2*px+6 of patch
+// row 2*py + r: 21 contiguous halfs starting at an even index, copied as 10
+// aligned 32-bit words + one half into three 16-byte chunks (zero-padded to
+// 24 values; filter row 7 and rows >= VALID_ROWS all zero). The loop runs
+// over (r, row) pairs r-major, so with ROWS a multiple of 32 r is warp-uniform.
+// c0, c1, c2 are the caller's, declared in its tile loop (as WarpFrags in
+// warp_mma.cuh: allocas of a force-inlined helper reorder the PHIs and change
+// the register allocation); the expression order below is the one the two
+// kernels' own copies of this loop compiled to (kernels/sass_diff.py).
+__host__ __device__ constexpr int stem_log2(int v) { return v > 1 ? 1 + stem_log2(v / 2) : 0; }
+
+template <int ROWS, int VALID_ROWS, int OUT_W, int IN_ROW, int THREADS>
+__device__ __forceinline__ void stem_build_a(half_bits *sA, const half_bits *sIn, int tid, vec16 &c0, vec16 &c1,
+                                             vec16 &c2) {
+    static_assert(ROWS % 32 == 0 && VALID_ROWS <= ROWS, "whole warps per filter row");
+    for (int i = tid; i < 8 * ROWS; i += THREADS) {
+        int r, row;
+        if constexpr ((ROWS & (ROWS - 1)) == 0) {   // shifts: the compiler cannot prove i >= 0
+            r = i >> stem_log2(ROWS); row = i & (ROWS - 1);
+        } else {
+            r = i / ROWS; row = i - r * ROWS;
+        }
+        if (r < 7 && row < VALID_ROWS) {
+            const int py = row / OUT_W;
+            const int in_row = 2 * py + r, px = row - py * OUT_W;
+            const unsigned int *src = reinterpret_cast<const unsigned int *>(sIn + in_row * IN_ROW + 2 * px * 3);
+            c0.x = src[0]; c0.y = src[1]; c0.z = src[2]; c0.w = src[3];
+            c1.x = src[4]; c1.y = src[5]; c1.z = src[6]; c1.w = src[7];
+            c2.x = src[8]; c2.y = src[9]; c2.z = src[10] & 0xffffu; c2.w = 0u;
+        } else {
+            c0.x = c0.y = c0.z = c0.w = 0u; c1 = c0; c2 = c0;
+        }
+        *reinterpret_cast<vec16 *>(sA + stem_swz(row, r * 3 + 0)) = c0;
+        *reinterpret_cast<vec16 *>(sA + stem_swz(row, r * 3 + 1)) = c1;
+        *reinterpret_cast<vec16 *>(sA + stem_swz(row, r * 3 + 2)) = c2;
+    }
+}
+
 // One warp's 32 x 32 x 192 product on tensor cores (warp_mma.cuh): rows
 // warp_m*32 .. +31 of sA ([rows][192]) times filter rows warp_n*32 .. +31 of
 // sB ([64][192]), both swizzled by stem_swz; acc zeroed first.
@@ -124,25 +164,10 @@ stem_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, con
         stem_load_patch<MODE, STEM_IN_H, STEM_IN_W, STEM_IN_ROW, STEM_THREADS>(sIn, x_, scale, shift, n, H, W, iy0, ix0, tid);
         __syncthreads();
 
-        // 2. A tile: (filter row r, output pixel row) pairs; r is warp-uniform.
-        for (int i = tid; i < 8 * 128; i += STEM_THREADS) {
-            const int r = i >> 7, row = i & 127;
-            const int py = row / STEM_TW, px = row - py * STEM_TW;
-            vec16 c0, c1, c2;
-            if (r < 7) {
-                // 21 halfs starting at an even index: 10 aligned words + one half.
-                const unsigned int *src =
-                    reinterpret_cast<const unsigned int *>(sIn + (2 * py + r) * STEM_IN_ROW + 2 * px * 3);
-                c0.x = src[0]; c0.y = src[1]; c0.z = src[2]; c0.w = src[3];
-                c1.x = src[4]; c1.y = src[5]; c1.z = src[6]; c1.w = src[7];
-                c2.x = src[8]; c2.y = src[9]; c2.z = src[10] & 0xffffu; c2.w = 0u;
-            } else {
-                c0.x = c0.y = c0.z = c0.w = 0u; c1 = c0; c2 = c0;
-            }
-            *reinterpret_cast<vec16 *>(sA + stem_swz(row, r * 3 + 0)) = c0;
-            *reinterpret_cast<vec16 *>(sA + stem_swz(row, r * 3 + 1)) = c1;
-            *reinterpret_cast<vec16 *>(sA + stem_swz(row, r * 3 + 2)) = c2;
-        }
+        // 2. A tile
+        vec16 c0, c1, c2;
+        stem_build_a<STEM_TH * STEM_TW, STEM_TH * STEM_TW, STEM_TW, STEM_IN_ROW, STEM_THREADS>(sA, sIn, tid, c0, c1,
+                                                                                                c2);
         cp_async_wait<0>();
         __syncthreads();
 
@@ -234,22 +259,8 @@ stem_pool_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w
         stem_load_patch<MODE, SP_IN_H, SP_IN_W, SP_IN_ROW, STEM_POOL_THREADS>(sIn, x_, scale, shift, n, H, W, iy0, ix0, tid);
         __syncthreads();
 
-        for (int i = tid; i < 8 * SP_M; i += STEM_POOL_THREADS) {
-            const int r = i / SP_M, row = i - r * SP_M;          // r is warp-uniform (SP_M = 5 warps)
-            vec16 c0, c1, c2;
-            c0.x = c0.y = c0.z = c0.w = 0u; c1 = c0; c2 = c0;
-            if (r < 7 && row < SP_ROWS) {
-                const int ly = row / SP_SW, lx = row - ly * SP_SW;
-                const unsigned int *src =
-                    reinterpret_cast<const unsigned int *>(sIn + (2 * ly + r) * SP_IN_ROW + 2 * lx * 3);
-                c0.x = src[0]; c0.y = src[1]; c0.z = src[2]; c0.w = src[3];
-                c1.x = src[4]; c1.y = src[5]; c1.z = src[6]; c1.w = src[7];
-                c2.x = src[8]; c2.y = src[9]; c2.z = src[10] & 0xffffu;
-            }
-            *reinterpret_cast<vec16 *>(sA + stem_swz(row, r * 3 + 0)) = c0;
-            *reinterpret_cast<vec16 *>(sA + stem_swz(row, r * 3 + 1)) = c1;
-            *reinterpret_cast<vec16 *>(sA + stem_swz(row, r * 3 + 2)) = c2;
-        }
+        vec16 c0, c1, c2;
+        stem_build_a<SP_M, SP_ROWS, SP_SW, SP_IN_ROW, STEM_POOL_THREADS>(sA, sIn, tid, c0, c1, c2);
         cp_async_wait<0>();
         __syncthreads();
 
