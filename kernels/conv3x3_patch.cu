@@ -13,14 +13,13 @@
 // lane hands to ldmatrix. The filter still streams through a STAGES-deep
 // cp.async ring, one (slice, tap) k-tile per stage; the patch of slice cc+1 is
 // copied together with the filter tile of (cc+1, tap 0), into the other of two
-// patch buffers. Patch pixel p keeps its 16-byte chunk j at j ^ (p & 7), so
-// the 8 consecutive pixels of an ldmatrix phase hit 8 different bank groups.
+// patch buffers. The patch pixels and the filter rows are swizzled 128-byte
+// rows (common.cuh); the warp tile is warp_mma.cuh's.
 //
-// The epilogue is epilogue.cuh's (as in conv_implicit_gemm.cu): bias, optional
-// residual, optional ReLU, fp16 NHWC store; rows outside the image are
-// dropped. With SMEM_EPILOGUE the accumulators (+ bias) go through shared
-// memory first, so that the residual loads and output stores are 16 bytes per
-// thread and coalesced (epilogue_store8).
+// The epilogue is epilogue.cuh's; rows outside the image are dropped. With
+// SMEM_EPILOGUE the accumulators (+ bias) go through shared memory first, so
+// that the residual loads and output stores are 16 bytes per thread and
+// coalesced (epilogue_store8).
 
 #include "common.cuh"
 #include "epilogue.cuh"

@@ -14,15 +14,12 @@
 // the tap falls on the padding. The output D is row-major [M, K]: NHWC again.
 //
 // TILING. A thread block computes a BM x BN tile of D; its WARPS_M x WARPS_N
-// warps each own a (BM/WARPS_M) x (BN/WARPS_N) sub-tile held in fp32 registers
-// and updated by mma.sync m16n8k16 (fp16 in, fp32 accumulate). The reduction
-// runs over k-tiles of BK=64 through a STAGES-deep ring of shared-memory
-// buffers filled by cp.async, so the copies of the next STAGES-1 tiles overlap
-// the tensor-core work on the current one. Fragments come out of shared
-// memory with ldmatrix.x4. Each 128-byte row of a tile stores its 16-byte chunk j
-// at position j ^ (row & 7): the eight rows an ldmatrix phase reads then hit
-// eight different bank groups (no conflicts), and the cp.async writes stay
-// 16-byte aligned.
+// warps each own a (BM/WARPS_M) x (BN/WARPS_N) sub-tile in fp32 registers,
+// updated by mma.sync m16n8k16 from ldmatrix fragments (warp_mma.cuh). The
+// reduction runs over k-tiles of BK=64 through a STAGES-deep ring of [BM][64]
+// A and [BN][64] B tiles in shared memory (swizzled rows, common.cuh), filled
+// by cp.async (loaders.cuh), so the copies of the next STAGES-1 k-tiles
+// overlap the tensor-core work on the current one.
 //
 // SPLIT-K. Layers with few output tiles (layer3/layer4 at small batch) would
 // leave most of the 132 SMs idle, so gridDim.z slices the reduction: slice z
@@ -30,23 +27,15 @@
 // adds the slices and applies the epilogue. With gridDim.z == 1 the epilogue
 // runs here.
 //
-// EPILOGUE (fused, per output element, fp32; epilogue.cuh):  v = acc + bias[k]
-// (folded BatchNorm);  v += residual[m,k] (the block's identity, when given);
-// v = max(v, 0) (when relu);  y[m,k] = fp16(v).
+// EPILOGUE: epilogue.cuh's (bias, residual, ReLU, fp16 NHWC, or the split-K
+// partials), straight from the accumulator fragments.
 //
-// The MODE 0 A loader and the B loader are loaders.cuh's (shared with
-// conv_wgmma.cu); the stem gather below is this file's own.
-//
-// STEM. The first convolution (7x7/2, C=3) has a reduction of only 147 values,
-// not a multiple of 64, and its input is either UINT8 NHWC pixels or fp32 NCHW
-// normalised values. MODE 1/2 replace the cp.async A loader by a gather that
-// converts each value on the way into shared memory: MODE 1 computes the
-// ImageNet-normalised value x*in_scale[c] + in_shift[c] (in_scale = 1/(255 std),
-// in_shift = -mean/std), so the convolution sees exactly the normalised image
-// and its zero padding is zero in normalised space, as in PyTorch. The 7x7x3
-// filter is stored as [K][8 rows r][24 = 7 s x 3 c + 3 zeros] (192 values, three
-// k-tiles; row 7 zero) so that each 8-value chunk of A is a run of contiguous
-// input values.
+// STEM (MODE 1/2, the reference path of stem.cu, which explains the stem's
+// input modes and its [K][8 r][24] filter layout): the reduction of 147
+// values is not a multiple of 64 and the input is UINT8 NHWC or fp32 NCHW, so
+// a gather replaces the cp.async A loader and converts (and, for UINT8,
+// normalises) each value on its way into shared memory. In that filter layout
+// each 8-value chunk of an A row is a run of contiguous input values.
 //
 // Versions (measurements in NOTES.md):
 //   v1  mma.sync m16n8k16 + ldmatrix + cp.async ring, direct fragment stores,
@@ -121,11 +110,9 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
             igemm_load_a<A_ITERS, ROW_STEP>(sA, reinterpret_cast<const half_bits *>(x_), a_base, a_ih, a_iw, kt,
                                             c_tiles, S, H, W, C, tid, chunk);
         } else {
-            // Stem gather. The reduction is laid out as 8 filter rows r (the
-            // last all zero) x 24 values j = s*3 + c (21 real, 3 zero): for a
-            // fixed output pixel and r, those 21 values are 7 consecutive
-            // input pixels x 3 channels, 21 contiguous bytes of a UINT8 NHWC
-            // image. A 16-byte chunk of the tile is 8 of them: chunk g of the
+            // Stem gather. For a fixed output pixel and filter row r the 21
+            // values j = s*3 + c are 7 consecutive input pixels x 3 channels,
+            // 21 contiguous bytes of a UINT8 NHWC image. Chunk g of the
             // reduction is filter row g/3, values (g%3)*8 ... +7. Each thread
             // converts CHUNKS chunks of one A row; the chunk index is
             // warp-uniform, so r and the channel pattern are too.
@@ -190,8 +177,7 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
     }
     cp_async_wait<0>();
 
-    // Epilogue straight from the accumulator fragments (epilogue.cuh): thread
-    // (g = lane/4, t = lane%4) holds rows g and g+8, columns 2t and 2t+1 of each m16n8 tile.
+    // Epilogue straight from the accumulator fragments (layout: epilogue.cuh).
     const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi) {

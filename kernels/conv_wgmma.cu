@@ -16,15 +16,14 @@
 // and all BN columns, in MB = BM/WGS/64 m64 blocks of BN/2 fp32 accumulators
 // per thread. The reduction runs over k-tiles of BK = 64 (one filter tap,
 // 64 input channels) through a STAGES-deep ring of [BM][64] A and [BN][64] B
-// tiles in shared memory, filled by every thread with 16-byte cp.async
-// exactly as in conv_implicit_gemm.cu (zero-filled where a tap falls on the
-// padding). Each k-tile is 4 k16 steps: per step and m64 block one
-// wgmma.mma_async.m64nBNk16 (A and B both K-major from shared memory, fp16 in,
-// fp32 accumulate).
+// tiles in shared memory, filled by every thread with loaders.cuh's cp.async
+// loaders, as in conv_implicit_gemm.cu. Each k-tile is 4 k16 steps: per step
+// and m64 block one wgmma.mma_async.m64nBNk16 (A and B both K-major from
+// shared memory, fp16 in, fp32 accumulate).
 //
-// DESCRIPTORS. A tile row is 128 bytes with 16-byte chunk j at j ^ (row & 7),
-// so each group of 8 rows is one 1024-byte 128B-swizzle atom: descriptor
-// swizzle mode 1 (128B), stride-dimension byte offset 1024 (the next 8 rows),
+// DESCRIPTORS. The tiles are common.cuh's swizzled 128-byte rows, so each
+// group of 8 rows is one 1024-byte 128B-swizzle atom: descriptor swizzle
+// mode 1 (128B), stride-dimension byte offset 1024 (the next 8 rows),
 // leading-dimension byte offset 16 (unused for K-major swizzled operands whose
 // k16 slice lies inside one 128-byte row), base offset 0 (every m64 block and
 // B tile starts on a 1024-byte boundary: the ring is aligned at run time). The
@@ -44,11 +43,9 @@
 // After the loop wgmma.wait_group 0, then the epilogue.
 //
 // EPILOGUE. The wgmma accumulator layout per warp is the mma.sync m16n8 one
-// repeated over the BN/8 column groups: thread (warp w of the warpgroup, g =
-// lane/4, t = lane%4) holds rows 16w+g and 16w+g+8, columns 8j+2t and 8j+2t+1
-// in d[4j..4j+3]. The epilogue is epilogue.cuh's, as in conv_implicit_gemm.cu:
-// bias, optional residual, optional ReLU, fp16 NHWC (or the fp32 split-K
-// partials).
+// (epilogue.cuh) repeated over the BN/8 column groups: warp w of the
+// warpgroup holds rows 16w .. 16w+15 of its m64 block, and d[4j..4j+3] is the
+// m16n8 fragment of columns 8j .. 8j+7. The epilogue is epilogue.cuh's.
 //
 // Versions (measurements in NOTES.md):
 //   v1  cp.async ring + wgmma from shared-memory descriptors, all threads load

@@ -4,14 +4,13 @@
 //
 // Thread mapping: thread tid copies 16-byte chunk tid % 8 of rows tid / 8,
 // tid / 8 + ROW_STEP, ... (ROW_STEP = THREADS / 8): ITERS = rows * 8 / THREADS
-// rows of each tile. A k-tile kt lies inside one filter tap (C % 64 == 0):
-// tap = kt / (C / 64), channels (kt % (C / 64)) * 64 ... + 63. An A row is 64
-// contiguous channels of the input pixel that output pixel m reads through
-// that tap, or 16 zero bytes per chunk (src-size 0) where the tap falls on the
-// padding or m is past the end; a B row is 64 values of filter row n0 + row,
-// zero past K. The caller passes chunk = tid & 7 computed once before the
-// loader state (as the kernels did before these functions were shared:
-// recomputing it inside changes the register allocation, kernels/sass_diff.py).
+// rows of each tile. k-tile kt is filter tap kt / (C / 64), channels
+// (kt % (C / 64)) * 64 ... + 63 (the im2col layout: conv_implicit_gemm.cu);
+// an A row past M or whose tap falls on the padding is zero-filled (src-size
+// 0), a B row past K likewise. The caller passes chunk = tid & 7 computed
+// once before the loader state (as the kernels did before these functions were
+// shared: recomputing it inside changes the register allocation,
+// kernels/sass_diff.py).
 #ifndef FUSEDRESNET_LOADERS_CUH
 #define FUSEDRESNET_LOADERS_CUH
 #include "common.cuh"

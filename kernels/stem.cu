@@ -8,16 +8,17 @@
 // 128, 50 TFLOP/s). Here a block owns an 8 x 16 tile of output pixels of one
 // image (the 128 rows of its GEMM tile) and:
 //   1. loads the input patch the tile reads, (2*8+5) x (2*16+5) pixels x 3
-//      channels, once, normalises it (x*in_scale[c] + in_shift[c]: zero
-//      padding outside the image is zero in normalised space, as in PyTorch)
-//      and keeps it in shared memory as fp16;
+//      channels, once, normalises it (x*in_scale[c] + in_shift[c], in_scale =
+//      1/(255 std), in_shift = -mean/std: zero padding outside the image is
+//      zero in normalised space, as in PyTorch) and keeps it in shared memory
+//      as fp16;
 //   2. builds the whole A tile (128 rows x 192 reduction values) in shared
-//      memory from that patch: for output pixel (py,px) and filter row r, the
-//      21 values (s, c) are input pixels 2px .. 2px+6 of patch row 2py+r, 21
-//      contiguous halfs of the patch, copied as 32-bit words;
+//      memory from that patch (stem_build_a);
 //   3. multiplies it with the filter, stored [64][8 rows r][24 = 7 s x 3 c + 3
-//      zeros] (row 7 all zero) and loaded once per block by cp.async, with
-//      mma.sync m16n8k16 (8 warps, 4 x 2, 32 x 32 each);
+//      zeros] (row 7 all zero: 192 values, so that for a fixed output pixel
+//      and r the 21 values are contiguous in the NHWC patch) and loaded once
+//      per block by cp.async, with mma.sync m16n8k16 (8 warps, 4 x 2, 32 x 32
+//      each; warp_mma.cuh);
 //   4. adds the bias, applies ReLU and stores fp16.
 // A block loops over `tiles_per_block` consecutive tiles, reusing the filter.
 // Steps 1-3 and the filter load are device functions shared with the fused
