@@ -22,6 +22,7 @@ COPY backend backend
 COPY kernels kernels
 COPY client client
 COPY loadtest loadtest
+COPY harness harness
 COPY model_repository model_repository
 
 FROM ${LOADTEST_IMAGE} AS loadtest
@@ -54,7 +55,7 @@ COPY deploy/docker/entrypoint.sh /usr/local/bin/fusedresnet-entrypoint
 RUN python3 -m pip install --no-cache-dir '.[server,gpu]' \
  && python3 -c "import cupy, torch, fusedresnet.backend.serve" \
  && python3 -m fusedresnet.backend.prepare \
- && rm -rf backend kernels client loadtest \
+ && rm -rf backend kernels client loadtest harness \
  && mkdir -p triton/backends build /var/cache/fusedresnet/cupy \
  && ln -s /opt/tritonserver/bin triton/bin \
  && ln -s /opt/tritonserver/caches triton/caches \

@@ -302,5 +302,5 @@ class FusedCudaEngine:
 
     def checkpoint_outputs(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         """fp32 NCHW activations after the stem + max-pool and after each BasicBlock, and the logits
-        (the layer-by-layer diff tool, kernels/diff.py); uint8 NHWC or fp32 NCHW normalised input."""
+        (the layer-by-layer diff tool, harness/diff.py); uint8 NHWC or fp32 NCHW normalised input."""
         return self._run(images, INPUT_UINT8 if images.dtype == torch.uint8 else INPUT_FP32, "checkpoints")

@@ -1,4 +1,4 @@
-"""fusedresnet.kernels: the CUDA kernels of the fused ResNet-18 engine, and their harness.
+"""fusedresnet.kernels: the CUDA kernels of the fused ResNet-18 engine.
 
 CUDA sources (compiled at run time by CuPy/NVRTC as one translation unit, see
 `configs.source_text`; each file opens with a comment on how it works):
@@ -23,12 +23,11 @@ Python:
     sass_diff.py      per-kernel SASS dump and compare (CPU, nvcc + cuobjdump): a refactor keeps the machine code
     tuned_plans.json  measured best tile / split-K per layer shape and batch bucket (for the GPU model
                       and conv path it names: H100, mma.sync)
-    check.py          correctness of every kernel and of the whole engine vs float32 PyTorch
     tune.py           measures every candidate plan per layer (CUDA-graph timed), writes tuned_plans.json
-    bench.py          whole-network benchmark vs the cuDNN baselines, per-layer table, plot
-    profile_layers.py a few launches for Nsight Compute
     gpu_check.sh      one GPU-host call: [tune +] check + bench [+ ncu]
 
-The engine that strings the kernels together is `fusedresnet.backend.engine_cuda`.
+The engine that strings the kernels together is `fusedresnet.backend.engine_cuda`; the harness that
+checks and times them (check, bench, diff, profile_layers) is `fusedresnet.harness`. This package
+imports neither (nor `fusedresnet.client`): tests/test_package_layering.py.
 Measurements, predictions and outcomes: NOTES.md.
 """

@@ -31,7 +31,7 @@ rc_tune=0
 if [[ $what == full || $what == tuned ]]; then
   # Every tile (both families, forced) once before the tune times them: a kernel fault inside the
   # tune kills its CUDA context and says little; the check names the tile and keeps the rest.
-  python3 -m fusedresnet.kernels.check --quick --json "$OUT/check_pretune.json" 2>&1 \
+  python3 -m fusedresnet.harness.check --quick --json "$OUT/check_pretune.json" 2>&1 \
     | tee /tmp/check_pretune.log | grep -v "^ok " ; rc_tune=$?
   echo "pre-tune check ($path path, quick) exit $rc_tune after $(( $(date +%s) - t0 ))s"
   (( rc_tune != 0 )) && echo "PRE-TUNE CHECK FAILED: tune skipped, kernels/tuned_plans.json left as it was"
@@ -59,10 +59,10 @@ PY
   echo "tune done after $(( $(date +%s) - t0 ))s"
 fi
 if [[ $what == check || $what == all || $what == full || $what == tuned ]]; then
-  python3 -m fusedresnet.kernels.check --json "$OUT/check.json" 2>&1 | tee /tmp/check.log | grep -v "^ok " ; rc=$?
+  python3 -m fusedresnet.harness.check --json "$OUT/check.json" 2>&1 | tee /tmp/check.log | grep -v "^ok " ; rc=$?
   echo "check ($path path) exit $rc after $(( $(date +%s) - t0 ))s"
   if [[ $path != mma && -z $NO_MMA_CHECK ]]; then
-    python3 -m fusedresnet.kernels.check --quick --conv-path mma --json "$OUT/check_mma.json" 2>&1 \
+    python3 -m fusedresnet.harness.check --quick --conv-path mma --json "$OUT/check_mma.json" 2>&1 \
       | tee /tmp/check_mma.log | grep -v "^ok " ; rc_mma=$?
     echo "check (mma path, quick) exit $rc_mma after $(( $(date +%s) - t0 ))s"
     (( rc == 0 )) && rc=$rc_mma
@@ -73,8 +73,8 @@ if [[ $what == pytest ]]; then
   python3 -m pytest -q --noconftest -m gpu "$REPO/tests/test_kernels_gpu.py" 2>&1 | tee "$OUT/pytest.log" | tail -15; rc=$?
 fi
 if [[ $what == bench || $what == all || $what == full || $what == tuned ]]; then
-  export FUSEDRESNET_BENCH_COMMAND="bash kernels/gpu_check.sh $what $* (runs: python -m fusedresnet.kernels.bench --accuracy <check.json> --out <dir> $*)"
-  python3 -m fusedresnet.kernels.bench --accuracy "$OUT/check.json" --out "$OUT/results" "$@" 2>&1 | tee "$OUT/bench.log" | tail -30
+  export FUSEDRESNET_BENCH_COMMAND="bash kernels/gpu_check.sh $what $* (runs: python -m fusedresnet.harness.bench --accuracy <check.json> --out <dir> $*)"
+  python3 -m fusedresnet.harness.bench --accuracy "$OUT/check.json" --out "$OUT/results" "$@" 2>&1 | tee "$OUT/bench.log" | tail -30
   rc_bench=$?
   echo "bench exit $rc_bench after $(( $(date +%s) - t0 ))s"
   (( rc == 0 )) && rc=$rc_bench
@@ -84,7 +84,7 @@ if [[ ( $what == full && -z $NO_NCU ) || $what == profile ]]; then
   ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
       --section LaunchStats -k regex:"stem|conv" -c 6 \
       --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active" \
-      python3 -m fusedresnet.kernels.profile_layers > "$OUT/ncu.txt" 2>&1
+      python3 -m fusedresnet.harness.profile_layers > "$OUT/ncu.txt" 2>&1
   echo "ncu exit $? after $(( $(date +%s) - t0 ))s"
 fi
 (( rc == 0 )) && rc=$rc_tune

@@ -68,7 +68,7 @@ from fusedresnet.loadtest.step import FLOOD, Endpoints, Series, Step, SweepSetti
 # power of two, and shorter curves for batched requests and for HTTP.
 DEFAULT_SERIES = ("grpc/1@1,2,4,8,16,32,64,128", "grpc/8@1,4,16,64", "http/1@1,16,64")
 # What each model's engine computes by itself on the GPU host (same inputs, CUDA events, one run
-# of `python -m fusedresnet.kernels.bench`): the denominator of the serving efficiency. The
+# of `python -m fusedresnet.harness.bench`): the denominator of the serving efficiency. The
 # cuDNN model serves fp16 channels-last TorchScript replayed as CUDA graphs, the bench's graph_fp16.
 ENGINE_BENCHMARK = REPO_ROOT / "results" / "kernels_bench.json"
 ENGINE_BENCH_COLUMN = {MODELS[0]: "custom_ms", MODELS[1]: "graph_fp16_ms"}

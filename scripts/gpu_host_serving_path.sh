@@ -46,7 +46,7 @@ for part in "$@"; do
       python3 -m fusedresnet.loadtest.multi_gpu --seconds "${SECONDS_PER_STEP:-4}" --out "$OUT/multi_gpu$suffix.json" \
         --log-dir "build/gpu-logs/multi_gpu$suffix" 2>&1 | grep -v "^fusedresnet:" | tee "$OUT/multi_gpu$suffix.log" | tail -40 ;;
     diff)
-      python3 -m fusedresnet.kernels.diff --device cuda 2>&1 | tee "$OUT/diff_gpu.txt" ;;
+      python3 -m fusedresnet.harness.diff --device cuda 2>&1 | tee "$OUT/diff_gpu.txt" ;;
     instances)
       python3 -m fusedresnet.loadtest.serving_sequence --instances "${INSTANCES:-1,2,4,8}" \
         --models "${MODELS:-resnet18_custom}" --seconds "${SECONDS_PER_STEP:-4}" \

@@ -16,7 +16,7 @@ from fusedresnet.backend.images import normalize_uint8, smooth_random_images
 from fusedresnet.backend.resnet import build_resnet18
 from fusedresnet.client.agreement import compare_logits
 from fusedresnet.client.preprocess import preprocess_files, sample_photo_paths
-from fusedresnet.kernels.diff import main, reference_checkpoints, run_diff
+from fusedresnet.harness.diff import main, reference_checkpoints, run_diff
 
 # The checkpoints issue 11 names: stem + max-pool, each BasicBlock (the second of each stage is
 # layer1-4's output), average pool, logits.
@@ -25,7 +25,7 @@ CHECKPOINTS = ["stem+maxpool", "layer1.0", "layer1.1", "layer2.0", "layer2.1", "
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "fusedresnet.kernels.diff", *args],
+    return subprocess.run([sys.executable, "-m", "fusedresnet.harness.diff", *args],
                           capture_output=True, text=True, timeout=300)
 
 

@@ -1,7 +1,7 @@
 """The fused kernels and engine against float32 PyTorch, on a GPU (skipped elsewhere).
 
 Each test draws fresh random inputs and poisons the outputs first (see
-`fusedresnet.kernels.check`, which also runs as a script with the full matrix
+`fusedresnet.harness.check`, which also runs as a script with the full matrix
 of layer shapes and batch sizes).
 """
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.gpu
 def checker():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from fusedresnet.kernels.check import Checker
+    from fusedresnet.harness.check import Checker
     return Checker(quick=True)
 
 

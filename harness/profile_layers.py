@@ -1,6 +1,6 @@
 """A handful of kernel launches at batch 128 for Nsight Compute (outside any CUDA graph).
 
-    ncu --section SpeedOfLight ... python -m fusedresnet.kernels.profile_layers
+    ncu --section SpeedOfLight ... python -m fusedresnet.harness.profile_layers
 
 Launches, in order: the fused stem + max-pool (uint8), layer1's 3x3 conv and
 layer3's 3x3 conv with the plans the engine uses, each once after a warm-up.
@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import cupy as cp
 
-# The engine only for its prepared weights (folded, fp16 KRSC, the stem padded): see check.py on why the
-# harness, unlike the kernel library, imports the backend.
+# The engine only for its prepared weights (folded, fp16 KRSC, the stem padded).
 from ..backend.engine_cuda import FusedCudaEngine
 from ..backend.folding import fold_resnet18
 from ..backend.resnet import build_resnet18
-from .launch import library
+from ..kernels.launch import library
 
 
 def main():

@@ -1,6 +1,6 @@
 """Correctness of every kernel and of the whole network, against float32 PyTorch.
 
-    python -m fusedresnet.kernels.check [--json PATH] [--quick] [--conv-path mma|wgmma|auto]
+    python -m fusedresnet.harness.check [--json PATH] [--quick] [--conv-path mma|wgmma|auto]
 
 Run on a GPU host. Each check draws fresh random inputs, poisons the output
 buffer (all-NaN fp16 / fp32) before the kernel runs, and compares with a
@@ -45,17 +45,12 @@ import cupy as cp
 import torch
 import torch.nn.functional as F
 
-# Dependency direction: the kernel library itself (configs, launch, nvrtc_build, the .cu files) imports
-# nothing from fusedresnet.backend. This harness checks the kernels against the network they serve: it
-# needs ResNet-18's layer shapes and folded weights (backend.folding, backend.resnet) and, for the
-# whole-network checks, the engine that strings the kernels together (backend.engine_cuda), so it
-# depends on the backend as a test of it would; the backend never imports the harness.
 from ..backend.engine_cuda import FusedCudaEngine
 from ..backend.folding import STEM, all_convs, fold_resnet18
 from ..backend.images import normalize_uint8, smooth_random_images
 from ..backend.resnet import DEFAULT_SEED, build_resnet18
 from ..client.agreement import compare_logits
-from .configs import (
+from ..kernels.configs import (
     BK,
     CONV_PATH_ENV,
     CONV_TILES,
@@ -71,7 +66,7 @@ from .configs import (
     plan_key,
     tile_family,
 )
-from .launch import conv_out_size, library
+from ..kernels.launch import conv_out_size, library
 
 CONV_TOL = 5e-3        # relative L2, fp16 operands and output, fp32 accumulation
 HEAD_TOL = 1e-3

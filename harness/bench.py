@@ -1,6 +1,6 @@
 """Benchmark: the fused engine against the cuDNN baselines, and a per-layer table.
 
-    python -m fusedresnet.kernels.bench [--batches 1,8,32,64,128,256] [--compile]
+    python -m fusedresnet.harness.bench [--batches 1,8,32,64,128,256] [--compile]
                                         [--features-batches 1,32,128,512]
                                         [--accuracy check.json] [--out results/]
 
@@ -54,18 +54,13 @@ from pathlib import Path
 import cupy as cp
 import torch
 
-# Dependency direction: the kernel library itself (configs, launch, nvrtc_build, the .cu files) imports
-# nothing from fusedresnet.backend. This harness times the kernels in the network they serve: it
-# needs ResNet-18's layer shapes and folded weights (backend.folding, backend.resnet) and, for the
-# whole-network timings, the engine that strings the kernels together (backend.engine_cuda), so it
-# depends on the backend as a test of it would; the backend never imports the harness.
 from ..backend.engine_cuda import FusedCudaEngine
 from ..backend.folding import STEM, fold_resnet18
 from ..backend.resnet import DEFAULT_SEED, build_resnet18
 from ..backend.spec import INPUT_UINT8
+from ..kernels.launch import conv_out_size
+from ..kernels.tune import time_graph
 from .check import layer_shapes
-from .launch import conv_out_size
-from .tune import time_graph
 
 GFLOP_PER_IMAGE = 3.63
 
@@ -347,7 +342,7 @@ def main(argv=None):
     parser.add_argument("--features-batches", default="1,32,128,512",
                         help="the seed workload: 64x64 inputs to the features (empty: skip)")
     parser.add_argument("--compile", action="store_true", help="also torch.compile max-autotune (slow)")
-    parser.add_argument("--accuracy", help="JSON written by `python -m fusedresnet.kernels.check --json`")
+    parser.add_argument("--accuracy", help="JSON written by `python -m fusedresnet.harness.check --json`")
     parser.add_argument("--out", default="results")
     parser.add_argument("--skip-baselines", action="store_true")
     parser.add_argument("--no-compare-mma", action="store_true",
@@ -414,7 +409,7 @@ def main(argv=None):
             f.write(",".join(str(v) for v in r.values()) + "\n")
     result = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "command": os.environ.get("FUSEDRESNET_BENCH_COMMAND") or
-              "python -m fusedresnet.kernels.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "python -m fusedresnet.harness.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
               "conv_path": engine.lib.path, "engine": engine.name, "tuned_plans": len(engine.lib.tuned),
               "peak_tflops": round(peak, 1), "peak_tflops_runs": [round(v, 1) for v in peaks], "gpu_state": states,
               "whole_network": rows, "features_64": features, "downsample_overlap": overlap}

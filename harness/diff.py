@@ -1,6 +1,6 @@
 """Layer-by-layer diff: where do the engine's numbers start to differ from the float32 reference?
 
-    python -m fusedresnet.kernels.diff [--weights FILE] [--device cuda|cpu] [--tolerance T] [--json] [IMAGES...]
+    python -m fusedresnet.harness.diff [--weights FILE] [--device cuda|cpu] [--tolerance T] [--json] [IMAGES...]
 
 Runs the same images through an engine and through the unfolded float32
 ResNet-18 (`backend/resnet.py`, on the CPU) and compares them at every
