@@ -13,12 +13,13 @@ from pathlib import Path
 KERNEL_DIR = Path(__file__).resolve().parent
 TUNED_PLANS = KERNEL_DIR / "tuned_plans.json"   # written by `python -m fusedresnet.kernels.tune`
 MMA_SOURCES = ("conv_implicit_gemm.cu", "conv3x3_patch.cu", "stem.cu", "pool_head.cu")
-WGMMA_SOURCES = ("conv_wgmma.cu",)     # sm_90a only
+WGMMA_SOURCES = ("conv_wgmma.cu", "stem_wgmma.cu")     # sm_90a only
 SOURCES = MMA_SOURCES + WGMMA_SOURCES
 # The shared headers, pasted at the top of the translation unit in this order
 # (each .cu includes those it uses, for readers and editors; source_text drops
 # the #include lines).
-HEADERS = ("common.cuh", "epilogue.cuh", "loaders.cuh", "warp_mma.cuh")
+HEADERS = ("common.cuh", "epilogue.cuh", "loaders.cuh", "warp_mma.cuh", "stem.cuh")
+WGMMA_HEADERS = ("wgmma.cuh",)      # sm_90a only, pasted before WGMMA_SOURCES
 
 # Options passed to CuPy's RawModule (NVRTC). CuPy adds the architecture
 # (-arch=sm_XY for the current device) itself, and -ftz=true; the compile
@@ -68,6 +69,12 @@ GEOMETRY = {
     "SP_IN_ROW": 118,          # halfs per input-patch row: (2*(2*SP_PW+1)+5)*3 = 117, padded to even
     "SP_C_ROW": 72,            # halfs per staged stem pixel (64 + 8 pad)
     "STEM_POOL_THREADS": 320,  # 10 warps, 5 x 2 of 32 x 32
+    "SW_PH": 7,                # stem_pool_wgmma (sm_90a): pooled tile rows x cols per block
+    "SW_PW": 8,
+    "SW_M": 256,               # its GEMM rows: 15 x 17 = 255 stem pixels in four m64 blocks
+    "SW_IN_ROW": 148,          # halfs per input-patch row: >= 120 read, = 20 (mod 32) for conflict-free A loads
+    "SW_THREADS": 256,         # 2 warpgroups, 2 m64 blocks each
+    "SW_BLOCKS_PER_SM": 2,     # its __launch_bounds__ minimum and the persistent grid's blocks per SM
     "EW_THREADS": 256,         # element-wise kernels: splitk_epilogue, maxpool_3x3s2
     "HEAD_THREADS": 256,       # avgpool_fc (8 warps, one class per warp at a time)
     "WGMMA_SMEM_ALIGN": 1024,  # conv_wgmma aligns its ring to the 128B-swizzle atom: allocated on top
@@ -81,6 +88,9 @@ SMEM_BYTES = {
     "patch_smem_bytes(TH, TW, BN, STAGES)": "2 * (TH + 2) * (TW + 2) * BK * 2 + STAGES * BN * BK * 2",
     "STEM_SMEM_BYTES": "(STEM_TH * STEM_TW + STEM_K) * STEM_KG * 2 + (2 * STEM_TH + 5) * STEM_IN_ROW * 2",
     "STEM_POOL_SMEM_BYTES": "(SP_M + STEM_K) * STEM_KG * 2 + (2 * (2 * SP_PH + 1) + 5) * SP_IN_ROW * 2",
+    # filter + input patch (rounded up to 16 bytes) + staged stem values, aligned for the descriptors
+    "STEM_WGMMA_SMEM_BYTES": "WGMMA_SMEM_ALIGN + (STEM_K * STEM_KG + (((2 * (2 * SW_PH + 1) + 5) * SW_IN_ROW + 7) & ~7)"
+                             " + SW_M * SP_C_ROW) * 2",
 }
 
 
@@ -93,12 +103,21 @@ def smem_bytes(name: str, **args: int) -> int:
     return int(eval(SMEM_BYTES[key], {"__builtins__": {}}, {**GEOMETRY, **args}))
 
 
-def geometry_preamble() -> str:
-    """GEOMETRY and SMEM_BYTES as C++ constexpr definitions: the first lines of the translation unit."""
+# The entries only the sm_90a sources (WGMMA_SOURCES) use: pasted for that target alone, since nvcc
+# warns about a constexpr the translation unit never uses.
+WGMMA_ONLY_GEOMETRY = ("SW_PH", "SW_PW", "SW_M", "SW_IN_ROW", "SW_THREADS", "SW_BLOCKS_PER_SM",
+                       "STEM_WGMMA_SMEM_BYTES")
+
+
+def geometry_preamble(arch: str | None = None) -> str:
+    """GEOMETRY and SMEM_BYTES as C++ constexpr definitions: the first lines of the translation unit for `arch`."""
     lines = ["// Generated from kernels/configs.py (GEOMETRY, SMEM_BYTES): the one definition of the kernels'",
              "// fixed geometry, shared with the launcher. Do not restate these in the .cu files."]
-    lines += [f"constexpr int {name} = {value};" for name, value in GEOMETRY.items()]
+    skip = () if wgmma_arch(arch) else WGMMA_ONLY_GEOMETRY
+    lines += [f"constexpr int {name} = {value};" for name, value in GEOMETRY.items() if name not in skip]
     for key, expr in SMEM_BYTES.items():
+        if key in skip:
+            continue
         if "(" in key:
             name, params = key.split("(")
             args = ", ".join(f"int {p}" for p in params.rstrip(")").split(", "))
@@ -270,6 +289,11 @@ EW_THREADS, HEAD_THREADS = GEOMETRY["EW_THREADS"], GEOMETRY["HEAD_THREADS"]
 STEM_POOL_KERNELS = {"uint8": "stem_pool_conv7x7s2<1>", "float32": "stem_pool_conv7x7s2<2>"}
 STEM_POOL_SMEM_BYTES = smem_bytes("STEM_POOL_SMEM_BYTES")   # A + B tiles + input patch
 STEM_POOL_TILE_H, STEM_POOL_TILE_W = GEOMETRY["SP_PH"], GEOMETRY["SP_PW"]   # pooled pixels per block tile
+# The fused stem + max-pool on wgmma (stem_wgmma.cu, sm_90a): what stem_pool runs on the wgmma and mixed paths.
+STEM_POOL_WGMMA_KERNELS = {"uint8": "stem_pool_wgmma<1>", "float32": "stem_pool_wgmma<2>"}
+STEM_WGMMA_SMEM_BYTES = smem_bytes("STEM_WGMMA_SMEM_BYTES")
+STEM_WGMMA_TILE_H, STEM_WGMMA_TILE_W = GEOMETRY["SW_PH"], GEOMETRY["SW_PW"]
+STEM_WGMMA_THREADS, STEM_WGMMA_BLOCKS_PER_SM = GEOMETRY["SW_THREADS"], GEOMETRY["SW_BLOCKS_PER_SM"]
 OTHER_KERNELS = ("splitk_epilogue", "maxpool_3x3s2", f"avgpool_fc<{HEAD_IMGS}>", *STEM_KERNELS.values(),
                  *STEM_POOL_KERNELS.values())
 
@@ -314,7 +338,8 @@ def nvrtc_options(arch: str) -> tuple[str, ...]:
 
 def name_expressions(arch: str | None = None) -> list[str]:
     """Every kernel instantiation the launcher uses on `arch` (the wgmma ones only on sm_90a)."""
-    wgmma = [t.name_expression for t in WGMMA_TILES] if wgmma_arch(arch) else []
+    wgmma = ([t.name_expression for t in WGMMA_TILES] + list(STEM_POOL_WGMMA_KERNELS.values())
+             if wgmma_arch(arch) else [])
     return ([t.name_expression for t in CONV_TILES + tuple(STEM_TILES.values()) + PATCH_TILES]
             + list(OTHER_KERNELS) + wgmma)
 
@@ -322,18 +347,22 @@ def name_expressions(arch: str | None = None) -> list[str]:
 def source_text(arch: str | None = None) -> str:
     """The kernel sources for `arch` as one translation unit: the geometry, the HEADERS once, the .cu files.
 
-    conv_wgmma.cu is part of it only for sm_90a (wgmma does not assemble for any other target).
+    WGMMA_HEADERS and WGMMA_SOURCES are part of it only for sm_90a, after the others (wgmma does not
+    assemble for any other target).
     """
-    parts = [geometry_preamble()] + [_drop_includes((KERNEL_DIR / name).read_text()) for name in HEADERS]
-    for name in SOURCES if wgmma_arch(arch) else MMA_SOURCES:
-        text = (KERNEL_DIR / name).read_text()
-        parts.append(f"// ---- {name} ----\n" + _drop_includes(text))
+    parts = [geometry_preamble(arch)] + [_drop_includes((KERNEL_DIR / name).read_text()) for name in HEADERS]
+    for name in MMA_SOURCES:
+        parts.append(f"// ---- {name} ----\n" + _drop_includes((KERNEL_DIR / name).read_text()))
+    if wgmma_arch(arch):
+        parts += [_drop_includes((KERNEL_DIR / name).read_text()) for name in WGMMA_HEADERS]
+        for name in WGMMA_SOURCES:
+            parts.append(f"// ---- {name} ----\n" + _drop_includes((KERNEL_DIR / name).read_text()))
     return "\n".join(parts)
 
 
 def _drop_includes(text: str) -> str:
     """The text without its `#include "<header>"` lines (every header is pasted once, first)."""
-    for name in HEADERS:
+    for name in HEADERS + WGMMA_HEADERS:
         text = text.replace(f'#include "{name}"', "")
     return text
 

@@ -54,70 +54,8 @@
 #include "common.cuh"
 #include "epilogue.cuh"
 #include "loaders.cuh"
+#include "wgmma.cuh"
 
-// The 64-bit shared-memory matrix descriptor of a K-major operand tile in the
-// 128-byte swizzle (PTX ISA, "Matrix Descriptor Format"): start address >> 4
-// (bits 0-13), leading-dimension byte offset >> 4 (16-29), stride-dimension
-// byte offset >> 4 (32-45), base offset (49-51), swizzle mode (62-63, 1 = 128B).
-__device__ __forceinline__ u64 wgmma_desc_sw128(unsigned int smem_byte_addr) {
-    return (u64)((smem_byte_addr & 0x3FFFF) >> 4)
-         | ((u64)(16 >> 4) << 16)
-         | ((u64)(1024 >> 4) << 32)
-         | ((u64)1 << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
-// Orders the generic-proxy writes (cp.async, plain stores) of this thread to
-// shared memory before later async-proxy reads (wgmma operands).
-__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// Ties the accumulators to this point of the instruction stream: the compiler
-// may not move reads or writes of them across (they are in flight between
-// wgmma.mma_async and wgmma.wait_group, invisible to it).
-template <int NACC>
-__device__ __forceinline__ void wgmma_fence_operands(float *d) {
-#pragma unroll
-    for (int i = 0; i < NACC; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
-}
-
-// D[64 x N] += A[64 x 16] * B[N x 16]^T, fp16 in, fp32 accumulate; A and B
-// K-major in shared memory (descriptors), scale-d 1, no negation, no transpose.
-// One instruction per N in {64, 128, 256}; its N/2 fp32 accumulators per thread
-// are operands %0 .. %(N/2-1) (WGMMA_REGS_<N/2> in the text, WGMMA_ACC_<N/2>
-// in the operand list) and the two descriptors the next two operands.
-#define WGMMA_REGS_32 \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define WGMMA_REGS_64 WGMMA_REGS_32 ", " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define WGMMA_REGS_128 WGMMA_REGS_64 ", " \
-    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
-    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
-    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-#define WGMMA_ACC_8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
-                       "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define WGMMA_ACC_32(i) WGMMA_ACC_8(i), WGMMA_ACC_8(i + 8), WGMMA_ACC_8(i + 16), WGMMA_ACC_8(i + 24)
-#define WGMMA_ACC_64(i) WGMMA_ACC_32(i), WGMMA_ACC_32(i + 32)
-#define WGMMA_ACC_128(i) WGMMA_ACC_64(i), WGMMA_ACC_64(i + 64)
-// N, accumulators per thread, operand numbers of the two descriptors.
-#define WGMMA_M64K16(N, NACC, DESC_A, DESC_B)                                                            \
-    asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.f16.f16 "                               \
-                 "{" WGMMA_REGS_##NACC "}, %" #DESC_A ", %" #DESC_B ", 1, 1, 1, 0, 0;\n"                 \
-                 : WGMMA_ACC_##NACC(0) : "l"(desc_a), "l"(desc_b))
-
-template <int BN>
-__device__ __forceinline__ void wgmma_m64k16(float *d, u64 desc_a, u64 desc_b) {
-    static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma n64 / n128 / n256");
-    if constexpr (BN == 64) WGMMA_M64K16(64, 32, 32, 33);
-    else if constexpr (BN == 128) WGMMA_M64K16(128, 64, 64, 65);
-    else WGMMA_M64K16(256, 128, 128, 129);
-}
-#undef WGMMA_M64K16
 
 template <int BM, int BN, int WGS, int STAGES>
 __global__ void __launch_bounds__(WGS * 128, 1)

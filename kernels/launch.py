@@ -35,11 +35,17 @@ from .configs import (
     STEM_POOL_THREADS,
     STEM_POOL_TILE_H,
     STEM_POOL_TILE_W,
+    STEM_POOL_WGMMA_KERNELS,
     STEM_SMEM_BYTES,
     STEM_THREADS,
     STEM_TILE_H,
     STEM_TILE_W,
     STEM_TILES,
+    STEM_WGMMA_BLOCKS_PER_SM,
+    STEM_WGMMA_SMEM_BYTES,
+    STEM_WGMMA_THREADS,
+    STEM_WGMMA_TILE_H,
+    STEM_WGMMA_TILE_W,
     WGMMA_ARCH,
     WGMMA_TILES,
     ConvPlan,
@@ -92,7 +98,8 @@ class KernelLibrary:
             self.path = conv_path(self.cc, path)
             self.device_name = cp.cuda.runtime.getDeviceProperties(device_id)["name"].decode()
             tiles = CONV_TILES + tuple(STEM_TILES.values()) + PATCH_TILES
-            if path_arch(self.path) == WGMMA_ARCH:   # both families in one sm_90a module
+            wgmma_module = path_arch(self.path) == WGMMA_ARCH
+            if wgmma_module:   # both families in one sm_90a module
                 from .nvrtc_build import compile_cubin
                 cubin, lowered = compile_cubin(source_text(WGMMA_ARCH), nvrtc_options(WGMMA_ARCH),
                                                name_expressions(WGMMA_ARCH))
@@ -123,6 +130,11 @@ class KernelLibrary:
                 kernel = get(name)
                 kernel.max_dynamic_shared_size_bytes = STEM_POOL_SMEM_BYTES
                 self.stem_pool_kernels[kind] = kernel
+            self.stem_pool_wgmma_kernels = {}   # the fused stem + pool of the sm_90a module (stem_wgmma.cu)
+            for kind, name in (STEM_POOL_WGMMA_KERNELS.items() if wgmma_module else ()):
+                kernel = get(name)
+                kernel.max_dynamic_shared_size_bytes = STEM_WGMMA_SMEM_BYTES
+                self.stem_pool_wgmma_kernels[kind] = kernel
             self.splitk_epilogue = get("splitk_epilogue")
             self.maxpool = get("maxpool_3x3s2")
             self.avgpool_fc_kernel = get(f"avgpool_fc<{HEAD_IMGS}>")
@@ -177,8 +189,19 @@ class KernelLibrary:
         self._launch_conv(plan, x, weight_padded, bias, None, y, None, in_scale, in_shift,
                           (n, h, w, c, k, p, q, 7, 7, 2, 3, STEM_KG_PADDED, k_tiles), True)
 
-    def stem_pool(self, x, weight_padded, bias, y, *, kind: str, in_scale=None, in_shift=None):
-        """Stem conv + bias + ReLU + 3x3/2 max-pool in one kernel (stem.cu): y is the pooled [N,P2,Q2,64]."""
+    def stem_pool(self, x, weight_padded, bias, y, *, kind: str, in_scale=None, in_shift=None,
+                  method: str | None = None):
+        """Stem conv + bias + ReLU + 3x3/2 max-pool in one kernel: y is the pooled [N,P2,Q2,64].
+
+        method "wgmma": stem_wgmma.cu (sm_90a); "mma": stem.cu's mma.sync kernel. Default: wgmma where
+        the sm_90a module is loaded (the mixed and wgmma paths), else mma (every other GPU, and an H100
+        forced to the mma path).
+        """
+        method = method or ("wgmma" if self.stem_pool_wgmma_kernels else "mma")
+        if method not in ("wgmma", "mma"):
+            raise ValueError(f"stem_pool method {method!r}: expected wgmma or mma")
+        if method == "wgmma" and not self.stem_pool_wgmma_kernels:
+            raise ValueError(f"the wgmma stem is compiled only on the wgmma and mixed paths (this is {self.path})")
         if kind == "uint8":
             n, h, w, c = x.shape
         else:
@@ -188,13 +211,19 @@ class KernelLibrary:
         p2, q2 = conv_out_size(p1, 3, 2, 1), conv_out_size(q1, 3, 2, 1)
         if c != 3 or k != 64 or weight_padded.shape[1] != STEM_KG_PADDED or y.shape != (n, p2, q2, k):
             raise ValueError(f"stem_pool: input {x.shape}, weight {weight_padded.shape}, output {y.shape}")
-        tiles_x, tiles_y = _blocks(q2, STEM_POOL_TILE_W), _blocks(p2, STEM_POOL_TILE_H)
+        wgmma = method == "wgmma"
+        tile_h, tile_w = (STEM_WGMMA_TILE_H, STEM_WGMMA_TILE_W) if wgmma else (STEM_POOL_TILE_H, STEM_POOL_TILE_W)
+        tiles_x, tiles_y = _blocks(q2, tile_w), _blocks(p2, tile_h)
         total = n * tiles_x * tiles_y
-        per_block = self._stem_tiles_per_block(total)
-        _launch(self.stem_pool_kernels[kind], (_blocks(total, per_block),), STEM_POOL_THREADS,
-                (_ptr(x), _ptr(weight_padded), _ptr(bias), _ptr(y), _ptr(in_scale), _ptr(in_shift), _i(n), _i(h),
-                 _i(w), _i(p1), _i(q1), _i(p2), _i(q2), _i(tiles_x), _i(tiles_x * tiles_y), _i(total),
-                 _i(per_block)), STEM_POOL_SMEM_BYTES)
+        args = (_ptr(x), _ptr(weight_padded), _ptr(bias), _ptr(y), _ptr(in_scale), _ptr(in_shift), _i(n), _i(h),
+                _i(w), _i(p1), _i(q1), _i(p2), _i(q2), _i(tiles_x), _i(tiles_x * tiles_y), _i(total))
+        if wgmma:   # persistent blocks: tiles blockIdx.x, + gridDim.x, ...
+            _launch(self.stem_pool_wgmma_kernels[kind], (min(total, self.sms * STEM_WGMMA_BLOCKS_PER_SM),),
+                    STEM_WGMMA_THREADS, args, STEM_WGMMA_SMEM_BYTES)
+        else:
+            per_block = self._stem_tiles_per_block(total)
+            _launch(self.stem_pool_kernels[kind], (_blocks(total, per_block),), STEM_POOL_THREADS,
+                    args + (_i(per_block),), STEM_POOL_SMEM_BYTES)
 
     def _stem_tiles_per_block(self, total: int) -> int:
         """Tiles per stem block: up to 8 (the filter is loaded once per block), keeping >= 3 waves of 2 blocks/SM."""

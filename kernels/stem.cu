@@ -21,11 +21,13 @@
 //      each; warp_mma.cuh);
 //   4. adds the bias, applies ReLU and stores fp16.
 // A block loops over `tiles_per_block` consecutive tiles, reusing the filter.
-// Steps 1-3 and the filter load are device functions shared with the fused
-// stem + max-pool kernel below (stem_load_patch, stem_build_a, stem_mma_32x32,
-// stem_load_filter).
+// Steps 2-3 and the filter load are device functions shared with the fused
+// stem + max-pool kernel below (stem_build_a, stem_mma_32x32,
+// stem_load_filter); step 1 (stem_load_patch) and the pool are stem.cuh's,
+// shared with stem_wgmma.cu as well.
 
 #include "common.cuh"
+#include "stem.cuh"
 #include "warp_mma.cuh"
 
 // STEM_TH, STEM_TW, STEM_KG, STEM_K, STEM_IN_ROW, STEM_THREADS and the SP_*
@@ -50,33 +52,6 @@ __device__ __forceinline__ void stem_load_filter(half_bits *sB, const half_bits 
     for (int i = tid; i < STEM_K * (STEM_KG / 8); i += THREADS) {
         const int row = i / (STEM_KG / 8), ch = i - row * (STEM_KG / 8);
         cp_async_16(smem_addr(sB + stem_swz(row, ch)), w + row * STEM_KG + ch * 8, 16);
-    }
-}
-
-// The normalised fp16 input patch of IN_H x IN_W pixels from (iy0, ix0) of
-// image n into sIn ([IN_H][IN_ROW] halfs, 3 channels per pixel): MODE 1 uint8
-// NHWC pixels * scale + shift, MODE 2 fp32 NCHW values; 0 outside the image.
-template <int MODE, int IN_H, int IN_W, int IN_ROW, int THREADS>
-__device__ __forceinline__ void stem_load_patch(half_bits *sIn, const void *__restrict__ x_, const float (&scale)[3],
-                                                const float (&shift)[3], int n, int H, int W, int iy0, int ix0,
-                                                int tid) {
-    for (int i = tid; i < IN_H * IN_W; i += THREADS) {
-        const int iy = i / IN_W, ix = i - iy * IN_W;
-        const int gy = iy0 + iy, gx = ix0 + ix;
-        float v[3] = {0.f, 0.f, 0.f};
-        if ((unsigned)gy < (unsigned)H && (unsigned)gx < (unsigned)W) {
-            if (MODE == 1) {
-                const unsigned char *p = reinterpret_cast<const unsigned char *>(x_) + ((u64)(n * H + gy) * W + gx) * 3;
-#pragma unroll
-                for (int c = 0; c < 3; ++c) v[c] = (float)p[c] * scale[c] + shift[c];
-            } else {
-                const float *x = reinterpret_cast<const float *>(x_);
-#pragma unroll
-                for (int c = 0; c < 3; ++c) v[c] = x[((u64)(n * 3 + c) * H + gy) * W + gx];
-            }
-        }
-#pragma unroll
-        for (int c = 0; c < 3; ++c) sIn[iy * IN_ROW + ix * 3 + c] = float_to_half(v[c]);
     }
 }
 
@@ -208,10 +183,9 @@ stem_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, con
 // in stem_conv7x7s2 from a 23 x 39-pixel input patch. After bias + ReLU the
 // fp16 stem values go to shared memory (over the A tile; rows padded to 72
 // halfs so the half2 stores of a warp spread over the banks), with stem
-// pixels outside the image set to 0: every pool window holds a real pixel and
-// real values are >= 0 after ReLU, so 0 never wins and acts as the padding.
-// Then each of 256 threads takes 8 channels of one pooled pixel: nine 16-byte
-// shared loads, packed fp16 max, one 16-byte global store.
+// pixels outside the image set to 0, and stem.cuh's stem_pool_store pools
+// them (256 threads, 8 channels of one pooled pixel each). On sm_90a the
+// wgmma and mixed paths run stem_wgmma.cu's stem_pool_wgmma instead.
 
 // SP_PH x SP_PW pooled pixels, SP_M GEMM rows, SP_IN_ROW, SP_C_ROW and
 // STEM_POOL_THREADS: configs.GEOMETRY.
@@ -292,23 +266,6 @@ stem_pool_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w
         }
         __syncthreads();
 
-        if (tid < SP_PH * SP_PW * 8) {
-            const int pix = tid >> 3, ch = tid & 7;
-            const int qy = pix / SP_PW, qx = pix - qy * SP_PW;
-            const int oy = py0 + qy, ox = px0 + qx;
-            if (oy < P2 && ox < Q2) {
-                unsigned int m0 = 0u, m1 = 0u, m2 = 0u, m3 = 0u;   // +0.0: below every ReLU output but equal to 0
-#pragma unroll
-                for (int dy = 0; dy < 3; ++dy)
-#pragma unroll
-                    for (int dx = 0; dx < 3; ++dx) {
-                        const vec16 v = *reinterpret_cast<const vec16 *>(
-                            sA + ((2 * qy + dy) * SP_SW + 2 * qx + dx) * SP_C_ROW + ch * 8);
-                        m0 = hmax2(m0, v.x); m1 = hmax2(m1, v.y); m2 = hmax2(m2, v.z); m3 = hmax2(m3, v.w);
-                    }
-                vec16 out; out.x = m0; out.y = m1; out.z = m2; out.w = m3;
-                *reinterpret_cast<vec16 *>(y + (((u64)n * P2 + oy) * Q2 + ox) * STEM_K + ch * 8) = out;
-            }
-        }
+        stem_pool_store<SP_PH, SP_PW, SP_C_ROW, STEM_POOL_THREADS>(y, sA, tid, n, py0, px0, P2, Q2);
     }
 }

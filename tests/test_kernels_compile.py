@@ -27,7 +27,11 @@ from fusedresnet.kernels.configs import (
     HEADERS,
     KERNEL_DIR,
     SOURCES,
+    STEM_WGMMA_BLOCKS_PER_SM,
+    STEM_WGMMA_SMEM_BYTES,
+    STEM_WGMMA_THREADS,
     WGMMA_ARCH,
+    WGMMA_HEADERS,
     WGMMA_SOURCES,
     WGMMA_TILES,
     name_expressions,
@@ -42,13 +46,13 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH: cannot c
 def test_every_cu_file_is_part_of_the_compiled_source():
     on_disk = sorted(p.name for p in KERNEL_DIR.glob("*.cu"))
     assert on_disk == sorted(SOURCES), "a .cu file in kernels/ is not listed in configs.SOURCES (never compiled)"
-    assert sorted(p.name for p in KERNEL_DIR.glob("*.cuh")) == sorted(HEADERS)
+    assert sorted(p.name for p in KERNEL_DIR.glob("*.cuh")) == sorted(HEADERS + WGMMA_HEADERS)
     for arch in ("sm_80", WGMMA_ARCH):   # each header pasted once, no #include left for NVRTC to resolve
         text = source_text(arch)
         assert not re.search(r"^\s*#\s*include", text, re.M)
-        for name in HEADERS:
+        for name in HEADERS + WGMMA_HEADERS:
             guard = "FUSEDRESNET_" + name.removesuffix(".cuh").upper() + "_CUH"
-            assert text.count(f"#define {guard}") == 1, name
+            assert text.count(f"#define {guard}") == (arch == WGMMA_ARCH or name in HEADERS), (arch, name)
     for name in SOURCES:
         assert f"// ---- {name} ----" in source_text(WGMMA_ARCH)
     for name in WGMMA_SOURCES:   # wgmma does not assemble for the other targets
@@ -73,13 +77,16 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
     report = result.stdout + result.stderr
     compiled = re.findall(r"Function properties for (\S+)", report)
     assert len(compiled) == len(names), report
-    # The matrix kernels must keep their accumulators in registers.
+    # The matrix kernels must keep their accumulators (and the wgmma stem its A fragments) in registers.
     checked = 0
     for block in report.split("Function properties for ")[1:]:
-        if block.startswith(("_Z18conv_implicit_gemm", "_Z10conv_wgmma")):
+        if block.startswith(("_Z18conv_implicit_gemm", "_Z10conv_wgmma", "_Z15stem_pool_wgmma")):
             assert " 0 bytes spill stores" in block, block
             checked += 1
-    assert checked >= len([n for n in names if n.startswith(("conv_implicit_gemm", "conv_wgmma"))])
+        if block.startswith("_Z15stem_pool_wgmma"):   # its blocks per SM (the persistent grid) fit the registers
+            registers = int(re.search(r"Used (\d+) registers", block).group(1))
+            assert registers * STEM_WGMMA_THREADS * STEM_WGMMA_BLOCKS_PER_SM <= 65536, block
+    assert checked >= len([n for n in names if n.startswith(("conv_implicit_gemm", "conv_wgmma", "stem_pool_wgmma"))])
     # ptxas serialises wgmma (and says so, C7515/C7520) when the accumulators are touched while in flight.
     assert "Potential Performance Loss" not in report, report
 
@@ -140,6 +147,21 @@ def test_kernels_compile_under_nvrtc_like_the_engine(arch):
         assert nvrtc.nvrtcGetLoweredName(program, name.encode(), ctypes.byref(lowered)) == 0, name
     cubin_size = ctypes.c_size_t()
     assert nvrtc.nvrtcGetCUBINSize(program, ctypes.byref(cubin_size)) == 0 and cubin_size.value > 0
+
+
+def test_wgmma_stem_is_compiled_for_sm_90a_only_and_its_blocks_fit_an_sm():
+    """stem_wgmma.cu: in the sm_90a module only; SW_BLOCKS_PER_SM blocks fit the H100's 228 KB of shared
+    memory per SM (1 KB of it reserved per block)."""
+    from fusedresnet.kernels.configs import GEOMETRY, STEM_POOL_WGMMA_KERNELS
+    names = set(STEM_POOL_WGMMA_KERNELS.values())
+    assert names <= set(name_expressions(WGMMA_ARCH)) and not names & set(name_expressions("sm_90"))
+    assert "// ---- stem_wgmma.cu ----" in source_text(WGMMA_ARCH)
+    assert STEM_WGMMA_BLOCKS_PER_SM * (STEM_WGMMA_SMEM_BYTES + 1024) <= 228 * 1024
+    assert STEM_WGMMA_SMEM_BYTES <= 227 * 1024
+    assert STEM_WGMMA_THREADS % 128 == 0   # whole warpgroups (the registers: the compile test)
+    # one pooled tile's stem region fits the GEMM rows; 56 x 56 pooled maps tile exactly (no idle rows)
+    assert (2 * GEOMETRY["SW_PH"] + 1) * (2 * GEOMETRY["SW_PW"] + 1) <= GEOMETRY["SW_M"]
+    assert 56 % GEOMETRY["SW_PH"] == 0 and 56 % GEOMETRY["SW_PW"] == 0
 
 
 def test_conv_path_is_mixed_on_cc_9_0_only_and_one_family_can_be_forced(monkeypatch):
