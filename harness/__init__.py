@@ -8,6 +8,8 @@ PyTorch reference before timing anything (in the style of llm.c's dev/cuda harne
     diff.py           layer-by-layer diff of an engine against the float32 reference, CPU or GPU
                       (`python -m fusedresnet.harness.diff`)
     profile_layers.py a few launches for Nsight Compute (`python -m fusedresnet.harness.profile_layers`)
+    tune.py           every conv of ResNet-18 at every batch bucket of the engine through
+                      `fusedresnet.kernels.tune`, writes kernels/tuned_plans.json (`python -m fusedresnet.harness.tune`)
 
 The GPU-host run of check and bench (and tune, ncu) is `kernels/gpu_check.sh`.
 

@@ -4,14 +4,20 @@ CUDA sources (compiled at run time by CuPy/NVRTC as one translation unit, see
 `configs.source_text`; each file opens with a comment on how it works):
 
     common.cuh             PTX wrappers: cp.async, ldmatrix, mma.sync m16n8k16, fp16 packing; the swizzle
+    warp_mma.cuh           the mma.sync warp tile (ldmatrix fragments + m16n8k16 over a k16 step), shared by
+                           conv_implicit_gemm, conv3x3_patch and stem
+    wgmma.cuh              sm_90a: wgmma.mma_async m64nNk16 wrappers and shared-memory descriptors
     epilogue.cuh           the fused epilogue (bias, residual, ReLU, fp16 NHWC / split-K partials) of every conv
     loaders.cuh            the cp.async im2col (A) and filter (B) loaders of the implicit-GEMM kernels
+    stem.cuh               the stems' input-patch load and the fused 3x3/2 max-pool (shared by both stems)
     conv_implicit_gemm.cu  convolution as implicit GEMM + fused epilogue (bias, residual, ReLU),
                            split-K with `splitk_epilogue`; every conv of the network can run on it
     conv3x3_patch.cu       3x3/1 convs with the input patch in shared memory (all 9 taps from one copy)
     conv_wgmma.cu          sm_90a: the implicit GEMM on wgmma.mma_async (shared-memory descriptors), same
                            loaders and epilogue; the convolutions on compute capability 9.0
     stem.cu                7x7/2 stem from uint8 (normalisation fused), alone or fused with the max-pool
+    stem_wgmma.cu          sm_90a: the stem fused with the max-pool on wgmma, A gathered from the input patch
+                           into registers (no im2col tile); the stem on compute capability 9.0
     pool_head.cu           3x3/2 max-pool; global average pool + fully-connected layer in one kernel
 
 Python:
@@ -21,13 +27,14 @@ Python:
                       (wgmma on cc 9.0, else mma.sync; FUSEDRESNET_CONV_PATH=mma|wgmma forces one)
     nvrtc_build.py    NVRTC compile of the sm_90a module (CuPy's RawModule cannot target sm_90a), disk cache
     sass_diff.py      per-kernel SASS dump and compare (CPU, nvcc + cuobjdump): a refactor keeps the machine code
-    tuned_plans.json  measured best tile / split-K per layer shape and batch bucket (for the GPU model
-                      and conv path it names: H100, mma.sync)
-    tune.py           measures every candidate plan per layer (CUDA-graph timed), writes tuned_plans.json
+    tuned_plans.json  measured best tile / split-K per layer shape and batch bucket, overall and per kernel
+                      family (for the GPU model it names: H100, both families)
+    tune.py           times every candidate plan of one conv (CUDA-graph timed); the network tuner that
+                      writes tuned_plans.json is `fusedresnet.harness.tune`
     gpu_check.sh      one GPU-host call: [tune +] check + bench [+ ncu]
 
 The engine that strings the kernels together is `fusedresnet.backend.engine_cuda`; the harness that
-checks and times them (check, bench, diff, profile_layers) is `fusedresnet.harness`. This package
+checks, times and tunes them (check, bench, diff, profile_layers, tune) is `fusedresnet.harness`. This package
 imports neither (nor `fusedresnet.client`): tests/test_package_layering.py.
 Measurements, predictions and outcomes: NOTES.md.
 """

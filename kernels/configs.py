@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parent
-TUNED_PLANS = KERNEL_DIR / "tuned_plans.json"   # written by `python -m fusedresnet.kernels.tune`
+TUNED_PLANS = KERNEL_DIR / "tuned_plans.json"   # written by `python -m fusedresnet.harness.tune`
 MMA_SOURCES = ("conv_implicit_gemm.cu", "conv3x3_patch.cu", "stem.cu", "pool_head.cu")
 WGMMA_SOURCES = ("conv_wgmma.cu", "stem_wgmma.cu")     # sm_90a only
 SOURCES = MMA_SOURCES + WGMMA_SOURCES

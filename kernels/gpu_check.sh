@@ -38,7 +38,7 @@ if [[ $what == full || $what == tuned ]]; then
 fi
 if [[ ( $what == full || $what == tune || $what == tuned ) && $rc_tune == 0 ]]; then
   # Limit: a tune that runs away must not eat the check and the bench (a failure is loud, no table copied).
-  timeout ${TUNE_LIMIT_S:-330} python3 -m fusedresnet.kernels.tune --out "$OUT/tuned_plans.json" 2>&1 \
+  timeout ${TUNE_LIMIT_S:-330} python3 -m fusedresnet.harness.tune --out "$OUT/tuned_plans.json" 2>&1 \
     | tee "$OUT/tune.log"
   rc_tune=${PIPESTATUS[0]}
   if (( rc_tune != 0 )); then

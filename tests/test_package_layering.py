@@ -22,15 +22,6 @@ PACKAGES = {"backend": "fusedresnet.backend", "kernels": "fusedresnet.kernels", 
             "loadtest": "fusedresnet.loadtest", "harness": "fusedresnet.harness"}
 KERNEL_LIBRARY_MAY_NOT_IMPORT = ("fusedresnet.backend", "fusedresnet.client", "fusedresnet.harness")
 
-# Imports in the kernel library that break the rule and are being removed (issue 10, item 3: tune.py's `main`
-# takes the network's layer shapes from the harness's check and the batch buckets from the engine). An entry
-# whose import is gone fails the test below, so this list only shrinks.
-PENDING = {
-    ("kernels/tune.py", "fusedresnet.backend.engine_cuda"),
-    ("kernels/tune.py", "fusedresnet.kernels.check"),
-}
-
-
 def imports(source: str, package: str) -> list[tuple[int, str]]:
     """(line, absolute module name) of every import in `source`, a module of `package`.
 
@@ -69,8 +60,7 @@ def kernel_library_violations(relative: str, source: str) -> list[str]:
             name = module.split(".")[2]
             if not (ROOT / "kernels" / f"{name}.py").is_file():
                 found.append((line, module))
-    return [f"{relative}:{line}: imports {module}" for line, module in found
-            if (relative, module) not in PENDING]
+    return [f"{relative}:{line}: imports {module}" for line, module in found]
 
 
 def kernel_modules() -> list[Path]:
@@ -112,13 +102,6 @@ def test_the_old_layout_is_caught():
 def test_kernel_library_imports_no_other_fusedresnet_package(path):
     relative = path.relative_to(ROOT).as_posix()
     assert kernel_library_violations(relative, path.read_text()) == []
-
-
-def test_pending_exceptions_still_exist():
-    """Each PENDING entry is an import still in its file; once it is removed, remove the entry."""
-    for relative, module in sorted(PENDING):
-        present = {m for _, m in imports((ROOT / relative).read_text(), PACKAGES["kernels"])}
-        assert module in present, f"{relative} no longer imports {module}: remove it from PENDING"
 
 
 def test_no_package_imports_the_harness():
