@@ -85,6 +85,8 @@ GEOMETRY = {
 SMEM_BYTES = {
     "conv_smem_bytes(BM, BN, STAGES)": "STAGES * (BM + BN) * BK * 2",
     "wgmma_smem_bytes(BM, BN, STAGES)": "STAGES * (BM + BN) * BK * 2 + WGMMA_SMEM_ALIGN",
+    # conv_wgmma_ws: the same ring, then a full and an empty mbarrier (8 bytes each) per stage
+    "wgmma_ws_smem_bytes(BM, BN, STAGES)": "STAGES * (BM + BN) * BK * 2 + WGMMA_SMEM_ALIGN + STAGES * 16",
     "patch_smem_bytes(TH, TW, BN, STAGES)": "2 * (TH + 2) * (TW + 2) * BK * 2 + STAGES * BN * BK * 2",
     "STEM_SMEM_BYTES": "(STEM_TH * STEM_TW + STEM_K) * STEM_KG * 2 + (2 * STEM_TH + 5) * STEM_IN_ROW * 2",
     "STEM_POOL_SMEM_BYTES": "(SP_M + STEM_K) * STEM_KG * 2 + (2 * (2 * SP_PH + 1) + 5) * SP_IN_ROW * 2",
@@ -178,7 +180,11 @@ CONV_TILES = (
 
 @dataclass(frozen=True)
 class WgmmaConfig:
-    """One instantiation of conv_wgmma (sm_90a): BM x BN tile, `warpgroups` consumers of 128 threads."""
+    """One instantiation of conv_wgmma (sm_90a): BM x BN tile, `warpgroups` consumers of 128 threads.
+
+    warp_specialized: conv_wgmma_ws instead (conv_wgmma.cu, v2): one more warpgroup, the producer,
+    issues every load; per-stage mbarriers instead of a __syncthreads per k-tile. Labels "ws...".
+    """
 
     bm: int
     bn: int
@@ -187,22 +193,25 @@ class WgmmaConfig:
     efficiency: float = 1.0   # cost model, relative to the mma.sync 128x128 tile (see plan_conv)
     blocks_per_sm: int = 1
     measured: bool = False    # efficiency calibrated on a GPU run: only these are untuned (cost-model) choices
+    warp_specialized: bool = False
 
     @property
     def threads(self) -> int:
-        return self.warpgroups * 128
+        return (self.warpgroups + self.warp_specialized) * 128
 
     @property
     def smem_bytes(self) -> int:
-        return smem_bytes("wgmma", BM=self.bm, BN=self.bn, STAGES=self.stages)
+        return smem_bytes("wgmma_ws" if self.warp_specialized else "wgmma", BM=self.bm, BN=self.bn,
+                          STAGES=self.stages)
 
     @property
     def name_expression(self) -> str:
-        return f"conv_wgmma<{self.bm},{self.bn},{self.warpgroups},{self.stages}>"
+        kernel = "conv_wgmma_ws" if self.warp_specialized else "conv_wgmma"
+        return f"{kernel}<{self.bm},{self.bn},{self.warpgroups},{self.stages}>"
 
     @property
     def label(self) -> str:
-        return f"wg{self.bm}x{self.bn}g{self.warpgroups}s{self.stages}"
+        return f"{'ws' if self.warp_specialized else 'wg'}{self.bm}x{self.bn}g{self.warpgroups}s{self.stages}"
 
 
 # wgmma tiles. `efficiency` is relative to the mma.sync 128x128 tile (1.0, which
@@ -228,6 +237,13 @@ WGMMA_TILES = (
     WgmmaConfig(256, 128, 2, 4, efficiency=1.4, blocks_per_sm=1),   # 193 KB, each warpgroup 128x128
     WgmmaConfig(64, 128, 1, 6, efficiency=0.8, blocks_per_sm=1),    # 145 KB, small M
     WgmmaConfig(64, 64, 1, 6, efficiency=0.6, blocks_per_sm=2),     # 97 KB, small M
+    # Warp-specialised (conv_wgmma_ws, v2): 2 consumer warpgroups + 1 producer warpgroup (384 threads),
+    # per-stage mbarriers, no __syncthreads in the k-loop (NOTES.md "Next": the suspect after outcome 8).
+    # Not measured yet: the untuned cost model never picks them, the tuner times them.
+    WgmmaConfig(128, 128, 2, 4, efficiency=1.2, blocks_per_sm=1, warp_specialized=True),   # 129 KB
+    WgmmaConfig(128, 128, 2, 6, efficiency=1.2, blocks_per_sm=1, warp_specialized=True),   # 193 KB
+    WgmmaConfig(128, 256, 2, 4, efficiency=1.5, blocks_per_sm=1, warp_specialized=True),   # 193 KB
+    WgmmaConfig(256, 128, 2, 4, efficiency=1.5, blocks_per_sm=1, warp_specialized=True),   # 193 KB
 )
 
 

@@ -82,4 +82,39 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float *d, const unsigned int 
                  : WGMMA_ACC_32(0) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 #undef WGMMA_M64K16
+
+// mbarriers in shared memory (PTX ISA, "Parallel Synchronization and
+// Communication Instructions: mbarrier"), for conv_wgmma_ws's producer /
+// consumer ring. `bar` is the shared-memory byte address of an 8-byte aligned
+// u64. A barrier completes a phase when `count` arrivals have been made since
+// the previous completion; waiters name the phase by its parity (0, 1, 0, ...).
+__device__ __forceinline__ void mbarrier_init(unsigned int bar, unsigned int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+// Makes the mbarrier.init of this thread visible before any other thread's
+// arrive or wait (followed by __syncthreads in the kernel).
+__device__ __forceinline__ void fence_mbarrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival (release semantics: this thread's earlier memory accesses, and the
+// completed wgmma reads it waited for, are ordered before it).
+__device__ __forceinline__ void mbarrier_arrive(unsigned int bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+// One arrival once every cp.async this thread issued so far has landed. .noinc:
+// the arrival counts against the barrier's initial count (one per issuing thread).
+__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(unsigned int bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
+}
+// Spins until the phase of parity `parity` has completed (acquire semantics).
+// A barrier whose current, incomplete phase has the other parity counts the
+// previous phase as completed (what a producer's first pass over a fresh ring relies on).
+__device__ __forceinline__ void mbarrier_wait_parity(unsigned int bar, unsigned int parity) {
+    asm volatile("{\n"
+                 "  .reg .pred done;\n"
+                 "MBARRIER_WAIT:\n"
+                 "  mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "  @!done bra MBARRIER_WAIT;\n"
+                 "}\n" :: "r"(bar), "r"(parity) : "memory");
+}
 #endif  // FUSEDRESNET_WGMMA_CUH

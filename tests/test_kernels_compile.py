@@ -80,7 +80,7 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
     # The matrix kernels must keep their accumulators (and the wgmma stem its A fragments) in registers.
     checked = 0
     for block in report.split("Function properties for ")[1:]:
-        if block.startswith(("_Z18conv_implicit_gemm", "_Z10conv_wgmma", "_Z15stem_pool_wgmma")):
+        if block.startswith(("_Z18conv_implicit_gemm", "_Z10conv_wgmma", "_Z13conv_wgmma_ws", "_Z15stem_pool_wgmma")):
             assert " 0 bytes spill stores" in block, block
             checked += 1
         if block.startswith("_Z15stem_pool_wgmma"):   # its blocks per SM (the persistent grid) fit the registers
@@ -162,6 +162,25 @@ def test_wgmma_stem_is_compiled_for_sm_90a_only_and_its_blocks_fit_an_sm():
     # one pooled tile's stem region fits the GEMM rows; 56 x 56 pooled maps tile exactly (no idle rows)
     assert (2 * GEOMETRY["SW_PH"] + 1) * (2 * GEOMETRY["SW_PW"] + 1) <= GEOMETRY["SW_M"]
     assert 56 % GEOMETRY["SW_PH"] == 0 and 56 % GEOMETRY["SW_PW"] == 0
+
+
+def test_warp_specialised_wgmma_tiles_are_sm_90a_only_distinct_and_fit_an_sm():
+    """conv_wgmma_ws (conv_wgmma.cu v2): "ws" labels, one producer warpgroup on top of the consumers, the
+    ring plus two 8-byte mbarriers per stage within the 227 KB a block may have, never an untuned choice."""
+    from fusedresnet.kernels.configs import GEOMETRY, tile_by_label, tile_family
+    ws = [t for t in WGMMA_TILES if t.warp_specialized]
+    assert 2 <= len(ws) <= 4
+    labels = [t.label for t in WGMMA_TILES]
+    assert len(set(labels)) == len(labels) and all(t.label.startswith("ws") for t in ws)
+    names = {t.name_expression for t in ws}
+    assert all(n.startswith("conv_wgmma_ws<") for n in names) and len(names) == len(ws)
+    assert names <= set(name_expressions(WGMMA_ARCH)) and not names & set(name_expressions("sm_90"))
+    for t in ws:
+        assert tile_by_label(t.label) is t and tile_family(t) == "wgmma" and not t.measured
+        assert t.threads == (t.warpgroups + 1) * 128
+        ring = t.stages * (t.bm + t.bn) * GEOMETRY["BK"] * 2
+        assert t.smem_bytes == ring + GEOMETRY["WGMMA_SMEM_ALIGN"] + 16 * t.stages <= 227 * 1024
+        assert t.blocks_per_sm * (t.smem_bytes + 1024) <= 228 * 1024
 
 
 def test_conv_path_is_mixed_on_cc_9_0_only_and_one_family_can_be_forced(monkeypatch):
