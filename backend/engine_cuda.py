@@ -40,7 +40,7 @@ import cupy as cp  # noqa: E402  (ImportError here means: no fused engine on thi
 import numpy as np
 import torch
 
-from ..kernels.configs import STEM_KG_PADDED
+from ..kernels.configs import MIXED, STEM_KG_PADDED
 from ..kernels.launch import conv_out_size, library
 from .engines import next_power_of_two
 from .folding import MAXPOOL_KERNEL, MAXPOOL_PADDING, MAXPOOL_STRIDE, STEM, load_folded, resnet18_blocks
@@ -120,7 +120,7 @@ class FusedCudaEngine:
 
     # The name the models answer with (ENGINE output, load log, load-test report): the kernel families
     # of the library's conv path (mixed: each conv on the wgmma or mma.sync kernel its plan names).
-    NAMES = {"mma": "fused-cuda-fp16-mma", "wgmma": "fused-cuda-fp16-wgmma", "mixed": "fused-cuda-fp16-wgmma+mma"}
+    NAMES = {"mma": "fused-cuda-fp16-mma", "wgmma": "fused-cuda-fp16-wgmma", MIXED: "fused-cuda-fp16-wgmma+mma"}
 
     def __init__(self, params_or_path, device: str = "cuda:0", conv_path: str | None = None):
         """`conv_path`: "mma", "wgmma", "auto" or None (FUSEDRESNET_CONV_PATH, else by compute capability)."""

@@ -142,7 +142,11 @@ def bench_torch(model_fp32, batch: int, which: str, size: int = 224, features: b
                     module(static)
                 return time_ms(graph.replay, reps_for(batch))
             if which == "compile_max_autotune":
-                compiled = torch.compile(model16, mode="max-autotune")
+                # A fresh, static-shape compile per batch size: without the reset, Dynamo's automatic
+                # dynamic shapes would serve every batch size after the first from one dynamic-shape
+                # graph tuned for another batch.
+                torch._dynamo.reset()
+                compiled = torch.compile(model16, mode="max-autotune", dynamic=False)
                 for _ in range(3):
                     compiled(x16)
                 return time_ms(lambda: compiled(x16), reps_for(batch))
@@ -167,15 +171,16 @@ def gpu_state() -> dict:
     """Clocks, power, temperature, throttle reasons and the compute processes on GPU 0 (nvidia-smi), now."""
     try:
         index = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
-        values = subprocess.run(["nvidia-smi", "-i", index, f"--query-gpu={','.join(GPU_STATE_FIELDS)}",
-                                 "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                                timeout=10).stdout.strip().split(", ")
+        gpu = subprocess.run(["nvidia-smi", "-i", index, f"--query-gpu={','.join(GPU_STATE_FIELDS)}",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
         apps = subprocess.run(["nvidia-smi", "-i", index, "--query-compute-apps=pid", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=10).stdout.split()
+                              capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as error:
         return {"error": str(error)}
-    state = dict(zip(GPU_STATE_FIELDS, values))
-    state["compute_processes"] = len(apps)
+    if gpu.returncode != 0 or apps.returncode != 0:
+        return {"error": (gpu.stderr or gpu.stdout or apps.stderr or apps.stdout).strip()[:200]}
+    state = dict(zip(GPU_STATE_FIELDS, gpu.stdout.strip().split(", ")))
+    state["compute_processes"] = sum(line.strip().isdigit() for line in apps.stdout.splitlines())
     return state
 
 
@@ -202,7 +207,8 @@ def conv_runner(engine: FusedCudaEngine, spec, n: int, h: int, w: int):
             plan.tile.label, plan.splits, flops)
 
 
-def layer_table(engine: FusedCudaEngine, batches, peak: float) -> list[dict]:
+def layer_table(engine: FusedCudaEngine, batches) -> list[dict]:
+    """Each convolution alone at each batch: ms and TFLOP/s (the share of the peak is added by the caller)."""
     rows = []
     for n in batches:
         for spec, h, w in [(STEM, 224, 224)] + layer_shapes():
@@ -212,7 +218,7 @@ def layer_table(engine: FusedCudaEngine, batches, peak: float) -> list[dict]:
             rows.append({"path": engine.lib.path, "layer": spec.name, "N": n, "H": h, "W": w,
                          "C": spec.in_channels, "K": spec.out_channels, "R": spec.kernel, "S": spec.kernel,
                          "stride": spec.stride, "tile": label, "splitk": splits,
-                         "ms": round(ms, 5), "TFLOP/s": round(tflops, 1), "pct_peak": round(100 * tflops / peak, 1)})
+                         "ms": round(ms, 5), "TFLOP/s": round(tflops, 1)})
     return rows
 
 
@@ -398,9 +404,8 @@ def main(argv=None):
         features.append(row)
         torch.cuda.empty_cache()
     layer_batches = [int(b) for b in args.layer_batches.split(",")]
-    # The peak again after the per-layer timings: the better of the two scales the table (a later
-    # rewrite of the % column is a division away; both are in the JSON).
-    layer_rows = {name: layer_table(e, layer_batches, 1.0) for name, e in {"main": engine, **forced}.items()}
+    # The peak again after the per-layer timings: the better of the two scales the table (both are in the JSON).
+    layer_rows = {name: layer_table(e, layer_batches) for name, e in {"main": engine, **forced}.items()}
     overlap = downsample_overlap(engine, layer_batches)
     states["after_layers"] = gpu_state()
     peaks.append(tensor_core_peak_tflops())

@@ -239,7 +239,8 @@ WGMMA_TILES = (
     WgmmaConfig(64, 64, 1, 6, efficiency=0.6, blocks_per_sm=2),     # 97 KB, small M
     # Warp-specialised (conv_wgmma_ws, v2): 2 consumer warpgroups + 1 producer warpgroup (384 threads),
     # per-stage mbarriers, no __syncthreads in the k-loop (NOTES.md "Next": the suspect after outcome 8).
-    # Not measured yet: the untuned cost model never picks them, the tuner times them.
+    # Measured on the H100 (NOTES.md outcome 11): correct, 17-23% slower than the wg tiles, never chosen;
+    # the untuned cost model never picks them, the tuner times them.
     WgmmaConfig(128, 128, 2, 4, efficiency=1.2, blocks_per_sm=1, warp_specialized=True),   # 129 KB
     WgmmaConfig(128, 128, 2, 6, efficiency=1.2, blocks_per_sm=1, warp_specialized=True),   # 193 KB
     WgmmaConfig(128, 256, 2, 4, efficiency=1.5, blocks_per_sm=1, warp_specialized=True),   # 193 KB

@@ -227,8 +227,10 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
 // keep one k-tile of wgmma in flight (wait_group 1) and release tile i - 1
 // after issuing tile i; the producer runs up to STAGES tiles ahead of the
 // consumers' releases. No __syncthreads after the barriers are initialised:
-// the producer warpgroup waits for its last copies (cp.async.wait_all) and
-// exits while the consumers finish; the epilogue touches no shared memory.
+// the producer warpgroup exits after issuing its last copies (their
+// completion reaches the consumers through the full barriers, and the block's
+// shared memory lives until the consumers finish); the epilogue touches no
+// shared memory.
 // Registers: the consumers hold no loader state, the producer no
 // accumulators; __launch_bounds__((WGS + 1) * 128, 1) caps each thread at
 // 65536 / 384 = 170 -> 168 registers, enough without setmaxnreg (ptxas 13.0:
@@ -295,7 +297,7 @@ conv_wgmma_ws(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
             cp_async_mbarrier_arrive_noinc(full_bar + stage * 8);
             if (++stage == STAGES) { stage = 0; phase ^= 1; }
         }
-        cp_async_wait<0>();   // leave only with no copy in flight
+        cp_async_wait<0>();   // no effect: the producer commits no cp.async group (the full barriers track its copies)
         return;
     }
 

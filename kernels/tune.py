@@ -12,8 +12,7 @@ before falling back to the cost model (`configs.plan_default`, other input
 sizes): per plan key the overall winner (with its family: the mixed path's
 plan) and each family's own winner (the paths forced by
 FUSEDRESNET_CONV_PATH=mma|wgmma). The table is for the GPU model it was
-measured on (`device`). It prints, per batch, what it chose and the sums of
-the chosen, each family's best and the untuned default plans.
+measured on (`device`).
 """
 
 from __future__ import annotations

@@ -108,7 +108,8 @@ __device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(unsigned int bar)
 }
 // Spins until the phase of parity `parity` has completed (acquire semantics).
 // A barrier whose current, incomplete phase has the other parity counts the
-// previous phase as completed (what a producer's first pass over a fresh ring relies on).
+// previous phase as completed (conv_wgmma_ws does not rely on it: its producer
+// skips the empty-barrier wait on its first pass over the ring).
 __device__ __forceinline__ void mbarrier_wait_parity(unsigned int bar, unsigned int parity) {
     asm volatile("{\n"
                  "  .reg .pred done;\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import time
 
 import numpy as np
@@ -27,16 +28,25 @@ from fusedresnet.client.resnet_client import ResNetClient
 # The engine each model must run, by name (README, *The service*): on a GPU the custom model runs
 # our fused kernels and nothing else; a fallback there is a failure, not another valid answer.
 EXPECTED_ENGINE = {
-    # the kernel families by compute capability (README, *Kernels*): wgmma + mma.sync on cc 9.0
-    (MODEL_CUSTOM, "gpu"): ("fused-cuda-fp16-wgmma+mma" if torch.cuda.is_available()
-                            and torch.cuda.get_device_capability() == (9, 0) else "fused-cuda-fp16-mma"),
     (MODEL_CUSTOM, "cpu"): "torch-folded-cpu-fp32",
     (MODEL_CUDNN, "gpu"): "torchscript-cudnn-fp16-channels-last-cuda-graphs",
     (MODEL_CUDNN, "cpu"): "torchscript-cpu-fp32",
 }
 
 
+def custom_gpu_engine() -> str:
+    """The fused engine's name by its kernel families (README, *The fused CUDA engine*): wgmma + mma.sync on
+    compute capability 9.0, mma.sync elsewhere, one family where FUSEDRESNET_CONV_PATH (inherited by the
+    server) forces it."""
+    forced = os.environ.get("FUSEDRESNET_CONV_PATH", "").strip().lower()
+    if forced in ("mma", "wgmma"):
+        return f"fused-cuda-fp16-{forced}"
+    return "fused-cuda-fp16-wgmma+mma" if torch.cuda.get_device_capability() == (9, 0) else "fused-cuda-fp16-mma"
+
+
 def expected_engine(server, model) -> str:
+    if model == MODEL_CUSTOM and server.use_gpu:
+        return custom_gpu_engine()
     return EXPECTED_ENGINE[model, "gpu" if server.use_gpu else "cpu"]
 
 
@@ -209,6 +219,6 @@ def test_models_run_on_the_gpu_and_match_reference(triton_server, model, varied_
     with client_for(triton_server, model) as client:
         result = client.infer(varied_images[:32])
     engine, logits = result.engine, result.logits
-    assert engine == EXPECTED_ENGINE[model, "gpu"]
+    assert engine == expected_engine(triton_server, model)
     assert f"{model}: engine {engine} on cuda:" in triton_server.log_file.read_text(errors="replace")
     assert_matches_reference(logits, reference_logits(varied_images[:32]))
