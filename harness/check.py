@@ -159,12 +159,18 @@ class Checker:
                     unwritten == 0 and err <= CONV_TOL and path_ok, rel_l2=err, unwritten=unwritten,
                     max_abs=float((out - ref).abs().max()), **({} if path_ok else {"off_path": self.lib.path}))
 
-    def stem_case(self, n, h, w, kind, method="patch"):
+    def stem_inputs(self, n, h, w):
+        """Random uint8 images, their normalised float32 NCHW form and the float32 stem (conv + ReLU) of them."""
         weight = self.params["convs"][STEM.name]["weight"].cuda()
         bias = self.params["convs"][STEM.name]["bias"].cuda().float()
-        engine = self.engine
         images = torch.randint(0, 256, (n, h, w, 3), device="cuda", dtype=torch.uint8, generator=self.gen)
         normalized = normalize_uint8(images)
+        stem = F.conv2d(normalized, weight.float().permute(0, 3, 1, 2), bias, stride=2, padding=3).relu()
+        return images, normalized, stem
+
+    def stem_case(self, n, h, w, kind, method="patch"):
+        engine = self.engine
+        images, normalized, reference_stem = self.stem_inputs(n, h, w)
         p, q = conv_out_size(h, 7, 2, 3), conv_out_size(w, 7, 2, 3)
         y = poisoned((n, p, q, 64), cp.float16)
         if kind == "uint8":
@@ -174,8 +180,7 @@ class Checker:
             self.lib.stem(cp.from_dlpack(normalized.contiguous()), engine.stem_weight, engine.stem_bias, y,
                           kind="float32", method=method)
         cp.cuda.Device().synchronize()
-        ref = F.conv2d(normalized, weight.float().permute(0, 3, 1, 2), bias, stride=2, padding=3).relu()
-        ref = ref.permute(0, 2, 3, 1)
+        ref = reference_stem.permute(0, 2, 3, 1)
         out = to_torch(y).float()
         unwritten = int(torch.isnan(out).sum())
         err = rel_l2(out, ref) if not unwritten else float("nan")
@@ -183,11 +188,8 @@ class Checker:
                     unwritten=unwritten, max_abs=float((out - ref).abs().max()))
 
     def stem_pool_case(self, n, h, w, kind):
-        weight = self.params["convs"][STEM.name]["weight"].cuda()
-        bias = self.params["convs"][STEM.name]["bias"].cuda().float()
         engine = self.engine
-        images = torch.randint(0, 256, (n, h, w, 3), device="cuda", dtype=torch.uint8, generator=self.gen)
-        normalized = normalize_uint8(images)
+        images, normalized, reference_stem = self.stem_inputs(n, h, w)
         p1, q1 = conv_out_size(h, 7, 2, 3), conv_out_size(w, 7, 2, 3)
         p2, q2 = conv_out_size(p1, 3, 2, 1), conv_out_size(q1, 3, 2, 1)
         y = poisoned((n, p2, q2, 64), cp.float16)
@@ -195,8 +197,7 @@ class Checker:
         self.lib.stem_pool(source, engine.stem_weight, engine.stem_bias, y, kind=kind,
                            in_scale=engine.in_scale, in_shift=engine.in_shift)
         cp.cuda.Device().synchronize()
-        ref = F.max_pool2d(F.conv2d(normalized, weight.float().permute(0, 3, 1, 2), bias, stride=2, padding=3).relu(),
-                           3, 2, 1).permute(0, 2, 3, 1)
+        ref = F.max_pool2d(reference_stem, 3, 2, 1).permute(0, 2, 3, 1)
         out = to_torch(y).float()
         unwritten = int(torch.isnan(out).sum())
         err = rel_l2(out, ref) if not unwritten else float("nan")
