@@ -122,8 +122,11 @@ class FusedCudaEngine:
     # of the library's conv path (mixed: each conv on the wgmma or mma.sync kernel its plan names).
     NAMES = {"mma": "fused-cuda-fp16-mma", "wgmma": "fused-cuda-fp16-wgmma", MIXED: "fused-cuda-fp16-wgmma+mma"}
 
-    def __init__(self, params_or_path, device: str = "cuda:0", conv_path: str | None = None):
-        """`conv_path`: "mma", "wgmma", "auto" or None (FUSEDRESNET_CONV_PATH, else by compute capability)."""
+    def __init__(self, params_or_path, device: str = "cuda:0", conv_path: str | None = None,
+                 pdl: bool | None = None):
+        """`conv_path`: "mma", "wgmma", "auto" or None (FUSEDRESNET_CONV_PATH, else by compute capability);
+        `pdl`: programmatic dependent launch, None = FUSEDRESNET_PDL, else where the device has it
+        (`kernels.launch.pdl_choice`)."""
         params = load_folded(params_or_path) if not isinstance(params_or_path, dict) else params_or_path
         self.torch_device = torch.device(device)
         if self.torch_device.type != "cuda":
@@ -134,7 +137,7 @@ class FusedCudaEngine:
         self._lock = threading.Lock()
         self._plans: dict[tuple, _Plan] = {}
         with cp.cuda.Device(self.device_id):
-            self.lib = library(self.device_id, conv_path)
+            self.lib = library(self.device_id, conv_path, pdl)
             self.name = self.NAMES[self.lib.path]
             self.cupy_stream = cp.cuda.Stream(non_blocking=True)
             self.side_stream = cp.cuda.Stream(non_blocking=True)

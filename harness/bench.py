@@ -34,7 +34,9 @@ names) (a) and (b) are also measured with the engine forced to one family
 (FUSEDRESNET_CONV_PATH=mma, =wgmma) in the same process: `custom_mma_ms`,
 `custom_wgmma_ms` per batch and the per-layer rows with path "mma" and
 "wgmma", so the paths are compared on one GPU and one run (--no-compare-mma
-skips them).
+skips them). Where the engine uses programmatic dependent launch (cc >= 9.0,
+kernels/launch.py), (a) also times the same engine launched plainly:
+`custom_no_pdl_ms`.
 
 Writes kernels_bench.json, kernels_layers.csv, kernels_bench.png and
 kernels_bench.md into --out.
@@ -260,7 +262,8 @@ def plot(rows, path: Path, device: str):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    keys = [("custom_ms", "fused CUDA (ours)"), ("custom_mma_ms", "fused CUDA, mma.sync path"),
+    keys = [("custom_ms", "fused CUDA (ours)"), ("custom_no_pdl_ms", "fused CUDA, plain launches"),
+            ("custom_mma_ms", "fused CUDA, mma.sync path"),
             ("custom_wgmma_ms", "fused CUDA, wgmma path"),
             ("graph_fp16_ms", "cuDNN fp16 CL + graph"),
             ("ts_fp16_ms", "TorchScript fp16 CL"), ("ts_fp32_ms", "TorchScript fp32"),
@@ -295,13 +298,17 @@ def markdown(result: dict) -> str:
              "processes): " + "; ".join(f"{when}: {' '.join(str(v) for v in state.values())}"
                                         for when, state in result.get("gpu_state", {}).items()),
              f"- convolution path: {result.get('conv_path', 'mma')}, {result.get('tuned_plans', 0)} tuned plans for "
-             "this GPU (custom mma.sync / wgmma ms: the same engine forced to one kernel family)", "",
-             "| batch | custom ms (img/s) | custom mma.sync ms | custom wgmma ms | TS fp32 ms | TS fp16 CL ms "
-             "| fp16 CL + graph ms | compile max-autotune ms | custom vs graph | custom vs compile |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "this GPU (custom mma.sync / wgmma ms: the same engine forced to one kernel family)",
+             f"- programmatic dependent launch: {result.get('pdl', False)} "
+             f"({result.get('pdl_reason', 'not recorded')}; custom without PDL ms: the same engine launched "
+             "plainly)", "",
+             "| batch | custom ms (img/s) | custom without PDL ms | custom mma.sync ms | custom wgmma ms | TS fp32 ms "
+             "| TS fp16 CL ms | fp16 CL + graph ms | compile max-autotune ms | custom vs graph | custom vs compile |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["whole_network"]:
         fmt = lambda k: f"{r[k]:.3f}" if r.get(k) else "-"   # noqa: E731
-        lines.append(f"| {r['batch']} | {r['custom_ms']:.3f} ({r['custom_img_s']:,.0f}) | {fmt('custom_mma_ms')} | "
+        lines.append(f"| {r['batch']} | {r['custom_ms']:.3f} ({r['custom_img_s']:,.0f}) | {fmt('custom_no_pdl_ms')} | "
+                     f"{fmt('custom_mma_ms')} | "
                      f"{fmt('custom_wgmma_ms')} | "
                      f"{fmt('ts_fp32_ms')} | {fmt('ts_fp16_ms')} | {fmt('graph_fp16_ms')} | "
                      f"{fmt('compile_max_autotune_ms')} | {r['graph_fp16_ms'] / r['custom_ms']:.2f}x | "
@@ -376,6 +383,10 @@ def main(argv=None):
             if family != engine.lib.path:
                 forced[family] = FusedCudaEngine(fold_resnet18(build_resnet18(None, DEFAULT_SEED)), "cuda:0",
                                                  conv_path=family)
+    # The same engine launched plainly (no programmatic dependent launch), for comparison.
+    plain = (FusedCudaEngine(fold_resnet18(build_resnet18(None, DEFAULT_SEED)), "cuda:0", pdl=False)
+             if engine.lib.pdl else None)
+    print(f"programmatic dependent launch: {engine.lib.pdl} ({engine.lib.pdl_reason})", flush=True)
     print(f"conv path {engine.lib.path}, {len(engine.lib.tuned)} tuned plans"
           + (f" (and forced {', '.join(forced)} for comparison)" if forced else ""), flush=True)
     batches = [int(b) for b in args.batches.split(",")]
@@ -386,6 +397,8 @@ def main(argv=None):
         row = {"batch": batch, "custom_ms": round(bench_custom(engine, batch), 4)}
         for family, forced_engine in forced.items():
             row[f"custom_{family}_ms"] = round(bench_custom(forced_engine, batch), 4)
+        if plain is not None:
+            row["custom_no_pdl_ms"] = round(bench_custom(plain, batch), 4)
         for w in [] if args.skip_baselines else ["ts_fp32", "ts_fp16", "graph_fp16"]:
             row[f"{w}_ms"] = round(bench_torch(model, batch, w), 4)
         row["custom_img_s"] = round(batch * 1000 / row["custom_ms"], 1)
@@ -422,6 +435,7 @@ def main(argv=None):
               "command": os.environ.get("FUSEDRESNET_BENCH_COMMAND") or
               "python -m fusedresnet.harness.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
               "conv_path": engine.lib.path, "engine": engine.name, "tuned_plans": len(engine.lib.tuned),
+              "pdl": engine.lib.pdl, "pdl_reason": engine.lib.pdl_reason,
               "peak_tflops": round(peak, 1), "peak_tflops_runs": [round(v, 1) for v in peaks], "gpu_state": states,
               "whole_network": rows, "features_64": features, "downsample_overlap": overlap}
     if os.environ.get("FUSEDRESNET_GIT_COMMIT"):
@@ -440,9 +454,11 @@ def main(argv=None):
                   f"(custom {row['custom_ms']} ms)", flush=True)
             states["after_compile"] = gpu_state()
             write_result(result, out)
-    print(f"{'batch':>5} {'custom':>8} {'mma':>8} {'wgmma':>8} {'ts32':>8} {'ts16':>8} {'graph16':>8} {'img/s':>9}")
+    print(f"{'batch':>5} {'custom':>8} {'no-pdl':>8} {'mma':>8} {'wgmma':>8} {'ts32':>8} {'ts16':>8} {'graph16':>8} "
+          f"{'img/s':>9}")
     for r in rows:
-        print(f"{r['batch']:>5} {r['custom_ms']:>8.3f} {r.get('custom_mma_ms', math.nan):>8.3f} "
+        print(f"{r['batch']:>5} {r['custom_ms']:>8.3f} {r.get('custom_no_pdl_ms', math.nan):>8.3f} "
+              f"{r.get('custom_mma_ms', math.nan):>8.3f} "
               f"{r.get('custom_wgmma_ms', math.nan):>8.3f} "
               f"{r.get('ts_fp32_ms', math.nan):>8.3f} "
               f"{r.get('ts_fp16_ms', math.nan):>8.3f} {r.get('graph_fp16_ms', math.nan):>8.3f} "

@@ -89,4 +89,24 @@ __device__ __forceinline__ void mma_16816(float *d, const unsigned int *a, const
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+
+// Programmatic dependent launch (launch.py launches every kernel with it on
+// compute capability >= 9.0). Every kernel calls pdl_begin() before it touches
+// global memory:
+//   griddepcontrol.launch_dependents  lets the next kernel of the stream (or
+//     graph) be scheduled once every block of this one has started, so its
+//     blocks are resident when this grid's last blocks finish: the launch gap
+//     between kernels goes;
+//   griddepcontrol.wait  waits until the kernels this one depends on have
+//     completed and their writes are visible (returns at once when the kernel
+//     was launched without the attribute).
+// Every kernel waits before its first global access, so each kernel still
+// sees every earlier kernel complete (by induction along the stream): the
+// order of reads and writes is that of a plain launch. Before sm_90 both are
+// no-ops (no such instructions; launch.py launches plainly there).
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n" ::: "memory");
+#endif
+}
 #endif  // FUSEDRESNET_COMMON_CUH

@@ -334,6 +334,37 @@ def conv_path(cc: tuple[int, int], requested: str | None = None) -> str:
     return choice
 
 
+PDL_ENV = "FUSEDRESNET_PDL"
+PDL_MIN_CC = (9, 0)   # griddepcontrol (sm_90) and the launch attribute
+
+
+def pdl_choice(cc: tuple[int, int], requested: bool | None = None) -> tuple[bool, str]:
+    """(use programmatic dependent launch, why) for a device of compute capability `cc`.
+
+    `requested` (default: $FUSEDRESNET_PDL, "0" or "1"; unset = where possible) True makes a device or a
+    host that cannot do it an error, not a silent plain launch.
+    """
+    import os
+    if requested is None:
+        env = os.environ.get(PDL_ENV, "").strip()
+        if env not in ("", "0", "1"):
+            raise ValueError(f"{PDL_ENV}={env!r}: expected 0 or 1")
+        requested = None if env == "" else env == "1"
+    if requested is False:
+        return False, f"{PDL_ENV}=0"
+    if tuple(cc) < PDL_MIN_CC:
+        if requested:
+            raise RuntimeError(f"programmatic dependent launch needs compute capability 9.0, this is {cc[0]}.{cc[1]}")
+        return False, f"compute capability {cc[0]}.{cc[1]} < 9.0"
+    try:
+        from cuda.bindings import driver  # noqa: F401
+    except ImportError as exc:
+        if requested:
+            raise ImportError(f"{PDL_ENV}=1 needs cuda.bindings (pip install 'fusedresnet[gpu]')") from exc
+        return False, "cuda.bindings is not installed"
+    return True, "compute capability >= 9.0"
+
+
 def path_arch(path: str) -> str | None:
     """The architecture a path's module is compiled for: sm_90a for wgmma and mixed, CuPy's choice for mma."""
     return WGMMA_ARCH if path in ("wgmma", MIXED) else None

@@ -64,6 +64,7 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
                    const float *__restrict__ in_scale, const float *__restrict__ in_shift,
                    int N, int H, int W, int C, int K, int P, int Q, int R, int S, int stride, int pad,
                    int ldw, int num_k_tiles, int k_tiles_per_split, int relu) {
+    pdl_begin();   // common.cuh: before any global access
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
     constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;   // warp tile
     constexpr int MI = WTM / 16, NI = WTN / 8;              // mma tiles per warp
@@ -201,6 +202,7 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
 __global__ void __launch_bounds__(EW_THREADS)
 splitk_epilogue(const float *__restrict__ partial, int splits, const float *__restrict__ bias,
                 const half_bits *__restrict__ residual, half_bits *__restrict__ y, int M, int K, int relu) {
+    pdl_begin();   // common.cuh: before any global access
     const int groups = K / 8;
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)M * groups) return;

@@ -21,9 +21,11 @@ what=${1:-all}; shift || true
 OUT=${OUT:-$PWD/gpu-out}; REPO=$PWD; mkdir -p "$OUT/results"
 export PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/cupy-cache
 bash "$REPO/scripts/install_offline.sh" || exit 1
+# The offline bundle's wheels (cuda.bindings: the programmatic dependent launch of kernels/launch.py).
+[[ -f "$REPO/.gpu-bundle/setup.sh" ]] && source "$REPO/.gpu-bundle/setup.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
 t0=$(date +%s)
-python3 -c "from fusedresnet.kernels.launch import library; import time; t=time.time(); lib=library(0); print(f'compile+load {time.time()-t:.1f}s, conv path {lib.path} (cc {lib.cc[0]}.{lib.cc[1]}), {len(lib.tuned)} tuned plans for {lib.device_name}')" 2>&1 | tail -12 \
+python3 -c "from fusedresnet.kernels.launch import library; import time; t=time.time(); lib=library(0); print(f'compile+load {time.time()-t:.1f}s, conv path {lib.path} (cc {lib.cc[0]}.{lib.cc[1]}), {len(lib.tuned)} tuned plans for {lib.device_name}, programmatic dependent launch {lib.pdl} ({lib.pdl_reason})')" 2>&1 | tail -12 \
   || { echo "COMPILE/LOAD FAILED"; exit 1; }
 path=$(python3 -c "import cupy; from fusedresnet.kernels.configs import conv_path; cc=cupy.cuda.Device(0).compute_capability; print(conv_path((int(cc[:-1]), int(cc[-1]))))" 2>/dev/null)
 rc=0

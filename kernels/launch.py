@@ -10,10 +10,19 @@ runs on the family its plan's tile belongs to (`configs.conv_path`,
 `configs.plan_default`, the tuned table).
 Shapes are checked here, with messages that say which rule a tensor broke,
 because the kernels themselves assume aligned, well-formed input.
+
+On compute capability >= 9.0 every launch is a programmatic dependent launch
+(cuLaunchKernelEx from cuda.bindings with the programmatic-stream-serialization
+attribute; common.cuh `pdl_begin` is the kernels' half): the next kernel's
+blocks are scheduled while this one's last blocks run and wait on the GPU for
+it to finish, instead of being launched after it. The same holds inside a
+captured CUDA graph (programmatic edges). FUSEDRESNET_PDL=0 turns it off;
+without cuda.bindings, or before 9.0, launches are CuPy's plain ones.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 
 import cupy as cp
@@ -57,6 +66,7 @@ from .configs import (
     name_expressions,
     nvrtc_options,
     path_arch,
+    pdl_choice,
     plan_default,
     plan_key,
     source_text,
@@ -79,23 +89,51 @@ def _blocks(total: int, per_block: int) -> int:
     return -(-total // per_block)
 
 
-def _launch(kernel, grid, threads: int, args: tuple, shared_mem: int = 0):
-    """Every kernel launch goes through here: `grid` blocks (x[, y[, z]]) of `threads` threads, `shared_mem`
-    bytes of dynamic shared memory (the tile's `smem_bytes` / configs.SMEM_BYTES), on the current CuPy stream."""
+# The kernels' argument types (the launchers below build every argument with _ptr or _i) as C types.
+_C_TYPES = {np.uint64: ctypes.c_uint64, np.int32: ctypes.c_int32}
+
+
+def kernel_params(args: tuple) -> tuple[tuple, tuple]:
+    """The kernel arguments as cuda.bindings takes them: (values, C types), from the launchers' numpy scalars."""
+    types = tuple(_C_TYPES[type(a)] for a in args)
+    return tuple(int(a) for a in args), types
+
+
+def _launch_plain(kernel, grid, threads: int, args: tuple, shared_mem: int):
     kernel(tuple(grid), (threads,), args, shared_mem=shared_mem)
+
+
+def _launch_pdl(kernel, grid, threads: int, args: tuple, shared_mem: int):
+    from cuda.bindings import driver
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+    config.sharedMemBytes = shared_mem
+    config.hStream = driver.CUstream(cp.cuda.get_current_stream().ptr)
+    attribute = driver.CUlaunchAttribute()
+    attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attribute.value.programmaticStreamSerializationAllowed = 1
+    config.attrs = [attribute]
+    config.numAttrs = 1
+    err, = driver.cuLaunchKernelEx(config, kernel.ptr, kernel_params(args), 0)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuLaunchKernelEx: {err.name}")
 
 
 class KernelLibrary:
     """The compiled kernels on one device."""
 
-    def __init__(self, device_id: int, path: str | None = None):
-        """`path`: "mma", "wgmma", "mixed" or None (FUSEDRESNET_CONV_PATH, else by compute capability)."""
+    def __init__(self, device_id: int, path: str | None = None, pdl: bool | None = None):
+        """`path`: "mma", "wgmma", "mixed" or None (FUSEDRESNET_CONV_PATH, else by compute capability);
+        `pdl`: programmatic dependent launch, None = FUSEDRESNET_PDL, else where possible (`pdl_choice`)."""
         self.device_id = device_id
         with cp.cuda.Device(device_id):
             device = cp.cuda.Device(device_id)
             cc = device.compute_capability          # "90" for 9.0
             self.cc = (int(cc[:-1]), int(cc[-1]))
             self.path = conv_path(self.cc, path)
+            self.pdl, self.pdl_reason = pdl_choice(self.cc, pdl)
             self.device_name = cp.cuda.runtime.getDeviceProperties(device_id)["name"].decode()
             tiles = CONV_TILES + tuple(STEM_TILES.values()) + PATCH_TILES
             wgmma_module = path_arch(self.path) == WGMMA_ARCH
@@ -138,6 +176,12 @@ class KernelLibrary:
             self.splitk_epilogue = get("splitk_epilogue")
             self.maxpool = get("maxpool_3x3s2")
             self.avgpool_fc_kernel = get(f"avgpool_fc<{HEAD_IMGS}>")
+
+    def _launch(self, kernel, grid, threads: int, args: tuple, shared_mem: int = 0):
+        """Every kernel launch goes through here: `grid` blocks (x[, y[, z]]) of `threads` threads,
+        `shared_mem` bytes of dynamic shared memory (the tile's `smem_bytes` / configs.SMEM_BYTES), on the
+        current CuPy stream; programmatic dependent launch where `self.pdl`."""
+        (_launch_pdl if self.pdl else _launch_plain)(kernel, grid, threads, args, shared_mem)
 
     # -- convolution ---------------------------------------------------------
     def plan(self, n, h, w, c, k, r, s, stride, pad) -> ConvPlan:
@@ -218,11 +262,11 @@ class KernelLibrary:
         args = (_ptr(x), _ptr(weight_padded), _ptr(bias), _ptr(y), _ptr(in_scale), _ptr(in_shift), _i(n), _i(h),
                 _i(w), _i(p1), _i(q1), _i(p2), _i(q2), _i(tiles_x), _i(tiles_x * tiles_y), _i(total))
         if wgmma:   # persistent blocks: tiles blockIdx.x, + gridDim.x, ...
-            _launch(self.stem_pool_wgmma_kernels[kind], (min(total, self.sms * STEM_WGMMA_BLOCKS_PER_SM),),
+            self._launch(self.stem_pool_wgmma_kernels[kind], (min(total, self.sms * STEM_WGMMA_BLOCKS_PER_SM),),
                     STEM_WGMMA_THREADS, args, STEM_WGMMA_SMEM_BYTES)
         else:
             per_block = self._stem_tiles_per_block(total)
-            _launch(self.stem_pool_kernels[kind], (_blocks(total, per_block),), STEM_POOL_THREADS,
+            self._launch(self.stem_pool_kernels[kind], (_blocks(total, per_block),), STEM_POOL_THREADS,
                     args + (_i(per_block),), STEM_POOL_SMEM_BYTES)
 
     def _stem_tiles_per_block(self, total: int) -> int:
@@ -241,7 +285,7 @@ class KernelLibrary:
         tiles_x, tiles_y = _blocks(q, STEM_TILE_W), _blocks(p, STEM_TILE_H)
         total = n * tiles_x * tiles_y
         per_block = self._stem_tiles_per_block(total)
-        _launch(self.stem_kernels[kind], (_blocks(total, per_block),), STEM_THREADS,
+        self._launch(self.stem_kernels[kind], (_blocks(total, per_block),), STEM_THREADS,
                 (_ptr(x), _ptr(weight_padded), _ptr(bias), _ptr(y), _ptr(in_scale), _ptr(in_shift), _i(n), _i(h),
                  _i(w), _i(p), _i(q), _i(tiles_x), _i(tiles_x * tiles_y), _i(total), _i(per_block)),
                 STEM_SMEM_BYTES)
@@ -257,7 +301,7 @@ class KernelLibrary:
             if not (r == s == 3 and stride == 1 and pad == 1 and c % 64 == 0 and k % tile.bn == 0):
                 raise ValueError(f"{tile.label} needs a 3x3/1 pad-1 conv with C % 64 == 0, K % {tile.bn} == 0")
             tiles_x, tiles_y = _blocks(w, tile.tw), _blocks(h, tile.th)
-            _launch(kernel, (n * tiles_x * tiles_y, k // tile.bn, 1), tile.threads,
+            self._launch(kernel, (n * tiles_x * tiles_y, k // tile.bn, 1), tile.threads,
                     (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _i(n), _i(h), _i(w), _i(c), _i(k),
                      _i(tiles_x), _i(tiles_x * tiles_y), _i(1 if relu else 0)), tile.smem_bytes)
             return
@@ -277,10 +321,10 @@ class KernelLibrary:
         else:
             args = (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _ptr(partial), _ptr(in_scale),
                     _ptr(in_shift)) + tail
-        _launch(kernel, plan.grid, tile.threads, args, tile.smem_bytes)
+        self._launch(kernel, plan.grid, tile.threads, args, tile.smem_bytes)
         if partial is not None:
             m = n * p * q
-            _launch(self.splitk_epilogue, (_blocks(m * (k // 8), EW_THREADS),), EW_THREADS,
+            self._launch(self.splitk_epilogue, (_blocks(m * (k // 8), EW_THREADS),), EW_THREADS,
                     (_ptr(partial), _i(plan.splits), _ptr(bias), _ptr(residual), _ptr(y), _i(m), _i(k),
                      _i(1 if relu else 0)))
 
@@ -290,7 +334,7 @@ class KernelLibrary:
         p, q = conv_out_size(h, 3, 2, 1), conv_out_size(w, 3, 2, 1)
         if y.shape != (n, p, q, c) or c % 8:
             raise ValueError(f"maxpool: input {x.shape}, output {y.shape}")
-        _launch(self.maxpool, (_blocks(n * p * q * (c // 8), EW_THREADS),), EW_THREADS,
+        self._launch(self.maxpool, (_blocks(n * p * q * (c // 8), EW_THREADS),), EW_THREADS,
                 (_ptr(x), _ptr(y), _i(n), _i(h), _i(w), _i(c), _i(p), _i(q)))
 
     def avgpool_fc(self, x, weight, bias, logits):
@@ -298,18 +342,20 @@ class KernelLibrary:
         classes = weight.shape[0]
         if c != 512 or weight.shape[1] != 512 or logits.shape != (n, classes):
             raise ValueError(f"avgpool_fc: features {x.shape}, weight {weight.shape}, logits {logits.shape}")
-        _launch(self.avgpool_fc_kernel, (HEAD_BLOCKS_X, _blocks(n, HEAD_IMGS)), HEAD_THREADS,
+        self._launch(self.avgpool_fc_kernel, (HEAD_BLOCKS_X, _blocks(n, HEAD_IMGS)), HEAD_THREADS,
                 (_ptr(x), _ptr(weight), _ptr(bias), _ptr(logits), _i(n), _i(h * w), _i(classes),
                  _i(_blocks(classes, HEAD_BLOCKS_X))))
 
 
-def library(device_id: int, path: str | None = None) -> KernelLibrary:
-    """The kernels compiled for one device and conv path (default: `configs.conv_path`), built once per process."""
+def library(device_id: int, path: str | None = None, pdl: bool | None = None) -> KernelLibrary:
+    """The kernels compiled for one device, conv path (default: `configs.conv_path`) and launch mode
+    (default: `pdl_choice`), built once per process."""
     with cp.cuda.Device(device_id):
         cc = cp.cuda.Device(device_id).compute_capability
-    return _library(device_id, conv_path((int(cc[:-1]), int(cc[-1])), path))
+    cc = (int(cc[:-1]), int(cc[-1]))
+    return _library(device_id, conv_path(cc, path), pdl_choice(cc, pdl)[0])
 
 
 @functools.cache
-def _library(device_id: int, path: str) -> KernelLibrary:
-    return KernelLibrary(device_id, path)
+def _library(device_id: int, path: str, pdl: bool) -> KernelLibrary:
+    return KernelLibrary(device_id, path, pdl)

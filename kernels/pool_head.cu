@@ -15,6 +15,7 @@
 
 __global__ void __launch_bounds__(EW_THREADS)
 maxpool_3x3s2(const half_bits *__restrict__ x, half_bits *__restrict__ y, int N, int H, int W, int C, int P, int Q) {
+    pdl_begin();   // common.cuh: before any global access
     const int groups = C / 8;
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)N * P * Q * groups) return;
@@ -46,6 +47,7 @@ template <int IMGS>
 __global__ void __launch_bounds__(HEAD_THREADS)
 avgpool_fc(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ b,
            float *__restrict__ logits, int N, int HW, int classes, int classes_per_block) {
+    pdl_begin();   // common.cuh: before any global access
     constexpr int C = 512;
     __shared__ __align__(16) float feat[IMGS][C];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

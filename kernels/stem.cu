@@ -112,6 +112,7 @@ stem_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, con
                half_bits *__restrict__ y, const float *__restrict__ in_scale, const float *__restrict__ in_shift,
                int N, int H, int W, int P, int Q, int tiles_x, int tiles_per_image, int total_tiles,
                int tiles_per_block) {
+    pdl_begin();   // common.cuh: before any global access
     extern __shared__ vec16 smem_vec[];
     half_bits *sA = reinterpret_cast<half_bits *>(smem_vec);     // [128][192]
     half_bits *sB = sA + 128 * STEM_KG;                          // [64][192]
@@ -206,6 +207,7 @@ stem_pool_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w
                     half_bits *__restrict__ y, const float *__restrict__ in_scale, const float *__restrict__ in_shift,
                     int N, int H, int W, int P1, int Q1, int P2, int Q2, int tiles_x, int tiles_per_image,
                     int total_tiles, int tiles_per_block) {
+    pdl_begin();   // common.cuh: before any global access
     extern __shared__ vec16 smem_vec[];
     half_bits *sA = reinterpret_cast<half_bits *>(smem_vec);     // [160][192], later [153][72] stem values
     half_bits *sB = sA + SP_M * STEM_KG;                         // [64][192]

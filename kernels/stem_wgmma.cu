@@ -76,6 +76,7 @@ stem_pool_wgmma(const void *__restrict__ x_, const half_bits *__restrict__ w, co
                 half_bits *__restrict__ y, const float *__restrict__ in_scale, const float *__restrict__ in_shift,
                 int N, int H, int W, int P1, int Q1, int P2, int Q2, int tiles_x, int tiles_per_image,
                 int total_tiles) {
+    pdl_begin();   // common.cuh: before any global access
     constexpr unsigned int ALIGN_MASK = WGMMA_SMEM_ALIGN - 1;   // descriptor base offset 0
     extern __shared__ vec16 smem_vec[];
     const unsigned int raw = smem_addr(smem_vec);

@@ -147,6 +147,18 @@ def test_kernels_compile_under_nvrtc_like_the_engine(arch):
         assert nvrtc.nvrtcGetLoweredName(program, name.encode(), ctypes.byref(lowered)) == 0, name
     cubin_size = ctypes.c_size_t()
     assert nvrtc.nvrtcGetCUBINSize(program, ctypes.byref(cubin_size)) == 0 and cubin_size.value > 0
+    # Programmatic dependent launch (common.cuh pdl_begin): every kernel of a cc >= 9.0 module waits for
+    # the kernels before it (griddepcontrol.wait, once per kernel, inlined); none of an sm_8x module does.
+    ptx_size = ctypes.c_size_t()
+    assert nvrtc.nvrtcGetPTXSize(program, ctypes.byref(ptx_size)) == 0
+    ptx = ctypes.create_string_buffer(ptx_size.value)
+    assert nvrtc.nvrtcGetPTX(program, ptx) == 0
+    ptx = ptx.value.decode()
+    entries = len(re.findall(r"^\.(?:visible|weak) \.entry ", ptx, re.M))
+    assert entries == len(names)
+    pdl = int(arch.removeprefix("sm_").rstrip("a")) >= 90
+    assert ptx.count("griddepcontrol.wait;") == (entries if pdl else 0)
+    assert ptx.count("griddepcontrol.launch_dependents;") == (entries if pdl else 0)
 
 
 def test_wgmma_stem_is_compiled_for_sm_90a_only_and_its_blocks_fit_an_sm():

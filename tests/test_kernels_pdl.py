@@ -1,0 +1,96 @@
+"""Programmatic dependent launch (kernels/launch.py, common.cuh `pdl_begin`), checked on the CPU.
+
+A kernel launched with the programmatic-stream-serialization attribute may
+start while the kernel before it still runs; it is correct only because it
+waits (griddepcontrol.wait) before touching global memory. So: every kernel
+begins with pdl_begin(), and the choice of launch (`configs.pdl_choice`)
+follows the device, the environment and what is installed, never silently
+against an explicit request. The compiled PTX (one wait per kernel on
+cc >= 9.0, none before) is checked by test_kernels_compile.py; the GPU check
+(`bash kernels/gpu_check.sh check`) runs every kernel with the launch on.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+
+import pytest
+
+from fusedresnet.kernels.configs import KERNEL_DIR, PDL_ENV, SOURCES, pdl_choice
+
+
+def _kernel_bodies(text: str):
+    """(name, first statement) of every __global__ function in a .cu file."""
+    bounds = r"__launch_bounds__\((?:[^()]|\([^()]*\))*\)"   # one level of nested parentheses
+    for match in re.finditer(rf"__global__\s+void\s+(?:{bounds}\s*)?(\w+)\s*\((.*?)\)\s*\{{", text, re.S):
+        rest = text[match.end():]
+        statements = [line.strip() for line in rest.split("\n") if line.strip() and
+                      not line.strip().startswith("//")]
+        yield match.group(1), statements[0]
+
+
+def test_every_kernel_waits_for_the_previous_one_before_anything_else():
+    kernels = {}
+    for name in SOURCES:
+        for kernel, first in _kernel_bodies((KERNEL_DIR / name).read_text()):
+            kernels[kernel] = first
+    # every kernel family of the library is here (a regex that found nothing would pass anything)
+    assert {"conv_implicit_gemm", "splitk_epilogue", "conv3x3_patch", "conv_wgmma", "conv_wgmma_ws",
+            "stem_conv7x7s2", "stem_pool_conv7x7s2", "stem_pool_wgmma", "maxpool_3x3s2", "avgpool_fc"} <= set(kernels)
+    late = {k: first for k, first in kernels.items() if not first.startswith("pdl_begin();")}
+    assert not late, f"kernels that do not begin with pdl_begin(): {late}"
+    for header in KERNEL_DIR.glob("*.cuh"):   # kernels live in the .cu files only
+        assert "__global__" not in header.read_text(), header.name
+
+
+def test_pdl_begin_is_the_sm_90_instruction_pair_and_nothing_before_sm_90():
+    text = (KERNEL_DIR / "common.cuh").read_text()
+    body = text[text.index("void pdl_begin()"):]
+    body = body[:body.index("\n}\n")]
+    assert "__CUDA_ARCH__ >= 900" in body
+    assert body.index("griddepcontrol.launch_dependents") < body.index("griddepcontrol.wait")
+    assert '"memory"' in body   # no memory access may move above the wait
+
+
+def _bindings(monkeypatch, installed: bool):
+    if installed:
+        cuda = types.ModuleType("cuda")
+        bindings = types.ModuleType("cuda.bindings")
+        bindings.driver = types.ModuleType("cuda.bindings.driver")
+        cuda.bindings = bindings
+        for name, module in (("cuda", cuda), ("cuda.bindings", bindings), ("cuda.bindings.driver", bindings.driver)):
+            monkeypatch.setitem(sys.modules, name, module)
+    else:
+        monkeypatch.setitem(sys.modules, "cuda.bindings", None)   # import raises ImportError
+
+
+def test_pdl_is_on_where_the_device_and_the_host_have_it(monkeypatch):
+    monkeypatch.delenv(PDL_ENV, raising=False)
+    _bindings(monkeypatch, installed=True)
+    assert pdl_choice((9, 0))[0] and pdl_choice((10, 0))[0] and pdl_choice((12, 0))[0]
+    for cc in ((8, 0), (8, 6), (8, 9)):
+        used, why = pdl_choice(cc)
+        assert not used and "8." in why
+    _bindings(monkeypatch, installed=False)
+    used, why = pdl_choice((9, 0))
+    assert not used and "cuda.bindings" in why
+
+
+def test_pdl_can_be_turned_off_and_an_explicit_request_is_never_dropped(monkeypatch):
+    _bindings(monkeypatch, installed=True)
+    monkeypatch.setenv(PDL_ENV, "0")
+    assert pdl_choice((9, 0)) == (False, f"{PDL_ENV}=0")
+    assert pdl_choice((9, 0), True)[0]                      # an explicit argument beats the environment
+    monkeypatch.setenv(PDL_ENV, "1")
+    assert pdl_choice((9, 0))[0]
+    assert not pdl_choice((9, 0), False)[0]
+    with pytest.raises(RuntimeError, match="compute capability 9.0"):
+        pdl_choice((8, 9))
+    _bindings(monkeypatch, installed=False)
+    with pytest.raises(ImportError, match="cuda.bindings"):
+        pdl_choice((9, 0))
+    monkeypatch.setenv(PDL_ENV, "yes")
+    with pytest.raises(ValueError, match="expected 0 or 1"):
+        pdl_choice((9, 0))
