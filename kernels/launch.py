@@ -116,7 +116,8 @@ def _launch_pdl(kernel, grid, threads: int, args: tuple, shared_mem: int):
     attribute.value.programmaticStreamSerializationAllowed = 1
     config.attrs = [attribute]
     config.numAttrs = 1
-    err, = driver.cuLaunchKernelEx(config, kernel.ptr, kernel_params(args), 0)
+    # kernel: CuPy's RawKernel; .kernel is its cupy.cuda.Function on the current device, .ptr the CUfunction
+    err, = driver.cuLaunchKernelEx(config, kernel.kernel.ptr, kernel_params(args), 0)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuLaunchKernelEx: {err.name}")
 
