@@ -45,8 +45,9 @@ def edge_types(graph) -> dict[str, int]:
     assert err == driver.CUresult.CUDA_SUCCESS, err
     err, _, _, data, count = driver.cuGraphGetEdges(handle, count)
     assert err == driver.CUresult.CUDA_SUCCESS, err
-    return dict(collections.Counter(driver.CUgraphDependencyType(d.type).name.removeprefix(
-        "CU_GRAPH_DEPENDENCY_TYPE_").lower() for d in data))
+    # type 0 default, 1 programmatic; from_port 0 default, 1 programmatic, 2 launch order (cuda.h)
+    return {f"type{t}_from{f}_to{to}": n for (t, f, to), n in collections.Counter(
+        (int(d.type), int(d.from_port), int(d.to_port)) for d in data).items()}
 
 
 def time_graph_ways(engine: FusedCudaEngine, batch: int, reps: int) -> dict[str, float]:
