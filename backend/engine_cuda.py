@@ -40,7 +40,7 @@ import cupy as cp  # noqa: E402  (ImportError here means: no fused engine on thi
 import numpy as np
 import torch
 
-from ..kernels.configs import MIXED, STEM_KG_PADDED
+from ..kernels.configs import MIXED, PDL_MAX_BATCH, STEM_KG_PADDED
 from ..kernels.launch import conv_out_size, library
 from .engines import next_power_of_two
 from .folding import MAXPOOL_KERNEL, MAXPOOL_PADDING, MAXPOOL_STRIDE, STEM, load_folded, resnet18_blocks
@@ -123,10 +123,10 @@ class FusedCudaEngine:
     NAMES = {"mma": "fused-cuda-fp16-mma", "wgmma": "fused-cuda-fp16-wgmma", MIXED: "fused-cuda-fp16-wgmma+mma"}
 
     def __init__(self, params_or_path, device: str = "cuda:0", conv_path: str | None = None,
-                 pdl: bool | None = None):
+                 pdl: bool | None = None, pdl_max_batch: int = PDL_MAX_BATCH):
         """`conv_path`: "mma", "wgmma", "auto" or None (FUSEDRESNET_CONV_PATH, else by compute capability);
         `pdl`: programmatic dependent launch, None = FUSEDRESNET_PDL, else where the device has it
-        (`kernels.launch.pdl_choice`)."""
+        (`kernels.configs.pdl_choice`), for the batch buckets up to `pdl_max_batch`."""
         params = load_folded(params_or_path) if not isinstance(params_or_path, dict) else params_or_path
         self.torch_device = torch.device(device)
         if self.torch_device.type != "cuda":
@@ -138,6 +138,7 @@ class FusedCudaEngine:
         self._plans: dict[tuple, _Plan] = {}
         with cp.cuda.Device(self.device_id):
             self.lib = library(self.device_id, conv_path, pdl)
+            self.pdl_max_batch = pdl_max_batch
             self.name = self.NAMES[self.lib.path]
             self.cupy_stream = cp.cuda.Stream(non_blocking=True)
             self.side_stream = cp.cuda.Stream(non_blocking=True)
@@ -179,15 +180,16 @@ class FusedCudaEngine:
         if plan is None:
             with cp.cuda.Device(self.device_id):
                 plan = _Plan(self, batch, input_name, h, w)
-                with self.cupy_stream:
-                    self._forward(plan)          # first run: loads the module, checks the launches
-                self.cupy_stream.synchronize()
-                self.cupy_stream.begin_capture()
-                try:
+                with self.lib.launch_mode(batch <= self.pdl_max_batch):
                     with self.cupy_stream:
-                        self._forward(plan)
-                finally:
-                    plan.graph = self.cupy_stream.end_capture()
+                        self._forward(plan)          # first run: loads the module, checks the launches
+                    self.cupy_stream.synchronize()
+                    self.cupy_stream.begin_capture()
+                    try:
+                        with self.cupy_stream:
+                            self._forward(plan)
+                    finally:
+                        plan.graph = self.cupy_stream.end_capture()
                 self._plans[key] = plan
         return plan
 

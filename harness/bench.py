@@ -300,7 +300,8 @@ def markdown(result: dict) -> str:
              f"- convolution path: {result.get('conv_path', 'mma')}, {result.get('tuned_plans', 0)} tuned plans for "
              "this GPU (custom mma.sync / wgmma ms: the same engine forced to one kernel family)",
              f"- programmatic dependent launch: {result.get('pdl', False)} "
-             f"({result.get('pdl_reason', 'not recorded')}; custom without PDL ms: the same engine launched "
+             f"({result.get('pdl_reason', 'not recorded')}, batches <= {result.get('pdl_max_batch', 'all')}; "
+             "custom without PDL ms: the same engine launched "
              "plainly)", "",
              "| batch | custom ms (img/s) | custom without PDL ms | custom mma.sync ms | custom wgmma ms | TS fp32 ms "
              "| TS fp16 CL ms | fp16 CL + graph ms | compile max-autotune ms | custom vs graph | custom vs compile |",
@@ -435,7 +436,7 @@ def main(argv=None):
               "command": os.environ.get("FUSEDRESNET_BENCH_COMMAND") or
               "python -m fusedresnet.harness.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
               "conv_path": engine.lib.path, "engine": engine.name, "tuned_plans": len(engine.lib.tuned),
-              "pdl": engine.lib.pdl, "pdl_reason": engine.lib.pdl_reason,
+              "pdl": engine.lib.pdl, "pdl_reason": engine.lib.pdl_reason, "pdl_max_batch": engine.pdl_max_batch,
               "peak_tflops": round(peak, 1), "peak_tflops_runs": [round(v, 1) for v in peaks], "gpu_state": states,
               "whole_network": rows, "features_64": features, "downsample_overlap": overlap}
     if os.environ.get("FUSEDRESNET_GIT_COMMIT"):

@@ -91,8 +91,8 @@ __device__ __forceinline__ void mma_16816(float *d, const unsigned int *a, const
 }
 
 // Programmatic dependent launch (launch.py launches every kernel with it on
-// compute capability >= 9.0). Every kernel calls pdl_begin() before it touches
-// global memory:
+// compute capability >= 9.0 where the engine asks for it). Every kernel begins
+// with pdl_begin() or pdl_begin_prefetch_l2(), before it touches global memory:
 //   griddepcontrol.launch_dependents  lets the next kernel of the stream (or
 //     graph) be scheduled once every block of this one has started, so its
 //     blocks are resident when this grid's last blocks finish: the launch gap
@@ -108,5 +108,32 @@ __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n" ::: "memory");
 #endif
+}
+
+// pdl_begin with an L2 prefetch between the trigger and the wait: `rows`
+// segments of `bytes` bytes (16-byte aligned, a multiple of 16), `stride` bytes
+// apart, from `base`. Only for the weights (filters, fc): no kernel writes
+// them, so touching them before the wait cannot see a stale value (and a
+// prefetch only warms L2, through which every write goes). A kernel whose
+// blocks are resident early (PDL) so fetches its weights while the kernel
+// before it still runs: at small batches the convolutions stream their
+// filters from HBM with little else to overlap.
+__device__ __forceinline__ void pdl_begin_prefetch_l2(const void *base, int rows, unsigned int bytes, u64 stride) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    for (int r = threadIdx.x; r < rows; r += blockDim.x)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n"
+                     :: "l"(static_cast<const char *>(base) + r * stride), "r"(bytes) : "memory");
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// The filter slice one implicit-GEMM block reads (output channels n0 ..
+// n0 + bn - 1 of K, k-tiles kt_begin .. kt_end - 1 of a [K][ldw] filter),
+// prefetched by the first block along M only (the others read the same slice).
+__device__ __forceinline__ void pdl_begin_prefetch_filter(const half_bits *w, int n0, int bn, int K, int ldw,
+                                                          int kt_begin, int kt_end, bool first_m) {
+    pdl_begin_prefetch_l2(w + (u64)n0 * ldw + (u64)kt_begin * BK, first_m ? min(bn, K - n0) : 0,
+                          (unsigned int)(kt_end - kt_begin) * BK * 2, (u64)ldw * 2);
 }
 #endif  // FUSEDRESNET_COMMON_CUH

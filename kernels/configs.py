@@ -336,6 +336,10 @@ def conv_path(cc: tuple[int, int], requested: str | None = None) -> str:
 
 PDL_ENV = "FUSEDRESNET_PDL"
 PDL_MIN_CC = (9, 0)   # griddepcontrol (sm_90) and the launch attribute
+# The engine's batch buckets up to this one are captured with programmatic dependent launch, larger ones
+# plainly: measured on the H100 (kernels/NOTES.md, outcome 12), PDL gains at the small batches, where
+# kernels are short and stream their filters, and costs 1-2% at 128 and 256.
+PDL_MAX_BATCH = 32
 
 
 def pdl_choice(cc: tuple[int, int], requested: bool | None = None) -> tuple[bool, str]:

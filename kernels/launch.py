@@ -22,8 +22,10 @@ without cuda.bindings, or before 9.0, launches are CuPy's plain ones.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+import threading
 
 import cupy as cp
 import numpy as np
@@ -135,6 +137,7 @@ class KernelLibrary:
             self.cc = (int(cc[:-1]), int(cc[-1]))
             self.path = conv_path(self.cc, path)
             self.pdl, self.pdl_reason = pdl_choice(self.cc, pdl)
+            self._mode = threading.local()   # launch_mode's choice, per thread
             self.device_name = cp.cuda.runtime.getDeviceProperties(device_id)["name"].decode()
             tiles = CONV_TILES + tuple(STEM_TILES.values()) + PATCH_TILES
             wgmma_module = path_arch(self.path) == WGMMA_ARCH
@@ -181,8 +184,19 @@ class KernelLibrary:
     def _launch(self, kernel, grid, threads: int, args: tuple, shared_mem: int = 0):
         """Every kernel launch goes through here: `grid` blocks (x[, y[, z]]) of `threads` threads,
         `shared_mem` bytes of dynamic shared memory (the tile's `smem_bytes` / configs.SMEM_BYTES), on the
-        current CuPy stream; programmatic dependent launch where `self.pdl`."""
-        (_launch_pdl if self.pdl else _launch_plain)(kernel, grid, threads, args, shared_mem)
+        current CuPy stream; programmatic dependent launch where `self.pdl` (and `launch_mode` allows)."""
+        programmatic = getattr(self._mode, "programmatic", self.pdl)
+        (_launch_pdl if programmatic else _launch_plain)(kernel, grid, threads, args, shared_mem)
+
+    @contextlib.contextmanager
+    def launch_mode(self, programmatic: bool):
+        """Launches in this block (this thread) programmatic only if `programmatic` and `self.pdl`."""
+        before = getattr(self._mode, "programmatic", self.pdl)
+        self._mode.programmatic = self.pdl and programmatic
+        try:
+            yield
+        finally:
+            self._mode.programmatic = before
 
     # -- convolution ---------------------------------------------------------
     def plan(self, n, h, w, c, k, r, s, stride, pad) -> ConvPlan:

@@ -47,7 +47,9 @@ template <int IMGS>
 __global__ void __launch_bounds__(HEAD_THREADS)
 avgpool_fc(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ b,
            float *__restrict__ logits, int N, int HW, int classes, int classes_per_block) {
-    pdl_begin();   // common.cuh: before any global access
+    pdl_begin_prefetch_l2(w + (u64)blockIdx.x * classes_per_block * 512,   // common.cuh: this block's fc rows
+                          blockIdx.y == 0 ? min(classes_per_block, classes - (int)blockIdx.x * classes_per_block) : 0,
+                          512 * 2, 512 * 2);
     constexpr int C = 512;
     __shared__ __align__(16) float feat[IMGS][C];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

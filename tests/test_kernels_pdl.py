@@ -39,19 +39,29 @@ def test_every_kernel_waits_for_the_previous_one_before_anything_else():
     # every kernel family of the library is here (a regex that found nothing would pass anything)
     assert {"conv_implicit_gemm", "splitk_epilogue", "conv3x3_patch", "conv_wgmma", "conv_wgmma_ws",
             "stem_conv7x7s2", "stem_pool_conv7x7s2", "stem_pool_wgmma", "maxpool_3x3s2", "avgpool_fc"} <= set(kernels)
-    late = {k: first for k, first in kernels.items() if not first.startswith("pdl_begin();")}
-    assert not late, f"kernels that do not begin with pdl_begin(): {late}"
+    # pdl_begin(), or pdl_begin_prefetch_l2 / _filter (the weights prefetched between trigger and wait)
+    late = {k: first for k, first in kernels.items() if not re.match(r"pdl_begin(_prefetch_\w+)?\(", first)}
+    assert not late, f"kernels that do not begin with pdl_begin: {late}"
     for header in KERNEL_DIR.glob("*.cuh"):   # kernels live in the .cu files only
         assert "__global__" not in header.read_text(), header.name
 
 
 def test_pdl_begin_is_the_sm_90_instruction_pair_and_nothing_before_sm_90():
     text = (KERNEL_DIR / "common.cuh").read_text()
-    body = text[text.index("void pdl_begin()"):]
+    for name in ("void pdl_begin()", "void pdl_begin_prefetch_l2("):
+        body = text[text.index(name):]
+        body = body[:body.index("\n}\n")]
+        assert "__CUDA_ARCH__ >= 900" in body
+        trigger, wait = body.index("griddepcontrol.launch_dependents"), body.index("griddepcontrol.wait")
+        assert trigger < wait   # every asm a memory clobber: no memory access moves above the wait
+        assert body.count("asm volatile(") == body.count('"memory"') >= 1
+        assert "ld.global" not in body and "cp.async.cg" not in body   # before the wait: prefetches only
+        if "prefetch" in name:
+            assert trigger < body.index("cp.async.bulk.prefetch.L2.global") < wait
+    # the filter prefetch is the one above, for the block's slice of the filter only
+    body = text[text.index("void pdl_begin_prefetch_filter("):]
     body = body[:body.index("\n}\n")]
-    assert "__CUDA_ARCH__ >= 900" in body
-    assert body.index("griddepcontrol.launch_dependents") < body.index("griddepcontrol.wait")
-    assert '"memory"' in body   # no memory access may move above the wait
+    assert "pdl_begin_prefetch_l2(" in body and "asm" not in body
 
 
 def _bindings(monkeypatch, installed: bool):
