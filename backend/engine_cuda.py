@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from ..kernels.configs import MIXED, PDL_MAX_BATCH, STEM_KG_PADDED
-from ..kernels.launch import conv_out_size, library, splitk_workspace
+from ..kernels.launch import conv_out_size, library
 from .engines import next_power_of_two
 from .folding import MAXPOOL_KERNEL, MAXPOOL_PADDING, MAXPOOL_STRIDE, STEM, load_folded, resnet18_blocks
 from .spec import IMAGENET_MEAN, IMAGENET_STD, INPUT_FP32, INPUT_UINT8, MIN_INPUT_SIZE, power_of_two_buckets
@@ -77,7 +77,7 @@ class _Plan:
         self.pool_out = cp.empty((batch, h2, w2, STEM.out_channels), dtype=cp.float16)
         self.steps = []   # (block, conv1 out, downsample out or None, block out, plans, events)
         x_shape = self.pool_out.shape
-        launches_main, launches_side = [], []   # (plan, outputs) of the split-K workspace of each stream
+        workspace_main = workspace_side = 0
         for block in engine.blocks:
             n, hh, ww, c = x_shape
             s = block.conv1.stride
@@ -89,8 +89,9 @@ class _Plan:
             }
             if block.downsample is not None:
                 plans["downsample"] = lib.plan(n, hh, ww, c, k, 1, 1, s, 0)
-                launches_side.append((plans["downsample"], n * p * q * k))
-            launches_main += [(plans["conv1"], n * p * q * k), (plans["conv2"], n * p * q * k)]
+                workspace_side = max(workspace_side, self._workspace(plans["downsample"], n * p * q * k))
+            for key in ("conv1", "conv2"):
+                workspace_main = max(workspace_main, self._workspace(plans[key], n * p * q * k))
             t = cp.empty((n, p, q, k), dtype=cp.float16)
             d = cp.empty((n, p, q, k), dtype=cp.float16) if block.downsample is not None else None
             out = cp.empty((n, p, q, k), dtype=cp.float16)
@@ -102,13 +103,16 @@ class _Plan:
             x_shape = out.shape
         self.features = self.steps[-1][3]
         self.logits = cp.empty((batch, engine.fc_weight.shape[0]), dtype=cp.float32)
-        # one per stream: the downsample (side stream) may run beside conv1 (main)
-        self.workspace_main = splitk_workspace(launches_main)
-        self.workspace_side = splitk_workspace(launches_side)
+        self.workspace_main = cp.empty(max(workspace_main, 1), dtype=cp.float32)
+        self.workspace_side = cp.empty(max(workspace_side, 1), dtype=cp.float32)
         self.graph = None
         # The same memory seen by torch (the Triton model copies into / out of these).
         self.input_torch = torch.from_dlpack(self.input)
         self.logits_torch = torch.from_dlpack(self.logits)
+
+    @staticmethod
+    def _workspace(plan, outputs: int) -> int:
+        return plan.splits * outputs if plan.splits > 1 else 0
 
 
 class FusedCudaEngine:

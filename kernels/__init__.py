@@ -11,7 +11,7 @@ CUDA sources (compiled at run time by CuPy/NVRTC as one translation unit, see
     loaders.cuh            the cp.async im2col (A) and filter (B) loaders of the implicit-GEMM kernels
     stem.cuh               the stems' input-patch load and the fused 3x3/2 max-pool (shared by both stems)
     conv_implicit_gemm.cu  convolution as implicit GEMM + fused epilogue (bias, residual, ReLU),
-                           split-K reduced in-kernel (last block of a tile); every conv of the network can run on it
+                           split-K with `splitk_epilogue`; every conv of the network can run on it
     conv3x3_patch.cu       3x3/1 convs with the input patch in shared memory (all 9 taps from one copy)
     conv_wgmma.cu          sm_90a: the implicit GEMM on wgmma.mma_async (shared-memory descriptors), same
                            loaders and epilogue; the convolutions on compute capability 9.0

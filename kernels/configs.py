@@ -75,7 +75,7 @@ GEOMETRY = {
     "SW_IN_ROW": 148,          # halfs per input-patch row: >= 120 read, = 20 (mod 32) for conflict-free A loads
     "SW_THREADS": 256,         # 2 warpgroups, 2 m64 blocks each
     "SW_BLOCKS_PER_SM": 2,     # its __launch_bounds__ minimum and the persistent grid's blocks per SM
-    "EW_THREADS": 256,         # element-wise kernels: maxpool_3x3s2
+    "EW_THREADS": 256,         # element-wise kernels: splitk_epilogue, maxpool_3x3s2
     "HEAD_THREADS": 256,       # avgpool_fc (8 warps, one class per warp at a time)
     "WGMMA_SMEM_ALIGN": 1024,  # conv_wgmma aligns its ring to the 128B-swizzle atom: allocated on top
 }
@@ -311,7 +311,7 @@ STEM_POOL_WGMMA_KERNELS = {"uint8": "stem_pool_wgmma<1>", "float32": "stem_pool_
 STEM_WGMMA_SMEM_BYTES = smem_bytes("STEM_WGMMA_SMEM_BYTES")
 STEM_WGMMA_TILE_H, STEM_WGMMA_TILE_W = GEOMETRY["SW_PH"], GEOMETRY["SW_PW"]
 STEM_WGMMA_THREADS, STEM_WGMMA_BLOCKS_PER_SM = GEOMETRY["SW_THREADS"], GEOMETRY["SW_BLOCKS_PER_SM"]
-OTHER_KERNELS = ("maxpool_3x3s2", f"avgpool_fc<{HEAD_IMGS}>", *STEM_KERNELS.values(),
+OTHER_KERNELS = ("splitk_epilogue", "maxpool_3x3s2", f"avgpool_fc<{HEAD_IMGS}>", *STEM_KERNELS.values(),
                  *STEM_POOL_KERNELS.values())
 
 

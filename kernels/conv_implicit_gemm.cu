@@ -23,10 +23,9 @@
 //
 // SPLIT-K. Layers with few output tiles (layer3/layer4 at small batch) would
 // leave most of the 132 SMs idle, so gridDim.z slices the reduction: slice z
-// writes its fp32 partial sums to `partial[z]`, and the last block of each
-// output tile to finish adds the slices and applies the epilogue
-// (epilogue.cuh splitk_fixup: one kernel, no reduction launch). With
-// gridDim.z == 1 the epilogue runs straight from the accumulators.
+// writes its fp32 partial sums to `partial[z]` and `splitk_epilogue` (below)
+// adds the slices and applies the epilogue. With gridDim.z == 1 the epilogue
+// runs here.
 //
 // EPILOGUE: epilogue.cuh's (bias, residual, ReLU, fp16 NHWC, or the split-K
 // partials), straight from the accumulator fragments.
@@ -62,7 +61,6 @@ template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MODE>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
 conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w, const float *__restrict__ bias,
                    const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
-                   int *__restrict__ splitk_counters,
                    const float *__restrict__ in_scale, const float *__restrict__ in_shift,
                    int N, int H, int W, int C, int K, int P, int Q, int R, int S, int stride, int pad,
                    int ldw, int num_k_tiles, int k_tiles_per_split, int relu) {
@@ -198,6 +196,30 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
             }
         }
     }
-    if (partial != nullptr)   // split-K: the tile's last block adds the slices (epilogue.cuh)
-        splitk_fixup<BM, BN, THREADS>(partial, splitk_counters, m0, n0, M, K, bias, residual, y, relu);
+}
+
+// Sum of the split-K slices + the same epilogue, 8 channels (16 bytes of
+// output) per thread. K must be a multiple of 8.
+__global__ void __launch_bounds__(EW_THREADS)
+splitk_epilogue(const float *__restrict__ partial, int splits, const float *__restrict__ bias,
+                const half_bits *__restrict__ residual, half_bits *__restrict__ y, int M, int K, int relu) {
+    pdl_begin();   // common.cuh: before any global access
+    const int groups = K / 8;
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)M * groups) return;
+    const int m = (int)(idx / groups), k = (int)(idx - (long long)m * groups) * 8;
+    const u64 off = (u64)m * K + k;
+    float v[8];
+    {
+        const float4 b0 = *reinterpret_cast<const float4 *>(bias + k);
+        const float4 b1 = *reinterpret_cast<const float4 *>(bias + k + 4);
+        v[0] = b0.x; v[1] = b0.y; v[2] = b0.z; v[3] = b0.w; v[4] = b1.x; v[5] = b1.y; v[6] = b1.z; v[7] = b1.w;
+    }
+    for (int s = 0; s < splits; ++s) {
+        const float *p = partial + (u64)s * M * K + off;
+        const float4 p0 = *reinterpret_cast<const float4 *>(p);
+        const float4 p1 = *reinterpret_cast<const float4 *>(p + 4);
+        v[0] += p0.x; v[1] += p0.y; v[2] += p0.z; v[3] += p0.w; v[4] += p1.x; v[5] += p1.y; v[6] += p1.z; v[7] += p1.w;
+    }
+    epilogue_store8(v, off, residual, y, relu);
 }

@@ -124,7 +124,6 @@ template <int BM, int BN, int WGS, int STAGES>
 __global__ void __launch_bounds__(WGS * 128, 1)
 conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
            const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
-           int *__restrict__ splitk_counters,
            int N, int H, int W, int C, int K, int P, int Q, int R, int S, int stride, int pad,
            int ldw, int num_k_tiles, int k_tiles_per_split, int relu) {
     pdl_begin_prefetch_filter(w, blockIdx.y * BN, BN, K, ldw, blockIdx.z * k_tiles_per_split,   // common.cuh
@@ -201,8 +200,6 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
     cp_async_wait<0>();
 
     wgmma_epilogue<BN, MB, WM>(acc, m0, n0, wg, warp_in_wg, lane, M, K, bias, residual, y, partial, relu);
-    if (partial != nullptr)   // split-K: the tile's last block adds the slices (epilogue.cuh)
-        splitk_fixup<BM, BN, THREADS>(partial, splitk_counters, m0, n0, M, K, bias, residual, y, relu);
 }
 
 
@@ -244,7 +241,6 @@ template <int BM, int BN, int WGS, int STAGES>
 __global__ void __launch_bounds__((WGS + 1) * 128, 1)
 conv_wgmma_ws(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
               const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
-              int *__restrict__ splitk_counters,
               int N, int H, int W, int C, int K, int P, int Q, int R, int S, int stride, int pad,
               int ldw, int num_k_tiles, int k_tiles_per_split, int relu) {
     pdl_begin_prefetch_filter(w, blockIdx.y * BN, BN, K, ldw, blockIdx.z * k_tiles_per_split,   // common.cuh
@@ -334,6 +330,4 @@ conv_wgmma_ws(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
     for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
 
     wgmma_epilogue<BN, MB, WM>(acc, m0, n0, wg, warp_in_wg, lane, M, K, bias, residual, y, partial, relu);
-    if (partial != nullptr)   // split-K, among the consumers (the producer warpgroup has left; epilogue.cuh)
-        splitk_fixup<BM, BN, WGS * 128>(partial, splitk_counters, m0, n0, M, K, bias, residual, y, relu);
 }

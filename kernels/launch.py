@@ -91,29 +91,6 @@ def _blocks(total: int, per_block: int) -> int:
     return -(-total // per_block)
 
 
-class SplitKWorkspace:
-    """Device memory of split-K launches (epilogue.cuh splitk_fixup): the fp32 slices [splits][M][K] and one
-    int32 counter per output tile, zero as allocated and put back to zero by every launch. Launches that may
-    run at the same time (two streams) need one each."""
-
-    def __init__(self, slices: int, tiles: int):
-        self.slices = cp.empty(max(slices, 1), dtype=cp.float32)
-        self.counters = cp.zeros(max(tiles, 1), dtype=cp.int32)
-
-    def fits(self, plan: ConvPlan, outputs: int) -> bool:
-        return self.slices.size >= plan.splits * outputs and self.counters.size >= plan.grid[0] * plan.grid[1]
-
-
-def splitk_workspace(launches) -> SplitKWorkspace | None:
-    """The workspace for any of `launches`, (plan, output elements) pairs run one after another; None if no
-    plan splits K."""
-    split = [(plan, outputs) for plan, outputs in launches if plan.splits > 1]
-    if not split:
-        return None
-    return SplitKWorkspace(max(plan.splits * outputs for plan, outputs in split),
-                           max(plan.grid[0] * plan.grid[1] for plan, _ in split))
-
-
 # The kernels' argument types (the launchers below build every argument with _ptr or _i) as C types.
 _C_TYPES = {np.uint64: ctypes.c_uint64, np.int32: ctypes.c_int32}
 
@@ -200,6 +177,7 @@ class KernelLibrary:
                 kernel = get(name)
                 kernel.max_dynamic_shared_size_bytes = STEM_WGMMA_SMEM_BYTES
                 self.stem_pool_wgmma_kernels[kind] = kernel
+            self.splitk_epilogue = get("splitk_epilogue")
             self.maxpool = get("maxpool_3x3s2")
             self.avgpool_fc_kernel = get(f"avgpool_fc<{HEAD_IMGS}>")
 
@@ -232,7 +210,7 @@ class KernelLibrary:
         return plan_default(m, k, k_tiles, r, self.sms, self.path)
 
     def conv(self, x, weight, bias, y, *, stride, pad, relu, residual=None, plan: ConvPlan | None = None,
-             workspace: SplitKWorkspace | None = None):
+             workspace=None):
         """y[N,P,Q,K] = epilogue(conv(x[N,H,W,C] fp16, weight[K,R,S,C] fp16)); see conv_implicit_gemm.cu."""
         n, h, w, c = x.shape
         k, r, s, c2 = weight.shape
@@ -342,23 +320,28 @@ class KernelLibrary:
                     (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _i(n), _i(h), _i(w), _i(c), _i(k),
                      _i(tiles_x), _i(tiles_x * tiles_y), _i(1 if relu else 0)), tile.smem_bytes)
             return
-        partial = counters = None
+        partial = None
         if plan.splits > 1:
-            if workspace is None or not workspace.fits(plan, n * p * q * k):
-                raise ValueError(f"split-K x{plan.splits} needs a SplitKWorkspace of {plan.splits * n * p * q * k} "
-                                 f"slice elements and {plan.grid[0] * plan.grid[1]} tile counters (splitk_workspace)")
-            partial, counters = workspace.slices, workspace.counters
+            need = plan.splits * n * p * q * k
+            if workspace is None or workspace.size < need:
+                raise ValueError(f"split-K x{plan.splits} needs a float32 workspace of {need} elements")
+            partial = workspace
         tail = (_i(n), _i(h), _i(w), _i(c), _i(k), _i(p), _i(q), _i(r), _i(s), _i(stride), _i(pad), _i(ldw),
                 _i(k_tiles), _i(plan.k_tiles_per_split), _i(1 if relu else 0))
         if isinstance(tile, WgmmaConfig):   # no stem modes: no in_scale / in_shift
             if in_scale is not None or in_shift is not None or c % BK or k % 8:
                 raise ValueError(f"{tile.label} runs fp16 NHWC convolutions with C % {BK} == 0 and K % 8 == 0 "
                                  f"(the stem has its own kernels), got C={c}, K={k}")
-            args = (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _ptr(partial), _ptr(counters)) + tail
+            args = (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _ptr(partial)) + tail
         else:
-            args = (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _ptr(partial), _ptr(counters),
-                    _ptr(in_scale), _ptr(in_shift)) + tail
+            args = (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _ptr(partial), _ptr(in_scale),
+                    _ptr(in_shift)) + tail
         self._launch(kernel, plan.grid, tile.threads, args, tile.smem_bytes)
+        if partial is not None:
+            m = n * p * q
+            self._launch(self.splitk_epilogue, (_blocks(m * (k // 8), EW_THREADS),), EW_THREADS,
+                    (_ptr(partial), _i(plan.splits), _ptr(bias), _ptr(residual), _ptr(y), _i(m), _i(k),
+                     _i(1 if relu else 0)))
 
     # -- pool and head -------------------------------------------------------
     def maxpool_3x3s2(self, x, y):

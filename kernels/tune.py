@@ -34,7 +34,7 @@ from .configs import (
     plan_key,
     tile_family,
 )
-from .launch import conv_out_size, splitk_workspace
+from .launch import conv_out_size
 
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
@@ -99,7 +99,7 @@ def tune_conv(lib, families, n, h, w, c, k, r, stride, pad, relu=True, residual=
     y = cp.empty((n, p, q, k), dtype=cp.float16)
     res = cp.ones_like(y) if residual else None
     plans = list(candidates(m, k, k_tiles, lib.sms, (n, p, q, c, r, stride, pad), families))
-    workspace = splitk_workspace([(pl, y.size) for pl in plans])
+    workspace = cp.empty(max(pl.splits for pl in plans) * y.size, dtype=cp.float32)
     rows = []
     for plan in plans:
         try:
@@ -114,8 +114,8 @@ def tune_conv(lib, families, n, h, w, c, k, r, stride, pad, relu=True, residual=
     model = plan_default(m, k, k_tiles, r, lib.sms, lib.path)
     model_ms = next((ms for ms, pl in rows if pl.tile == model.tile and pl.splits == model.splits), None)
     if model_ms is None:   # a default plan outside the candidates (e.g. more splits): time it too
-        if model.splits > 1 and (workspace is None or not workspace.fits(model, y.size)):
-            workspace = splitk_workspace([(model, y.size)])
+        if model.splits * y.size > workspace.size:
+            workspace = cp.empty(model.splits * y.size, dtype=cp.float32)
         model_ms = time_graph(lambda: lib.conv(x, weight, bias, y, stride=stride, pad=pad, relu=relu,
                                                residual=res, plan=model, workspace=workspace))
     return rows, model_ms
