@@ -232,9 +232,12 @@ class ResNetTritonModel:
         self.timer = ExecuteTimer(self.model_name, args["model_instance_name"], device, gpu_uuid(device))
         self._warm_up()
         self.timer.discard()     # the figures describe served requests only
+        lib = getattr(self.engine, "lib", None)   # the fused engine's kernel library: how it launches
+        launches = (f", programmatic dependent launch {lib.pdl} ({lib.pdl_reason}; batches <= "
+                    f"{self.engine.pdl_max_batch})" if lib is not None else "")
         pb_utils.Logger.log_info(
-            f"{self.model_name}: engine {self.engine.name} on {device} ({reason}), {threads} torch thread(s); "
-            f"loaded and warmed up in {time.perf_counter() - started:.1f} s")
+            f"{self.model_name}: engine {self.engine.name} on {device} ({reason}), {threads} torch thread(s)"
+            f"{launches}; loaded and warmed up in {time.perf_counter() - started:.1f} s")
 
     def _warm_up(self):
         generator = torch.Generator().manual_seed(0)
