@@ -78,6 +78,7 @@ GEOMETRY = {
     "EW_THREADS": 256,         # element-wise kernels: splitk_epilogue, maxpool_3x3s2
     "HEAD_THREADS": 256,       # avgpool_fc (8 warps, one class per warp at a time)
     "WGMMA_SMEM_ALIGN": 1024,  # conv_wgmma aligns its ring to the 128B-swizzle atom: allocated on top
+    "SM_SMEM_BYTES": 228 * 1024,   # shared memory per SM (H100), of which 1 KB is reserved per resident block
 }
 # Shared-memory bytes per launch, as expressions over GEOMETRY and the
 # template arguments named in the key: evaluated here for the launcher, pasted
@@ -221,8 +222,11 @@ class WgmmaConfig:
 # layer1 (K = 64) 194-230 -> 0.85. The others were never measured: their
 # efficiency is a guess and the untuned cost model does not choose them
 # (`measured`); the tuner measures them all.
-# 228 KB of shared memory per SM: blocks_per_sm from smem_bytes (and registers:
-# the s3 128x128 tile uses 124 registers, 2 x 256 threads fit).
+# SM_SMEM_BYTES per SM: blocks_per_sm from smem_bytes; conv_wgmma's
+# __launch_bounds__ asks ptxas for two blocks' registers wherever two fit in
+# shared memory (the s3 128x128 tile: <= 128 registers for 2 x 256 threads;
+# tests/test_kernels_compile.py checks every tile's registers against its
+# blocks_per_sm).
 WGMMA_TILES = (
     WgmmaConfig(128, 128, 2, 4, efficiency=1.05, blocks_per_sm=1, measured=True),  # 129 KB
     WgmmaConfig(128, 128, 2, 3, efficiency=1.0, blocks_per_sm=2),   # 97 KB

@@ -120,8 +120,14 @@ __device__ __forceinline__ void wgmma_epilogue(const float (&acc)[MB][BN / 2], i
 }
 
 
+// Blocks per SM the launch bounds ask registers for: two wherever two rings fit in an SM's shared memory
+// (configs.WGMMA_TILES blocks_per_sm), else one.
+__host__ __device__ constexpr int wgmma_min_blocks(int bm, int bn, int stages) {
+    return 2 * (wgmma_smem_bytes(bm, bn, stages) + 1024) <= SM_SMEM_BYTES ? 2 : 1;
+}
+
 template <int BM, int BN, int WGS, int STAGES>
-__global__ void __launch_bounds__(WGS * 128, 1)
+__global__ void __launch_bounds__(WGS * 128, wgmma_min_blocks(BM, BN, STAGES))
 conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
            const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
            int N, int H, int W, int C, int K, int P, int Q, int R, int S, int stride, int pad,

@@ -87,6 +87,20 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
             registers = int(re.search(r"Used (\d+) registers", block).group(1))
             assert registers * STEM_WGMMA_THREADS * STEM_WGMMA_BLOCKS_PER_SM <= 65536, block
     assert checked >= len([n for n in names if n.startswith(("conv_implicit_gemm", "conv_wgmma", "stem_pool_wgmma"))])
+    # Every wgmma tile's registers fit the blocks per SM the cost model counts on (configs blocks_per_sm):
+    # 65536 registers per SM. (An L2 prefetch added to the prologue once took the s3 128x128 tile from 124
+    # to 132 registers: one block per SM instead of two, layer2 at batch 128 1.5x slower.)
+    if arch == WGMMA_ARCH:
+        by_args = {(t.bm, t.bn, t.warpgroups, t.stages, t.warp_specialized): t for t in WGMMA_TILES}
+        seen = 0
+        for block in report.split("Function properties for ")[1:]:
+            match = re.match(r"_Z1[03](conv_wgmma(?:_ws)?)ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", block)
+            if match:
+                tile = by_args[tuple(int(v) for v in match.groups()[1:]) + (match.group(1) == "conv_wgmma_ws",)]
+                registers = int(re.search(r"Used (\d+) registers", block).group(1))
+                assert registers * tile.threads * tile.blocks_per_sm <= 65536, (tile.label, registers)
+                seen += 1
+        assert seen == len(WGMMA_TILES)
     # ptxas serialises wgmma (and says so, C7515/C7520) when the accumulators are touched while in flight.
     assert "Potential Performance Loss" not in report, report
 
