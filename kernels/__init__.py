@@ -3,7 +3,8 @@
 CUDA sources (compiled at run time by CuPy/NVRTC as one translation unit, see
 `configs.source_text`; each file opens with a comment on how it works):
 
-    common.cuh             PTX wrappers: cp.async, ldmatrix, mma.sync m16n8k16, fp16 packing; the swizzle
+    common.cuh             PTX wrappers: cp.async, ldmatrix, mma.sync m16n8k16, fp16 packing; the swizzle;
+                           pdl_begin (programmatic dependent launch, every kernel's first statement)
     warp_mma.cuh           the mma.sync warp tile (ldmatrix fragments + m16n8k16 over a k16 step), shared by
                            conv_implicit_gemm, conv3x3_patch and stem
     wgmma.cuh              sm_90a: wgmma.mma_async m64nNk16 wrappers and shared-memory descriptors
@@ -24,7 +25,8 @@ Python:
 
     configs.py        tile configurations, compile options, cost model, tuned-plan lookup (no CuPy)
     launch.py         `library(device)`: compiled kernels + launchers with shape checks; the conv path
-                      (wgmma on cc 9.0, else mma.sync; FUSEDRESNET_CONV_PATH=mma|wgmma forces one)
+                      (wgmma on cc 9.0, else mma.sync; FUSEDRESNET_CONV_PATH=mma|wgmma forces one);
+                      programmatic dependent launch on cc >= 9.0 (cuLaunchKernelEx; FUSEDRESNET_PDL=0 off)
     nvrtc_build.py    NVRTC compile of the sm_90a module (CuPy's RawModule cannot target sm_90a), disk cache
     sass_diff.py      per-kernel SASS dump and compare (CPU, nvcc + cuobjdump): a refactor keeps the machine code
     tuned_plans.json  measured best tile / split-K per layer shape and batch bucket, overall and per kernel
