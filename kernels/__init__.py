@@ -26,7 +26,8 @@ Python:
     configs.py        tile configurations, compile options, cost model, tuned-plan lookup (no CuPy)
     launch.py         `library(device)`: compiled kernels + launchers with shape checks; the conv path
                       (wgmma on cc 9.0, else mma.sync; FUSEDRESNET_CONV_PATH=mma|wgmma forces one);
-                      programmatic dependent launch on cc >= 9.0 (cuLaunchKernelEx; FUSEDRESNET_PDL=0 off)
+                      programmatic dependent launch on cc >= 9.0 (cuLaunchKernelEx; the engine uses it up to
+                      configs.PDL_MAX_BATCH; FUSEDRESNET_PDL=0 off)
     nvrtc_build.py    NVRTC compile of the sm_90a module (CuPy's RawModule cannot target sm_90a), disk cache
     sass_diff.py      per-kernel SASS dump and compare (CPU, nvcc + cuobjdump): a refactor keeps the machine code
     tuned_plans.json  measured best tile / split-K per layer shape and batch bucket, overall and per kernel

@@ -78,7 +78,8 @@ GEOMETRY = {
     "EW_THREADS": 256,         # element-wise kernels: splitk_epilogue, maxpool_3x3s2
     "HEAD_THREADS": 256,       # avgpool_fc (8 warps, one class per warp at a time)
     "WGMMA_SMEM_ALIGN": 1024,  # conv_wgmma aligns its ring to the 128B-swizzle atom: allocated on top
-    "SM_SMEM_BYTES": 228 * 1024,   # shared memory per SM (H100), of which 1 KB is reserved per resident block
+    "SM_SMEM_BYTES": 228 * 1024,        # shared memory per SM (H100, H200) ...
+    "SM_BLOCK_RESERVED_SMEM": 1024,     # ... of which the driver reserves this much per resident block
 }
 # Shared-memory bytes per launch, as expressions over GEOMETRY and the
 # template arguments named in the key: evaluated here for the launcher, pasted
@@ -109,7 +110,7 @@ def smem_bytes(name: str, **args: int) -> int:
 # The entries only the sm_90a sources (WGMMA_SOURCES) use: pasted for that target alone, since nvcc
 # warns about a constexpr the translation unit never uses.
 WGMMA_ONLY_GEOMETRY = ("SW_PH", "SW_PW", "SW_M", "SW_IN_ROW", "SW_THREADS", "SW_BLOCKS_PER_SM",
-                       "STEM_WGMMA_SMEM_BYTES")
+                       "STEM_WGMMA_SMEM_BYTES", "SM_SMEM_BYTES", "SM_BLOCK_RESERVED_SMEM")
 
 
 def geometry_preamble(arch: str | None = None) -> str:
@@ -341,8 +342,8 @@ def conv_path(cc: tuple[int, int], requested: str | None = None) -> str:
 PDL_ENV = "FUSEDRESNET_PDL"
 PDL_MIN_CC = (9, 0)   # griddepcontrol (sm_90) and the launch attribute
 # The engine's batch buckets up to this one are captured with programmatic dependent launch, larger ones
-# plainly: measured on the H100 (kernels/NOTES.md, outcome 12), PDL gains at the small batches, where
-# kernels are short and stream their filters, and costs 1-2% at 128 and 256.
+# plainly: measured on the H100 (kernels/NOTES.md, outcome 12), PDL gains 3-7% at batch 1, 8 and 32 (one
+# sweep had bucket 4 slower) and costs 1-2% from 64 up.
 PDL_MAX_BATCH = 32
 
 
@@ -353,24 +354,26 @@ def pdl_choice(cc: tuple[int, int], requested: bool | None = None) -> tuple[bool
     host that cannot do it an error, not a silent plain launch.
     """
     import os
+    explicit = requested is not None
     if requested is None:
         env = os.environ.get(PDL_ENV, "").strip()
         if env not in ("", "0", "1"):
             raise ValueError(f"{PDL_ENV}={env!r}: expected 0 or 1")
         requested = None if env == "" else env == "1"
     if requested is False:
-        return False, f"{PDL_ENV}=0"
+        return False, "turned off by the caller" if explicit else f"{PDL_ENV}=0"
     if tuple(cc) < PDL_MIN_CC:
         if requested:
-            raise RuntimeError(f"programmatic dependent launch needs compute capability 9.0, this is {cc[0]}.{cc[1]}")
-        return False, f"compute capability {cc[0]}.{cc[1]} < 9.0"
+            raise RuntimeError(f"programmatic dependent launch needs compute capability "
+                               f"{PDL_MIN_CC[0]}.{PDL_MIN_CC[1]}, this is {cc[0]}.{cc[1]}")
+        return False, f"compute capability {cc[0]}.{cc[1]} < {PDL_MIN_CC[0]}.{PDL_MIN_CC[1]}"
     try:
         from cuda.bindings import driver  # noqa: F401
     except ImportError as exc:
         if requested:
             raise ImportError(f"{PDL_ENV}=1 needs cuda.bindings (pip install 'fusedresnet[gpu]')") from exc
         return False, "cuda.bindings is not installed"
-    return True, "compute capability >= 9.0"
+    return True, f"compute capability >= {PDL_MIN_CC[0]}.{PDL_MIN_CC[1]}"
 
 
 def path_arch(path: str) -> str | None:

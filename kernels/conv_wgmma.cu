@@ -123,7 +123,7 @@ __device__ __forceinline__ void wgmma_epilogue(const float (&acc)[MB][BN / 2], i
 // Blocks per SM the launch bounds ask registers for: two wherever two rings fit in an SM's shared memory
 // (configs.WGMMA_TILES blocks_per_sm), else one.
 __host__ __device__ constexpr int wgmma_min_blocks(int bm, int bn, int stages) {
-    return 2 * (wgmma_smem_bytes(bm, bn, stages) + 1024) <= SM_SMEM_BYTES ? 2 : 1;
+    return 2 * (wgmma_smem_bytes(bm, bn, stages) + SM_BLOCK_RESERVED_SMEM) <= SM_SMEM_BYTES ? 2 : 1;
 }
 
 template <int BM, int BN, int WGS, int STAGES>

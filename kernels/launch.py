@@ -11,13 +11,14 @@ runs on the family its plan's tile belongs to (`configs.conv_path`,
 Shapes are checked here, with messages that say which rule a tensor broke,
 because the kernels themselves assume aligned, well-formed input.
 
-On compute capability >= 9.0 every launch is a programmatic dependent launch
+On compute capability >= 9.0 launches are programmatic dependent launches
 (cuLaunchKernelEx from cuda.bindings with the programmatic-stream-serialization
-attribute; common.cuh `pdl_begin` is the kernels' half): the next kernel's
-blocks are scheduled while this one's last blocks run and wait on the GPU for
-it to finish, instead of being launched after it. The same holds inside a
-captured CUDA graph (programmatic edges). FUSEDRESNET_PDL=0 turns it off;
-without cuda.bindings, or before 9.0, launches are CuPy's plain ones.
+attribute; common.cuh `pdl_begin` is the kernels' half) unless `launch_mode`
+says otherwise (the engine: batch buckets above configs.PDL_MAX_BATCH launch
+plainly): the next kernel's blocks are scheduled while this one's last blocks
+run and wait on the GPU for it to finish. The same holds inside a captured
+CUDA graph (programmatic edges). FUSEDRESNET_PDL=0 turns it off; without
+cuda.bindings, or before 9.0, launches are CuPy's plain ones.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import os
 import threading
 
 import cupy as cp
@@ -39,6 +41,7 @@ from .configs import (
     HEAD_IMGS,
     HEAD_THREADS,
     PATCH_TILES,
+    PDL_ENV,
     STEM_KERNELS,
     STEM_KG_PADDED,
     STEM_POOL_KERNELS,
@@ -368,9 +371,10 @@ def library(device_id: int, path: str | None = None, pdl: bool | None = None) ->
     with cp.cuda.Device(device_id):
         cc = cp.cuda.Device(device_id).compute_capability
     cc = (int(cc[:-1]), int(cc[-1]))
-    return _library(device_id, conv_path(cc, path), pdl_choice(cc, pdl)[0])
+    # keyed on the request and the environment it is read from: the library says why it launches as it does
+    return _library(device_id, conv_path(cc, path), pdl, os.environ.get(PDL_ENV, ""))
 
 
 @functools.cache
-def _library(device_id: int, path: str, pdl: bool) -> KernelLibrary:
+def _library(device_id: int, path: str, pdl: bool | None, pdl_env: str) -> KernelLibrary:
     return KernelLibrary(device_id, path, pdl)

@@ -26,6 +26,7 @@ from .configs import (
     BK,
     CONV_TILES,
     PATCH_TILES,
+    PDL_MAX_BATCH,
     WGMMA_TILES,
     ConvPlan,
     make_plan,
@@ -90,7 +91,13 @@ def candidates(m: int, k: int, k_tiles: int, sms: int, patch=None, families=("mm
 
 
 def tune_conv(lib, families, n, h, w, c, k, r, stride, pad, relu=True, residual=False):
-    """[(ms, plan)] fastest first, and the ms of the untuned default plan of `lib.path`."""
+    """[(ms, plan)] fastest first, and the ms of the untuned default plan of `lib.path`; launched as the
+    engine launches batch n (programmatic dependent launch up to configs.PDL_MAX_BATCH)."""
+    with lib.launch_mode(n <= PDL_MAX_BATCH):
+        return _time_candidates(lib, families, n, h, w, c, k, r, stride, pad, relu, residual)
+
+
+def _time_candidates(lib, families, n, h, w, c, k, r, stride, pad, relu, residual):
     p, q = conv_out_size(h, r, stride, pad), conv_out_size(w, r, stride, pad)
     m, k_tiles = n * p * q, r * r * c // BK
     x = cp.random.standard_normal((n, h, w, c), dtype=cp.float32).astype(cp.float16)

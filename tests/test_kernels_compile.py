@@ -182,8 +182,9 @@ def test_wgmma_stem_is_compiled_for_sm_90a_only_and_its_blocks_fit_an_sm():
     names = set(STEM_POOL_WGMMA_KERNELS.values())
     assert names <= set(name_expressions(WGMMA_ARCH)) and not names & set(name_expressions("sm_90"))
     assert "// ---- stem_wgmma.cu ----" in source_text(WGMMA_ARCH)
-    assert STEM_WGMMA_BLOCKS_PER_SM * (STEM_WGMMA_SMEM_BYTES + 1024) <= 228 * 1024
-    assert STEM_WGMMA_SMEM_BYTES <= 227 * 1024
+    sm, reserved = GEOMETRY["SM_SMEM_BYTES"], GEOMETRY["SM_BLOCK_RESERVED_SMEM"]
+    assert STEM_WGMMA_BLOCKS_PER_SM * (STEM_WGMMA_SMEM_BYTES + reserved) <= sm
+    assert STEM_WGMMA_SMEM_BYTES <= sm - reserved
     assert STEM_WGMMA_THREADS % 128 == 0   # whole warpgroups (the registers: the compile test)
     # one pooled tile's stem region fits the GEMM rows; 56 x 56 pooled maps tile exactly (no idle rows)
     assert (2 * GEOMETRY["SW_PH"] + 1) * (2 * GEOMETRY["SW_PW"] + 1) <= GEOMETRY["SW_M"]
@@ -205,8 +206,24 @@ def test_warp_specialised_wgmma_tiles_are_sm_90a_only_distinct_and_fit_an_sm():
         assert tile_by_label(t.label) is t and tile_family(t) == "wgmma" and not t.measured
         assert t.threads == (t.warpgroups + 1) * 128
         ring = t.stages * (t.bm + t.bn) * GEOMETRY["BK"] * 2
-        assert t.smem_bytes == ring + GEOMETRY["WGMMA_SMEM_ALIGN"] + 16 * t.stages <= 227 * 1024
-        assert t.blocks_per_sm * (t.smem_bytes + 1024) <= 228 * 1024
+        sm, reserved = GEOMETRY["SM_SMEM_BYTES"], GEOMETRY["SM_BLOCK_RESERVED_SMEM"]
+        assert t.smem_bytes == ring + GEOMETRY["WGMMA_SMEM_ALIGN"] + 16 * t.stages <= sm - reserved
+        assert t.blocks_per_sm * (t.smem_bytes + reserved) <= sm
+
+
+def test_every_wgmma_tile_fits_its_blocks_per_sm_and_the_launch_bounds_ask_for_them():
+    """configs' blocks_per_sm (the cost model's occupancy) fits an SM's shared memory for every wgmma tile,
+    and conv_wgmma's launch bounds (wgmma_min_blocks: two wherever two rings fit) ask ptxas for the
+    registers of min(blocks_per_sm, 2) blocks; the registers themselves: the nvcc test above."""
+    from fusedresnet.kernels.configs import GEOMETRY
+    sm, reserved = GEOMETRY["SM_SMEM_BYTES"], GEOMETRY["SM_BLOCK_RESERVED_SMEM"]
+    source = (KERNEL_DIR / "conv_wgmma.cu").read_text()
+    assert "__launch_bounds__(WGS * 128, wgmma_min_blocks(BM, BN, STAGES))" in source
+    for t in WGMMA_TILES:
+        assert t.blocks_per_sm * (t.smem_bytes + reserved) <= sm, t.label
+        if not t.warp_specialized:
+            asks = 2 if 2 * (t.smem_bytes + reserved) <= sm else 1     # wgmma_min_blocks, restated
+            assert asks == min(t.blocks_per_sm, 2), t.label
 
 
 def test_conv_path_is_mixed_on_cc_9_0_only_and_one_family_can_be_forced(monkeypatch):

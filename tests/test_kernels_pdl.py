@@ -93,6 +93,7 @@ def test_pdl_can_be_turned_off_and_an_explicit_request_is_never_dropped(monkeypa
     monkeypatch.setenv(PDL_ENV, "0")
     assert pdl_choice((9, 0)) == (False, f"{PDL_ENV}=0")
     assert pdl_choice((9, 0), True)[0]                      # an explicit argument beats the environment
+    assert pdl_choice((9, 0), False) == (False, "turned off by the caller")   # says who turned it off
     monkeypatch.setenv(PDL_ENV, "1")
     assert pdl_choice((9, 0))[0]
     assert not pdl_choice((9, 0), False)[0]
