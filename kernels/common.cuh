@@ -128,12 +128,21 @@ __device__ __forceinline__ void pdl_begin_prefetch_l2(const void *base, int rows
 #endif
 }
 
-// The filter slice one implicit-GEMM block reads (output channels n0 ..
+// The filter slice one convolution block reads (output channels n0 ..
 // n0 + bn - 1 of K, k-tiles kt_begin .. kt_end - 1 of a [K][ldw] filter),
 // prefetched by the first block along M only (the others read the same slice).
-__device__ __forceinline__ void pdl_begin_prefetch_filter(const half_bits *w, int n0, int bn, int K, int ldw,
-                                                          int kt_begin, int kt_end, bool first_m) {
+__device__ __forceinline__ void pdl_begin_prefetch_filter_slice(const half_bits *w, int n0, int bn, int K, int ldw,
+                                                                int kt_begin, int kt_end, bool first_m) {
     pdl_begin_prefetch_l2(w + (u64)n0 * ldw + (u64)kt_begin * BK, first_m ? min(bn, K - n0) : 0,
                           (unsigned int)(kt_end - kt_begin) * BK * 2, (u64)ldw * 2);
+}
+
+// The same for the split-K implicit-GEMM grid (blockIdx.x: M tile, .y: the bn
+// output channels from blockIdx.y * bn, .z: the split of k_tiles_per_split
+// k-tiles), as conv_implicit_gemm and both conv_wgmma kernels launch.
+__device__ __forceinline__ void pdl_begin_prefetch_filter(const half_bits *w, int bn, int K, int ldw,
+                                                          int num_k_tiles, int k_tiles_per_split) {
+    pdl_begin_prefetch_filter_slice(w, blockIdx.y * bn, bn, K, ldw, blockIdx.z * k_tiles_per_split,
+                                    min(num_k_tiles, (int)(blockIdx.z + 1) * k_tiles_per_split), blockIdx.x == 0);
 }
 #endif  // FUSEDRESNET_COMMON_CUH

@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
 conv3x3_patch(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
               const half_bits *__restrict__ residual, half_bits *__restrict__ y,
               int N, int H, int W, int C, int K, int tiles_x, int tiles_per_image, int relu) {
-    pdl_begin_prefetch_filter(w, blockIdx.y * BN, BN, K, 9 * C, 0, 9 * C / BK, blockIdx.x == 0);   // common.cuh
+    pdl_begin_prefetch_filter_slice(w, blockIdx.y * BN, BN, K, 9 * C, 0, 9 * C / BK, blockIdx.x == 0);   // common.cuh
     constexpr int BM = TH * TW;
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
     constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;

@@ -64,8 +64,7 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
                    const float *__restrict__ in_scale, const float *__restrict__ in_shift,
                    int N, int H, int W, int C, int K, int P, int Q, int R, int S, int stride, int pad,
                    int ldw, int num_k_tiles, int k_tiles_per_split, int relu) {
-    pdl_begin_prefetch_filter(w, blockIdx.y * BN, BN, K, ldw, blockIdx.z * k_tiles_per_split,   // common.cuh
-                              min(num_k_tiles, (int)(blockIdx.z + 1) * k_tiles_per_split), blockIdx.x == 0);
+    pdl_begin_prefetch_filter(w, BN, K, ldw, num_k_tiles, k_tiles_per_split);   // common.cuh
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
     constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;   // warp tile
     constexpr int MI = WTM / 16, NI = WTN / 8;              // mma tiles per warp

@@ -132,8 +132,7 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
            const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
            int N, int H, int W, int C, int K, int P, int Q, int R, int S, int stride, int pad,
            int ldw, int num_k_tiles, int k_tiles_per_split, int relu) {
-    pdl_begin_prefetch_filter(w, blockIdx.y * BN, BN, K, ldw, blockIdx.z * k_tiles_per_split,   // common.cuh
-                              min(num_k_tiles, (int)(blockIdx.z + 1) * k_tiles_per_split), blockIdx.x == 0);
+    pdl_begin_prefetch_filter(w, BN, K, ldw, num_k_tiles, k_tiles_per_split);   // common.cuh
     constexpr int THREADS = WGS * 128;
     constexpr int WM = BM / WGS;              // rows per warpgroup
     constexpr int MB = WM / 64;               // m64 blocks per warpgroup
@@ -249,8 +248,7 @@ conv_wgmma_ws(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
               const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
               int N, int H, int W, int C, int K, int P, int Q, int R, int S, int stride, int pad,
               int ldw, int num_k_tiles, int k_tiles_per_split, int relu) {
-    pdl_begin_prefetch_filter(w, blockIdx.y * BN, BN, K, ldw, blockIdx.z * k_tiles_per_split,   // common.cuh
-                              min(num_k_tiles, (int)(blockIdx.z + 1) * k_tiles_per_split), blockIdx.x == 0);
+    pdl_begin_prefetch_filter(w, BN, K, ldw, num_k_tiles, k_tiles_per_split);   // common.cuh
     constexpr int PRODUCER_THREADS = 128;     // one warpgroup
     constexpr int WM = BM / WGS;              // rows per consumer warpgroup
     constexpr int MB = WM / 64;               // m64 blocks per consumer warpgroup

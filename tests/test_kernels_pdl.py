@@ -58,10 +58,11 @@ def test_pdl_begin_is_the_sm_90_instruction_pair_and_nothing_before_sm_90():
         assert "ld.global" not in body and "cp.async.cg" not in body   # before the wait: prefetches only
         if "prefetch" in name:
             assert trigger < body.index("cp.async.bulk.prefetch.L2.global") < wait
-    # the filter prefetch is the one above, for the block's slice of the filter only
-    body = text[text.index("void pdl_begin_prefetch_filter("):]
-    body = body[:body.index("\n}\n")]
-    assert "pdl_begin_prefetch_l2(" in body and "asm" not in body
+    # the filter prefetches are the one above, for the block's slice of the filter only
+    for name in ("void pdl_begin_prefetch_filter_slice(", "void pdl_begin_prefetch_filter("):
+        body = text[text.index(name):]
+        body = body[:body.index("\n}\n")]
+        assert "pdl_begin_prefetch_" in body.split("{", 1)[1] and "asm" not in body
 
 
 def _bindings(monkeypatch, installed: bool):
