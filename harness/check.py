@@ -56,15 +56,17 @@ from ..kernels.configs import (
     CONV_TILES,
     MIXED,
     PATCH_TILES,
+    PATCH_WGMMA_TILES,
     WGMMA_ARCH,
     WGMMA_TILES,
     ConvPlan,
     make_plan,
     patch_applies,
+    patch_wgmma_applies,
     path_arch,
-    plan_default,
     plan_key,
     tile_family,
+    untuned_plan,
 )
 from ..kernels.launch import conv_out_size, library
 
@@ -254,9 +256,8 @@ class Checker:
                 self.conv_case(spec, n, h, w)
                 key = plan_key(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.stride)
                 if key in self.lib.tuned:   # the plan without the table (another GPU model, another size)
-                    p = conv_out_size(h, spec.kernel, spec.stride, spec.padding)
-                    default = plan_default(n * p * p, spec.out_channels, spec.kernel ** 2 * spec.in_channels // BK,
-                                           spec.kernel, self.lib.sms, self.lib.path)
+                    default = untuned_plan(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.stride,
+                                           spec.padding, self.lib.sms, self.lib.path)
                     if (default.tile, default.splits) != self.lib.tuned[key]:
                         self.conv_case(spec, n, h, w, default, " (untuned default)")
         for spec, h, w in layer_shapes():
@@ -268,6 +269,15 @@ class Checker:
                     p = conv_out_size(h, 3, 1, 1)
                     plan = make_plan(tile, 1, m, spec.out_channels, k_tiles, 7, p, p)
                     self.conv_case(spec, 7, h, w, plan, " (forced)")
+                    forced = make_plan(tile, 1, 2 * 17 * 45, spec.out_channels, k_tiles, 2, 17, 45)
+                    self.conv_case(spec, 2, 17, 45, forced, " (forced, odd size)")
+            for tile in PATCH_WGMMA_TILES if path_arch(self.lib.path) == WGMMA_ARCH else ():
+                if patch_wgmma_applies(tile, spec.in_channels, spec.out_channels, spec.kernel, spec.stride,
+                                       spec.padding, w):
+                    # 1-2 tiles per block at N=7, 6-7 at N=32 (the persistent loop's every path), odd size
+                    for n_img in (7, 32):
+                        plan = make_plan(tile, 1, n_img * h * w, spec.out_channels, k_tiles, n_img, h, w)
+                        self.conv_case(spec, n_img, h, w, plan, " (forced)")
                     forced = make_plan(tile, 1, 2 * 17 * 45, spec.out_channels, k_tiles, 2, 17, 45)
                     self.conv_case(spec, 2, 17, 45, forced, " (forced, odd size)")
             for tile in CONV_TILES + (WGMMA_TILES if path_arch(self.lib.path) == WGMMA_ARCH else ()):

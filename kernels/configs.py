@@ -13,7 +13,7 @@ from pathlib import Path
 KERNEL_DIR = Path(__file__).resolve().parent
 TUNED_PLANS = KERNEL_DIR / "tuned_plans.json"   # written by `python -m fusedresnet.harness.tune`
 MMA_SOURCES = ("conv_implicit_gemm.cu", "conv3x3_patch.cu", "stem.cu", "pool_head.cu")
-WGMMA_SOURCES = ("conv_wgmma.cu", "stem_wgmma.cu")     # sm_90a only
+WGMMA_SOURCES = ("conv_wgmma.cu", "conv3x3_patch_wgmma.cu", "stem_wgmma.cu")     # sm_90a only
 SOURCES = MMA_SOURCES + WGMMA_SOURCES
 # The shared headers, pasted at the top of the translation unit in this order
 # (each .cu includes those it uses, for readers and editors; source_text drops
@@ -78,9 +78,11 @@ GEOMETRY = {
     "EW_THREADS": 256,         # element-wise kernels: splitk_epilogue, maxpool_3x3s2
     "HEAD_THREADS": 256,       # avgpool_fc (8 warps, one class per warp at a time)
     "WGMMA_SMEM_ALIGN": 1024,  # conv_wgmma aligns its ring to the 128B-swizzle atom: allocated on top
+    "PATCH_WGMMA_BN": 64,      # conv3x3_patch_wgmma: output channels per block = input channels (= BK)
     "SM_SMEM_BYTES": 228 * 1024,        # shared memory per SM (H100, H200) ...
     "SM_BLOCK_RESERVED_SMEM": 1024,     # ... of which the driver reserves this much per resident block
 }
+_PATCH_WGMMA_ROWS = "(((BM + 2 * W + 13) >> 3) << 3)"
 # Shared-memory bytes per launch, as expressions over GEOMETRY and the
 # template arguments named in the key: evaluated here for the launcher, pasted
 # as constexpr functions / ints for the kernels (the same text in both).
@@ -95,6 +97,12 @@ SMEM_BYTES = {
     # filter + input patch (rounded up to 16 bytes) + staged stem values, aligned for the descriptors
     "STEM_WGMMA_SMEM_BYTES": "WGMMA_SMEM_ALIGN + (STEM_K * STEM_KG + (((2 * (2 * SW_PH + 1) + 5) * SW_IN_ROW + 7) & ~7)"
                              " + SW_M * SP_C_ROW) * 2",
+    # conv3x3_patch_wgmma (sm_90a): its patch rows, BM positions + 2 padded rows + 2, in whole 8-row atoms
+    # ((BM + 2 * (W + 2) + 2 + 7) / 8 * 8) ...
+    "patch_wgmma_rows(BM, W)": _PATCH_WGMMA_ROWS,
+    # ... and its shared memory: the 9-tap filter slice, then STAGES patches, aligned for the descriptors
+    "patch_wgmma_smem_bytes(BM, STAGES, W)": f"WGMMA_SMEM_ALIGN + (9 * PATCH_WGMMA_BN + STAGES * {_PATCH_WGMMA_ROWS})"
+                                             " * BK * 2",
 }
 
 
@@ -110,7 +118,8 @@ def smem_bytes(name: str, **args: int) -> int:
 # The entries only the sm_90a sources (WGMMA_SOURCES) use: pasted for that target alone, since nvcc
 # warns about a constexpr the translation unit never uses.
 WGMMA_ONLY_GEOMETRY = ("SW_PH", "SW_PW", "SW_M", "SW_IN_ROW", "SW_THREADS", "SW_BLOCKS_PER_SM",
-                       "STEM_WGMMA_SMEM_BYTES", "SM_SMEM_BYTES", "SM_BLOCK_RESERVED_SMEM")
+                       "STEM_WGMMA_SMEM_BYTES", "SM_SMEM_BYTES", "SM_BLOCK_RESERVED_SMEM", "PATCH_WGMMA_BN",
+                       "patch_wgmma_rows(BM, W)", "patch_wgmma_smem_bytes(BM, STAGES, W)")
 
 
 def geometry_preamble(arch: str | None = None) -> str:
@@ -299,6 +308,59 @@ PATCH_TILES = (
     PatchConfig(4, 32, 64, 4, 2, 4, smem_epilogue=True),
 )
 
+@dataclass(frozen=True)
+class PatchWgmmaConfig:
+    """One instantiation of conv3x3_patch_wgmma (sm_90a): 3x3 / stride 1 / pad 1 with C = 64, K % 64 == 0.
+
+    Persistent blocks of `warpgroups` x 128 threads, each owning 64 output channels and walking tiles of
+    `bm` consecutive positions of the flat padded grid with `stages` patch buffers (conv3x3_patch_wgmma.cu).
+    Its shared memory depends on the image width (`smem_for`); `smem_bytes` is the most a block may ask for.
+    """
+
+    bm: int
+    warpgroups: int
+    stages: int
+    bn: int = GEOMETRY["PATCH_WGMMA_BN"]
+
+    @property
+    def threads(self) -> int:
+        return self.warpgroups * 128
+
+    @property
+    def smem_bytes(self) -> int:
+        return MAX_BLOCK_SMEM_BYTES
+
+    def smem_for(self, w: int) -> int:
+        return smem_bytes("patch_wgmma", BM=self.bm, STAGES=self.stages, W=w)
+
+    def fits(self, w: int) -> bool:
+        return self.smem_for(w) <= MAX_BLOCK_SMEM_BYTES
+
+    @property
+    def name_expression(self) -> str:
+        return f"conv3x3_patch_wgmma<{self.bm},{self.warpgroups},{self.stages}>"
+
+    @property
+    def label(self) -> str:
+        return f"pwg{self.bm}g{self.warpgroups}s{self.stages}"
+
+
+# The most dynamic shared memory one block may have (227 KB on the H100 / H200).
+MAX_BLOCK_SMEM_BYTES = GEOMETRY["SM_SMEM_BYTES"] - GEOMETRY["SM_BLOCK_RESERVED_SMEM"]
+# conv3x3_patch_wgmma tiles: one block per SM (the filter slice alone is 72 KB). Sizes at W = 56 (layer1):
+PATCH_WGMMA_TILES = (
+    PatchWgmmaConfig(128, 2, 3),    # 170 KB
+    PatchWgmmaConfig(128, 2, 4),    # 201 KB
+    PatchWgmmaConfig(256, 2, 3),    # 218 KB, two m64 blocks per warpgroup
+    PatchWgmmaConfig(128, 1, 4),    # 201 KB, one warpgroup, two m64 blocks
+    PatchWgmmaConfig(64, 1, 4),     # 168 KB, small batches
+)
+
+
+def patch_wgmma_applies(tile: PatchWgmmaConfig, c: int, k: int, r: int, stride: int, pad: int, w: int) -> bool:
+    return r == 3 and stride == 1 and pad == 1 and c == BK and k % tile.bn == 0 and tile.fits(w)
+
+
 STEM_TILES = {
     "uint8": TileConfig(128, 64, 4, 2, 3, mode=1),
     "float32": TileConfig(128, 64, 4, 2, 3, mode=2),
@@ -382,8 +444,8 @@ def path_arch(path: str) -> str | None:
 
 
 def tile_family(tile) -> str:
-    """"wgmma" for a conv_wgmma tile, "mma" for the mma.sync ones (generic and conv3x3_patch)."""
-    return "wgmma" if isinstance(tile, WgmmaConfig) else "mma"
+    """"wgmma" for the sm_90a tiles (conv_wgmma, conv3x3_patch_wgmma), "mma" for the mma.sync ones."""
+    return "wgmma" if isinstance(tile, (WgmmaConfig, PatchWgmmaConfig)) else "mma"
 
 
 def wgmma_arch(arch: str | None) -> bool:
@@ -397,7 +459,7 @@ def nvrtc_options(arch: str) -> tuple[str, ...]:
 
 def name_expressions(arch: str | None = None) -> list[str]:
     """Every kernel instantiation the launcher uses on `arch` (the wgmma ones only on sm_90a)."""
-    wgmma = ([t.name_expression for t in WGMMA_TILES] + list(STEM_POOL_WGMMA_KERNELS.values())
+    wgmma = ([t.name_expression for t in WGMMA_TILES + PATCH_WGMMA_TILES] + list(STEM_POOL_WGMMA_KERNELS.values())
              if wgmma_arch(arch) else [])
     return ([t.name_expression for t in CONV_TILES + tuple(STEM_TILES.values()) + PATCH_TILES]
             + list(OTHER_KERNELS) + wgmma)
@@ -428,7 +490,7 @@ def _drop_includes(text: str) -> str:
 
 @dataclass(frozen=True)
 class ConvPlan:
-    tile: TileConfig | PatchConfig | WgmmaConfig
+    tile: TileConfig | PatchConfig | WgmmaConfig | PatchWgmmaConfig
     splits: int
     k_tiles_per_split: int
     grid: tuple[int, int, int]
@@ -467,7 +529,7 @@ def plan_key(n: int, h: int, w: int, c: int, k: int, r: int, stride: int) -> str
 
 
 def tile_by_label(label: str):
-    return next((t for t in CONV_TILES + PATCH_TILES + WGMMA_TILES if t.label == label), None)
+    return next((t for t in CONV_TILES + PATCH_TILES + WGMMA_TILES + PATCH_WGMMA_TILES if t.label == label), None)
 
 
 def conv_tiles(path: str) -> tuple:
@@ -506,6 +568,31 @@ def plan_default(m: int, k: int, k_tiles: int, r: int, sms: int, path: str) -> C
     if path == MIXED:
         path = "wgmma" if wgmma_by_default(m, k, k_tiles, r, sms) else "mma"
     return plan_conv(m, k, k_tiles, sms, conv_tiles(path))
+
+
+def untuned_plan(n: int, h: int, w: int, c: int, k: int, r: int, stride: int, pad: int, sms: int,
+                 path: str) -> ConvPlan:
+    """The plan of a convolution without a tuned-table entry (another input size, another GPU model).
+
+    On the sm_90a paths (mixed, wgmma) a 3x3/1 conv with 64 input channels runs on conv3x3_patch_wgmma:
+    on the H100 it beat every other tile and split-K at layer1's shape at every batch, 1 to 256
+    (NOTES.md, outcome 15). Its tile there: BM 256 from 4 tiles per SM, BM 128 from one, else BM 64.
+    Everything else: `plan_default`.
+    """
+    p, q = (h + 2 * pad - r) // stride + 1, (w + 2 * pad - r) // stride + 1
+    k_tiles = r * r * c // BK
+    if path in (MIXED, "wgmma"):
+        by_bm = {t.bm: t for t in PATCH_WGMMA_TILES
+                 if t.label in UNTUNED_PATCH_WGMMA and patch_wgmma_applies(t, c, k, r, stride, pad, w)}
+        for bm, min_tiles_per_sm in ((256, 4), (128, 1), (64, 0)):
+            tile = by_bm.get(bm)
+            if tile is not None and patch_wgmma_tiles(tile, n, p, q) >= min_tiles_per_sm * sms:
+                return make_plan(tile, 1, n * p * q, k, k_tiles, n, p, q)
+    return plan_default(n * p * q, k, k_tiles, r, sms, path)
+
+
+# The conv3x3_patch_wgmma tiles `untuned_plan` picks from (the fastest of their BM on the H100).
+UNTUNED_PATCH_WGMMA = ("pwg256g2s3", "pwg128g2s4", "pwg64g1s4")
 
 
 def load_tuned_plans(device: str, path: str, table_path: Path = TUNED_PLANS) -> dict:
@@ -549,6 +636,13 @@ def make_plan(tile, splits: int, m: int, k: int, k_tiles: int, n: int = 0, p: in
     if isinstance(tile, PatchConfig):
         tiles = n * math.ceil(p / tile.th) * math.ceil(q / tile.tw)
         return ConvPlan(tile, 1, k_tiles, (tiles, k // tile.bn, 1))
+    if isinstance(tile, PatchWgmmaConfig):   # grid.x: the tiles; the launch caps it at one block per SM
+        return ConvPlan(tile, 1, k_tiles, (patch_wgmma_tiles(tile, n, p, q), k // tile.bn, 1))
     per = math.ceil(k_tiles / splits)
     real = math.ceil(k_tiles / per)
     return ConvPlan(tile, real, per, (math.ceil(m / tile.bm), math.ceil(k / tile.bn), real))
+
+
+def patch_wgmma_tiles(tile: PatchWgmmaConfig, n: int, h: int, w: int) -> int:
+    """conv3x3_patch_wgmma's tiles for an N x H x W output: BM positions each of the flat padded grid."""
+    return math.ceil(n * (h + 2) * (w + 2) / tile.bm)

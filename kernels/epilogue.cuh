@@ -17,11 +17,11 @@
 #define FUSEDRESNET_EPILOGUE_CUH
 #include "common.cuh"
 
-// Channels k, k+1 of the element at offset `off` (= m*K + k) of y / residual.
-__device__ __forceinline__ void epilogue_pair(float v0, float v1, int k, u64 off, const float *__restrict__ bias,
-                                              const half_bits *__restrict__ residual, half_bits *__restrict__ y,
-                                              int relu) {
-    v0 += bias[k]; v1 += bias[k + 1];
+// Channels k, k+1 of the element at offset `off` (= m*K + k) of y / residual, v0 and v1 with the bias
+// already added (conv3x3_patch_wgmma keeps its bias values in registers).
+__device__ __forceinline__ void epilogue_pair_biased(float v0, float v1, u64 off,
+                                                     const half_bits *__restrict__ residual,
+                                                     half_bits *__restrict__ y, int relu) {
     if (residual != nullptr) {
         float r0, r1;
         unpack_half2(*reinterpret_cast<const half2_bits *>(residual + off), r0, r1);
@@ -29,6 +29,13 @@ __device__ __forceinline__ void epilogue_pair(float v0, float v1, int k, u64 off
     }
     if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
     *reinterpret_cast<half2_bits *>(y + off) = pack_half2(v0, v1);
+}
+
+// The same from the raw sums: adds bias[k], bias[k+1] first.
+__device__ __forceinline__ void epilogue_pair(float v0, float v1, int k, u64 off, const float *__restrict__ bias,
+                                              const half_bits *__restrict__ residual, half_bits *__restrict__ y,
+                                              int relu) {
+    epilogue_pair_biased(v0 + bias[k], v1 + bias[k + 1], off, residual, y, relu);
 }
 
 // The fragment epilogue of the implicit-GEMM kernels: with a split-K

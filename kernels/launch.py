@@ -7,7 +7,7 @@ CuPy picks; CuPy caches the binary on disk). On cc 9.0 (the mixed path, and
 the wgmma path forced by FUSEDRESNET_CONV_PATH=wgmma) one module compiled for
 sm_90a by `nvrtc_build` holds both kernel families, and each convolution
 runs on the family its plan's tile belongs to (`configs.conv_path`,
-`configs.plan_default`, the tuned table).
+`configs.untuned_plan`, the tuned table).
 Shapes are checked here, with messages that say which rule a tensor broke,
 because the kernels themselves assume aligned, well-formed input.
 
@@ -41,6 +41,7 @@ from .configs import (
     HEAD_IMGS,
     HEAD_THREADS,
     PATCH_TILES,
+    PATCH_WGMMA_TILES,
     PDL_ENV,
     STEM_KERNELS,
     STEM_KG_PADDED,
@@ -64,17 +65,20 @@ from .configs import (
     WGMMA_TILES,
     ConvPlan,
     PatchConfig,
+    PatchWgmmaConfig,
     WgmmaConfig,
     conv_path,
     load_tuned_plans,
     make_plan,
     name_expressions,
     nvrtc_options,
+    patch_wgmma_tiles,
     path_arch,
     pdl_choice,
     plan_default,
     plan_key,
     source_text,
+    untuned_plan,
 )
 
 
@@ -150,7 +154,7 @@ class KernelLibrary:
                                                name_expressions(WGMMA_ARCH))
                 self.module = cp.RawModule(path=str(cubin))
                 get = lambda name: self.module.get_function(lowered[name])   # noqa: E731
-                tiles += WGMMA_TILES
+                tiles += WGMMA_TILES + PATCH_WGMMA_TILES
             else:
                 self.module = cp.RawModule(code=source_text(), options=COMPILE_OPTIONS,
                                            name_expressions=name_expressions())
@@ -210,7 +214,9 @@ class KernelLibrary:
         tuned = self.tuned.get(plan_key(n, h, w, c, k, r, stride)) if r == s else None
         if tuned is not None:
             return make_plan(tuned[0], tuned[1], m, k, k_tiles, n, p, q)
-        return plan_default(m, k, k_tiles, r, self.sms, self.path)
+        if r != s:
+            return plan_default(m, k, k_tiles, r, self.sms, self.path)
+        return untuned_plan(n, h, w, c, k, r, stride, pad, self.sms, self.path)
 
     def conv(self, x, weight, bias, y, *, stride, pad, relu, residual=None, plan: ConvPlan | None = None,
              workspace=None):
@@ -322,6 +328,16 @@ class KernelLibrary:
             self._launch(kernel, (n * tiles_x * tiles_y, k // tile.bn, 1), tile.threads,
                     (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _i(n), _i(h), _i(w), _i(c), _i(k),
                      _i(tiles_x), _i(tiles_x * tiles_y), _i(1 if relu else 0)), tile.smem_bytes)
+            return
+        if isinstance(tile, PatchWgmmaConfig):
+            if not (r == s == 3 and stride == 1 and pad == 1 and c == BK and k % tile.bn == 0 and tile.fits(w)):
+                raise ValueError(f"{tile.label} needs a 3x3/1 pad-1 conv with C == {BK}, K % {tile.bn} == 0 and "
+                                 f"W <= its shared-memory limit, got C={c}, K={k}, W={w}")
+            tiles = patch_wgmma_tiles(tile, n, h, w)
+            # persistent blocks, one wave of one per SM (the filter slice and patches fill its shared memory)
+            self._launch(kernel, (min(tiles, max(1, self.sms // (k // tile.bn))), k // tile.bn, 1), tile.threads,
+                         (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _i(n), _i(h), _i(w), _i(k),
+                          _i(tiles), _i(1 if relu else 0)), tile.smem_for(w))
             return
         partial = None
         if plan.splits > 1:

@@ -8,7 +8,7 @@ graph (so launch gaps do not count) and the fastest is kept. On compute
 capability 9.0 the candidates are the mma.sync tiles (generic and
 conv3x3_patch) AND the wgmma tiles; elsewhere the mma.sync ones. The result
 is the table `kernels/tuned_plans.json` that `KernelLibrary.plan` consults
-before falling back to the cost model (`configs.plan_default`, other input
+before falling back to `configs.untuned_plan` (conv3x3_patch_wgmma or the cost model, other input
 sizes): per plan key the overall winner (with its family: the mixed path's
 plan) and each family's own winner (the paths forced by
 FUSEDRESNET_CONV_PATH=mma|wgmma). The table is for the GPU model it was
@@ -26,14 +26,16 @@ from .configs import (
     BK,
     CONV_TILES,
     PATCH_TILES,
+    PATCH_WGMMA_TILES,
     PDL_MAX_BATCH,
     WGMMA_TILES,
     ConvPlan,
     make_plan,
     patch_applies,
-    plan_default,
+    patch_wgmma_applies,
     plan_key,
     tile_family,
+    untuned_plan,
 )
 from .launch import conv_out_size
 
@@ -65,16 +67,20 @@ def time_graph(fn, reps: int = 10, samples: int = 5) -> float:
 
 
 def candidates(m: int, k: int, k_tiles: int, sms: int, patch=None, families=("mma",)):
-    """Every (tile, split-K) worth timing; `patch` = (n, p, q, c, r, stride, pad) adds the patch kernels.
+    """Every (tile, split-K) worth timing; `patch` = (n, p, q, c, r, stride, pad) adds the patch kernels
+    (conv3x3_patch, and conv3x3_patch_wgmma with the wgmma family).
 
     Split-K only where the tiles alone fill fewer than two waves, with >= 2
     k-tiles per split and at most 4 waves of blocks (beyond that the fp32
     partials cost more than the idle SMs they fill).
     """
-    if patch is not None and "mma" in families:
+    if patch is not None:
         n, p, q, c, r, stride, pad = patch
-        for tile in PATCH_TILES:
+        for tile in PATCH_TILES if "mma" in families else ():
             if patch_applies(tile, c, k, r, stride, pad):
+                yield make_plan(tile, 1, m, k, k_tiles, n, p, q)
+        for tile in PATCH_WGMMA_TILES if "wgmma" in families else ():
+            if patch_wgmma_applies(tile, c, k, r, stride, pad, q):   # stride 1: input width = q
                 yield make_plan(tile, 1, m, k, k_tiles, n, p, q)
     tiles = (CONV_TILES if "mma" in families else ()) + (WGMMA_TILES if "wgmma" in families else ())
     for tile in tiles:
@@ -118,7 +124,7 @@ def _time_candidates(lib, families, n, h, w, c, k, r, stride, pad, relu, residua
             raise
         rows.append((ms, plan))
     rows.sort(key=lambda t: t[0])
-    model = plan_default(m, k, k_tiles, r, lib.sms, lib.path)
+    model = untuned_plan(n, h, w, c, k, r, stride, pad, lib.sms, lib.path)
     model_ms = next((ms for ms, pl in rows if pl.tile == model.tile and pl.splits == model.splits), None)
     if model_ms is None:   # a default plan outside the candidates (e.g. more splits): time it too
         if model.splits * y.size > workspace.size:

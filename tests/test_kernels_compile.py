@@ -80,13 +80,19 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
     # The matrix kernels must keep their accumulators (and the wgmma stem its A fragments) in registers.
     checked = 0
     for block in report.split("Function properties for ")[1:]:
-        if block.startswith(("_Z18conv_implicit_gemm", "_Z10conv_wgmma", "_Z13conv_wgmma_ws", "_Z15stem_pool_wgmma")):
+        if block.startswith(("_Z18conv_implicit_gemm", "_Z10conv_wgmma", "_Z13conv_wgmma_ws", "_Z15stem_pool_wgmma",
+                             "_Z19conv3x3_patch_wgmma")):
             assert " 0 bytes spill stores" in block, block
             checked += 1
         if block.startswith("_Z15stem_pool_wgmma"):   # its blocks per SM (the persistent grid) fit the registers
             registers = int(re.search(r"Used (\d+) registers", block).group(1))
             assert registers * STEM_WGMMA_THREADS * STEM_WGMMA_BLOCKS_PER_SM <= 65536, block
-    assert checked >= len([n for n in names if n.startswith(("conv_implicit_gemm", "conv_wgmma", "stem_pool_wgmma"))])
+        if block.startswith("_Z19conv3x3_patch_wgmma"):   # persistent: one block of WGS warpgroups per SM
+            registers = int(re.search(r"Used (\d+) registers", block).group(1))
+            warpgroups = int(re.match(r"_Z19conv3x3_patch_wgmmaILi\d+ELi(\d+)E", block).group(1))
+            assert registers * warpgroups * 128 <= 65536, block
+    assert checked >= len([n for n in names if n.startswith(("conv_implicit_gemm", "conv_wgmma", "stem_pool_wgmma",
+                                                             "conv3x3_patch_wgmma"))])
     # Every wgmma tile's registers fit the blocks per SM the cost model counts on (configs blocks_per_sm):
     # 65536 registers per SM. (An L2 prefetch added to the prologue once took the s3 128x128 tile from 124
     # to 132 registers: one block per SM instead of two, layer2 at batch 128 1.5x slower.)
@@ -224,6 +230,51 @@ def test_every_wgmma_tile_fits_its_blocks_per_sm_and_the_launch_bounds_ask_for_t
         if not t.warp_specialized:
             asks = 2 if 2 * (t.smem_bytes + reserved) <= sm else 1     # wgmma_min_blocks, restated
             assert asks == min(t.blocks_per_sm, 2), t.label
+
+
+def test_patch_wgmma_tiles_are_sm_90a_only_and_their_shared_memory_is_the_filter_and_the_patches():
+    """conv3x3_patch_wgmma: in the sm_90a module only; per block the 9-tap filter slice (9 x 64 rows of 128
+    bytes) and STAGES patches of BM + 2(W+2) + 2 rows rounded up to 8, plus the 1024-byte alignment; tiles
+    whose patches do not fit 227 KB at a width are not used there."""
+    from fusedresnet.kernels.configs import PATCH_WGMMA_TILES, patch_wgmma_applies, tile_by_label, tile_family
+    names = {t.name_expression for t in PATCH_WGMMA_TILES}
+    assert names <= set(name_expressions(WGMMA_ARCH)) and not names & set(name_expressions("sm_90"))
+    assert "// ---- conv3x3_patch_wgmma.cu ----" in source_text(WGMMA_ARCH)
+    by_label = {t.label: t for t in PATCH_WGMMA_TILES}
+    assert len(by_label) == len(PATCH_WGMMA_TILES)
+    for t in PATCH_WGMMA_TILES:
+        assert tile_by_label(t.label) is t and tile_family(t) == "wgmma" and t.threads == 128 * t.warpgroups
+    # layer1 (W = 56): rows 128 + 116 + 2 = 246 -> 248 (31744 bytes); 256 + 118 = 374 -> 376 (48128); 64 -> 184
+    filter_bytes = 9 * 64 * 128
+    assert by_label["pwg128g2s3"].smem_for(56) == 1024 + filter_bytes + 3 * 31744 == 169984
+    assert by_label["pwg256g2s3"].smem_for(56) == 1024 + filter_bytes + 3 * 48128 == 219136
+    assert by_label["pwg64g1s4"].smem_for(56) == 1024 + filter_bytes + 4 * 184 * 128
+    limit = 227 * 1024
+    for t in PATCH_WGMMA_TILES:
+        assert t.smem_for(56) <= limit and t.smem_bytes == limit
+        assert patch_wgmma_applies(t, 64, 64, 3, 1, 1, 56)
+        assert not patch_wgmma_applies(t, 128, 128, 3, 1, 1, 28)     # C = 64 only (the filter stays resident)
+        assert not patch_wgmma_applies(t, 64, 128, 3, 2, 1, 56)      # stride 1 only
+        assert not patch_wgmma_applies(t, 64, 64, 3, 1, 1, 400)      # the patches no longer fit
+    assert by_label["pwg256g2s3"].smem_for(112) > limit >= by_label["pwg128g2s3"].smem_for(112)
+
+
+def test_untuned_plans_put_layer1_on_the_patch_wgmma_kernel_on_the_sm_90a_paths_only():
+    """Measured on the H100 (NOTES.md outcome 15, layer1 at batch 1-256): conv3x3_patch_wgmma beat every
+    other tile and split-K; fastest BM: 64 at batch 1, 128 at 8 and 32, 256 at 128 and 256."""
+    from fusedresnet.kernels.configs import MIXED, untuned_plan
+    sms = 132
+    expected = {1: "pwg64g1s4", 8: "pwg128g2s4", 32: "pwg128g2s4", 128: "pwg256g2s3", 256: "pwg256g2s3"}
+    for n, label in expected.items():
+        for path in (MIXED, "wgmma"):
+            plan = untuned_plan(n, 56, 56, 64, 64, 3, 1, 1, sms, path)
+            assert plan.tile.label == label and plan.splits == 1, (n, path, plan)
+        assert not untuned_plan(n, 56, 56, 64, 64, 3, 1, 1, sms, "mma").tile.label.startswith("pwg")
+        # not for layer2 (C = 128), the stride-2 conv, or an image too wide for the patches
+        for args in ((28, 28, 128, 128, 3, 1, 1), (56, 56, 64, 128, 3, 2, 1), (56, 400, 64, 64, 3, 1, 1)):
+            assert not untuned_plan(n, *args, sms, MIXED).tile.label.startswith("pwg"), (n, args)
+    # 97x130 input: layer1 is 25x33, still the patch kernel
+    assert untuned_plan(5, 25, 33, 64, 64, 3, 1, 1, sms, MIXED).tile.label.startswith("pwg")
 
 
 def test_conv_path_is_mixed_on_cc_9_0_only_and_one_family_can_be_forced(monkeypatch):

@@ -61,7 +61,7 @@ def test_engine_serves_through_create_custom_engine(checker, tmp_path):
 
 
 def test_conv_path_is_mixed_on_compute_capability_9_and_each_family_can_be_forced(checker):
-    from fusedresnet.kernels.configs import MIXED, WGMMA_TILES, tile_family
+    from fusedresnet.kernels.configs import MIXED, PATCH_WGMMA_TILES, WGMMA_TILES, tile_family
     from fusedresnet.kernels.launch import library
     hopper = torch.cuda.get_device_capability(0) == (9, 0)
     forced = library(0, "mma")
@@ -83,3 +83,9 @@ def test_conv_path_is_mixed_on_compute_capability_9_and_each_family_can_be_force
         assert tile_family(forced.plan(*args).tile) == "mma"
         assert tile_family(mixed.plan(*args).tile) == "mma"
     assert tile_family(mixed.plan(96, 7, 7, 512, 512, 3, 3, 1, 1).tile) == "wgmma"   # batch 96: 84 M MAC/SM
+    # layer1 (C = 64, 3x3/1) on the patch wgmma kernel at any batch, on both sm_90a paths (outcome 15)
+    for lib in (mixed, wgmma):
+        assert lib.plan(3, 56, 56, 64, 64, 3, 3, 1, 1).tile.label.startswith("pwg")
+    assert not forced.plan(3, 56, 56, 64, 64, 3, 3, 1, 1).tile.label.startswith("pwg")
+    assert all(t.name_expression in mixed.kernels for t in PATCH_WGMMA_TILES)
+    assert not any(t.name_expression in forced.kernels for t in PATCH_WGMMA_TILES)

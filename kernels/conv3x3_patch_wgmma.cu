@@ -1,0 +1,229 @@
+// 3x3 / stride 1 / pad 1 convolution with 64 input channels (ResNet-18's
+// layer1) on Hopper tensor cores (sm_90a): wgmma with BOTH operands straight
+// from shared memory, the input patch loaded once per tile and the filter once
+// per block.
+//
+// WHY. conv_wgmma.cu builds an im2col A tile per k-tile: each input pixel is
+// fetched from L2 nine times (once per tap), and with K = 64 output channels
+// the tile has 64 MACs per byte loaded: layer1 ran at 30-36% of the
+// tensor-core peak (NOTES.md). conv3x3_patch.cu (mma.sync) loads the patch
+// once, but hands each lane an ldmatrix address per tap, which a shared-memory
+// descriptor cannot express for a 2-D tile.
+//
+// THE FLAT PADDED GRID. Number the positions of the zero-padded input,
+// (N, H+2, W+2), row-major: q = (n*(H+2) + py)*(W+2) + px. Output pixel
+// (n, oy, ox) is computed at position o = (n*(H+2) + oy)*(W+2) + ox, and its
+// input for tap (r, s) is padded pixel (oy+r, ox+s), position
+// o + r*(W+2) + s: for every tap, a run of consecutive output positions reads
+// a run of consecutive patch rows, shifted by r*(W+2) + s. So the A operand of
+// tap (r, s) for the m64 block of positions o .. o+63 is 64 consecutive
+// 128-byte rows of the patch: one wgmma shared-memory descriptor whose start
+// address is the shifted row. Positions with oy >= H or ox >= W (the two pad
+// columns of each row, the two pad rows of each image: (H+2)(W+2)/(HW) - 1 =
+// 7% extra work at 56x56) are computed and dropped by the epilogue.
+//
+// TILING. A block owns BN = 64 output channels (blockIdx.y) and walks tiles
+// of BM consecutive positions (tile blockIdx.x, + gridDim.x, ...: persistent
+// blocks). Its shared memory holds
+//   the filter slice   9 taps x [64 channels][64] = 72 KB, loaded once;
+//   STAGES patches     rows q0 .. q0 + BM + 2(W+2) + 1 of the flat padded
+//                      input (rounded up to whole 8-row atoms), zeros where
+//                      the position is padding or past the last image.
+// Warpgroup g of WGS owns positions g*BM/WGS ... of the tile in MB m64
+// blocks; per tile it issues 9 taps x 4 k16 steps x MB wgmma.m64n64k16, one
+// commit group, no barrier in between.
+//
+// DESCRIPTORS. Patch row j and filter row n are common.cuh's swizzled
+// 128-byte rows (16-byte chunk c at c ^ (row & 7)), every buffer starting on
+// a 1024-byte boundary: the 128B-swizzle layout of conv_wgmma.cu with the
+// same descriptor fields (wgmma.cuh), base offset 0, even though an A operand
+// starts at any row, not only on an 8-row atom. The hardware applies the XOR
+// to the bits of each row's absolute shared-memory address, as for the
+// 32-byte k16 steps inside a row. Measured on the H100 (NOTES.md, outcome
+// 15): base offset 0 is exact; the PTX ISA's "(start address >> 7) & 7" for
+// a start off the pattern boundary gave garbage (relative L2 0.6-1.0).
+//
+// PIPELINE (tile i of this block, patch stage i % STAGES, prefetch distance
+// STAGES-2, two accumulator sets so that a tile's wgmma overlap the previous
+// tile's epilogue):
+//   cp.async.wait_group; fence.proxy.async; __syncthreads   patch i landed,
+//                         and every warpgroup is past tile i-2's wgmma
+//   cp.async the patch of tile i+STAGES-2 into the stage tile i-2 used
+//   zero acc; wgmma.fence; 36*MB wgmma on patch i; commit
+//   wgmma.wait_group 1    tile i-1's wgmma are done ...
+//   epilogue of tile i-1 from the other accumulator set  ... while tile i's run.
+// The loop is written so that one commit group, into the same set, is in
+// flight on every path into its header (the code says why).
+// The epilogue is epilogue.cuh's (bias from registers, residual, ReLU, fp16
+// NHWC), rows at padding positions dropped.
+
+#include "common.cuh"
+#include "epilogue.cuh"
+#include "wgmma.cuh"
+
+template <int BM, int WGS, int STAGES>
+__global__ void __launch_bounds__(WGS * 128, 1)
+conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
+                    const half_bits *__restrict__ residual, half_bits *__restrict__ y,
+                    int N, int H, int W, int K, int num_tiles, int relu) {
+    constexpr int BN = PATCH_WGMMA_BN;        // output channels per block (and the input channels: BK)
+    constexpr int TAPS = 9;
+    constexpr int THREADS = WGS * 128;
+    constexpr int WM = BM / WGS;              // positions per warpgroup
+    constexpr int MB = WM / 64;               // m64 blocks per warpgroup
+    constexpr int NACC = BN / 2;              // fp32 accumulators per thread per m64 block
+    constexpr int FILTER_HALFS = TAPS * BN * BK;
+    static_assert(BN == BK && WM % 64 == 0 && MB >= 1 && STAGES >= 3, "tile shape");
+    static_assert((BN * TAPS * 8) % THREADS == 0, "filter loader mapping");
+    pdl_begin_prefetch_filter_slice(w, blockIdx.y * BN, BN, K, TAPS * BK, 0, TAPS, blockIdx.x == 0);   // common.cuh
+
+    extern __shared__ vec16 smem_vec[];
+    constexpr unsigned int ALIGN_MASK = WGMMA_SMEM_ALIGN - 1;
+    const unsigned int raw = smem_addr(smem_vec);
+    half_bits *filter = reinterpret_cast<half_bits *>(reinterpret_cast<unsigned char *>(smem_vec)
+                                                      + (((raw + ALIGN_MASK) & ~ALIGN_MASK) - raw));
+    const int pw = W + 2, plane = (H + 2) * pw;
+    const int patch_rows = patch_wgmma_rows(BM, W);                 // a multiple of 8: stages stay 1024-aligned
+    half_bits *patches = filter + FILTER_HALFS;                      // [STAGES][patch_rows][64]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, warp_in_wg = warp & 3;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int n0 = blockIdx.y * BN;
+    const int chunk = tid & 7;
+    const int my_tiles = (int)blockIdx.x < num_tiles ? (num_tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+
+    // The filter slice: B tile of tap t = rows n0 .. n0+63 of w[K][9*64], halfs t*64 .. t*64+63.
+#pragma unroll 4
+    for (int i = tid; i < BN * TAPS * 8; i += THREADS) {
+        const int n = i / (TAPS * 8), tc = i - n * (TAPS * 8);       // tc = tap * 8 + chunk: global order
+        const int tap = tc >> 3;
+        cp_async_16(smem_addr(filter + tap * BN * BK + swz(n, tc & 7)), w + (u64)(n0 + n) * (TAPS * BK) + tc * 8, 16);
+    }
+
+    // The patch of the tile starting at position q0: row j = position q0 + j, zeros at padding.
+    auto load_patch = [&](int stage, int tile) {
+        half_bits *dst = patches + stage * patch_rows * BK;
+        const int q0 = tile * BM;
+        for (int row = tid >> 3; row < patch_rows; row += THREADS / 8) {
+            const int q = q0 + row;
+            const int img = q / plane, rem = q - img * plane;
+            const int py = rem / pw, px = rem - py * pw;
+            const bool inside = img < N && py >= 1 && py <= H && px >= 1 && px <= W;
+            const half_bits *src = inside ? x + ((u64)(img * H + py - 1) * W + (px - 1)) * BK + chunk * 8 : x;
+            cp_async_16(smem_addr(dst + swz(row, chunk)), src, inside ? 16 : 0);
+        }
+    };
+
+    const int first = blockIdx.x, step = gridDim.x;
+#pragma unroll
+    for (int s = 0; s < STAGES - 2; ++s) {   // the filter joins the first group
+        if (s < my_tiles) load_patch(s, first + s * step);
+        cp_async_commit();
+    }
+
+    // This thread's bias values: columns n0 + 8j + 2*t4 (+1), the same for every tile.
+    float bias_lo[BN / 8], bias_hi[BN / 8];
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        bias_lo[j] = bias[n0 + j * 8 + 2 * t4];
+        bias_hi[j] = bias[n0 + j * 8 + 2 * t4 + 1];
+    }
+
+    const unsigned int filter_addr = smem_addr(filter);
+
+    // Tile i of this block: 9 taps x 4 k16 steps x MB m64 blocks into acc, one commit group.
+    auto mma_tile = [&](float (&acc)[MB][NACC], int i) {
+        const unsigned int rows = smem_addr(patches + (i % STAGES) * patch_rows * BK) + wg * WM * BK * 2;
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) {
+#pragma unroll
+            for (int j = 0; j < NACC; ++j) acc[mb][j] = 0.f;
+            wgmma_fence_operands<NACC>(acc[mb]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int tap = 0; tap < TAPS; ++tap) {
+            const int shift = (tap / 3) * pw + tap % 3;             // patch rows: tap (r, s) reads o + r*(W+2) + s
+            const u64 desc_b = wgmma_desc_sw128(filter_addr + tap * BN * BK * 2);
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; ++kk) {
+#pragma unroll
+                for (int mb = 0; mb < MB; ++mb) {
+                    const u64 desc_a = wgmma_desc_sw128(rows + (mb * 64 + shift) * BK * 2);
+                    wgmma_m64k16<BN>(acc[mb], desc_a + 2 * kk, desc_b + 2 * kk);   // k16 step: 32 bytes on
+                }
+            }
+        }
+        wgmma_commit();
+    };
+
+    // The epilogue of tile `tile` from acc (wgmma accumulator layout: conv_wgmma.cu's header).
+    auto epilogue = [&](const float (&acc)[MB][NACC], int tile) {
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) {
+#pragma unroll
+            for (int half_row = 0; half_row < 2; ++half_row) {
+                const int o = tile * BM + wg * WM + mb * 64 + warp_in_wg * 16 + g + half_row * 8;
+                const int img = o / plane, rem = o - img * plane;
+                const int oy = rem / pw, ox = rem - oy * pw;
+                if (img >= N || oy >= H || ox >= W) continue;
+                const u64 row = ((u64)(img * H + oy) * W + ox) * K;
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+                    const int k = n0 + j * 8 + 2 * t4;
+                    epilogue_pair_biased(acc[mb][4 * j + half_row * 2] + bias_lo[j],
+                                         acc[mb][4 * j + half_row * 2 + 1] + bias_hi[j], row + k, residual, y, relu);
+                }
+            }
+        }
+    };
+
+    // Tile i: wait for its patch, refill the stage of tile i-2 (done: every warpgroup is past tile i-2's
+    // wgmma), issue its wgmma into acc.
+    auto start_tile = [&](float (&acc)[MB][NACC], int i) {
+        cp_async_wait<STAGES - 3>();
+        fence_proxy_async_shared();
+        __syncthreads();
+        fence_proxy_async_shared();
+        const int next = i + STAGES - 2;
+        if (next < my_tiles) load_patch(next % STAGES, first + next * step);
+        cp_async_commit();
+        mma_tile(acc, i);
+    };
+    // Tile i's wgmma done (the one group issued after them may run on): its epilogue from acc.
+    auto finish_tile = [&](float (&acc)[MB][NACC], int i) {
+        wgmma_wait<1>();
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
+        epilogue(acc, first + i * step);
+    };
+    auto finish_last_tile = [&](float (&acc)[MB][NACC], int i) {
+        wgmma_wait<0>();
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
+        epilogue(acc, first + i * step);
+    };
+
+    // Tiles alternate between two accumulator sets. The loop starts and ends each pass with one commit
+    // group in flight, into acc1: ptxas serialises the wgmma (C7514) unless every path into the loop
+    // header has the same accumulators in flight.
+    float acc0[MB][NACC], acc1[MB][NACC];
+    if (my_tiles == 0) return;
+    start_tile(acc1, 0);
+    int i = 1;
+    for (; i + 1 < my_tiles; i += 2) {
+        start_tile(acc0, i);
+        finish_tile(acc1, i - 1);
+        start_tile(acc1, i + 1);
+        finish_tile(acc0, i);
+    }
+    if (i < my_tiles) {   // one tile left
+        start_tile(acc0, i);
+        finish_tile(acc1, i - 1);
+        finish_last_tile(acc0, i);
+    } else {
+        finish_last_tile(acc1, i - 1);
+    }
+    cp_async_wait<0>();
+}
