@@ -404,9 +404,10 @@ def conv_path(cc: tuple[int, int], requested: str | None = None) -> str:
 PDL_ENV = "FUSEDRESNET_PDL"
 PDL_MIN_CC = (9, 0)   # griddepcontrol (sm_90) and the launch attribute
 # The engine's batch buckets up to this one are captured with programmatic dependent launch, larger ones
-# plainly: measured on the H100 (kernels/NOTES.md, outcome 12), PDL gains 3-7% at batch 1, 8 and 32 (one
-# sweep had bucket 4 slower) and costs 1-2% from 64 up.
-PDL_MAX_BATCH = 32
+# plainly: measured on the H100 (kernels/NOTES.md, outcomes 12 and 16), PDL gains 3-10% at batch 1, 2, 8
+# and 16, is even at 4, and since layer1 runs on the persistent conv3x3_patch_wgmma costs 5-10% at 32
+# (it gained 3-5% there before) and 1-2% from 64 up.
+PDL_MAX_BATCH = 16
 
 
 def pdl_choice(cc: tuple[int, int], requested: bool | None = None) -> tuple[bool, str]:

@@ -66,6 +66,8 @@ __global__ void __launch_bounds__(WGS * 128, 1)
 conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
                     const half_bits *__restrict__ residual, half_bits *__restrict__ y,
                     int N, int H, int W, int K, int num_tiles, int relu) {
+    pdl_begin_prefetch_filter_slice(w, blockIdx.y * PATCH_WGMMA_BN, PATCH_WGMMA_BN, K, 9 * BK, 0, 9,
+                                    blockIdx.x == 0);   // common.cuh: the 9-tap slice of this block's channels
     constexpr int BN = PATCH_WGMMA_BN;        // output channels per block (and the input channels: BK)
     constexpr int TAPS = 9;
     constexpr int THREADS = WGS * 128;
@@ -75,7 +77,6 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     constexpr int FILTER_HALFS = TAPS * BN * BK;
     static_assert(BN == BK && WM % 64 == 0 && MB >= 1 && STAGES >= 3, "tile shape");
     static_assert((BN * TAPS * 8) % THREADS == 0, "filter loader mapping");
-    pdl_begin_prefetch_filter_slice(w, blockIdx.y * BN, BN, K, TAPS * BK, 0, TAPS, blockIdx.x == 0);   // common.cuh
 
     extern __shared__ vec16 smem_vec[];
     constexpr unsigned int ALIGN_MASK = WGMMA_SMEM_ALIGN - 1;

@@ -27,7 +27,6 @@ from .configs import (
     CONV_TILES,
     PATCH_TILES,
     PATCH_WGMMA_TILES,
-    PDL_MAX_BATCH,
     WGMMA_TILES,
     ConvPlan,
     make_plan,
@@ -97,9 +96,15 @@ def candidates(m: int, k: int, k_tiles: int, sms: int, patch=None, families=("mm
 
 
 def tune_conv(lib, families, n, h, w, c, k, r, stride, pad, relu=True, residual=False):
-    """[(ms, plan)] fastest first, and the ms of the untuned default plan of `lib.path`; launched as the
-    engine launches batch n (programmatic dependent launch up to configs.PDL_MAX_BATCH)."""
-    with lib.launch_mode(n <= PDL_MAX_BATCH):
+    """[(ms, plan)] fastest first, and the ms of the untuned default plan of `lib.path`; plain launches.
+
+    Not with programmatic dependent launch, even for the batches the engine launches that way: a graph
+    of REPS copies of one convolution lets each copy's blocks start under the previous copy's tail, an
+    overlap with itself that the network does not give it. Measured (NOTES.md, outcome 16): the table
+    tuned that way for batches <= 32 made the network 3-8% slower at batch 8 and 32 than plans tuned
+    with plain launches.
+    """
+    with lib.launch_mode(False):
         return _time_candidates(lib, families, n, h, w, c, k, r, stride, pad, relu, residual)
 
 

@@ -37,8 +37,9 @@ def test_every_kernel_waits_for_the_previous_one_before_anything_else():
         for kernel, first in _kernel_bodies((KERNEL_DIR / name).read_text()):
             kernels[kernel] = first
     # every kernel family of the library is here (a regex that found nothing would pass anything)
-    assert {"conv_implicit_gemm", "splitk_epilogue", "conv3x3_patch", "conv_wgmma", "conv_wgmma_ws",
-            "stem_conv7x7s2", "stem_pool_conv7x7s2", "stem_pool_wgmma", "maxpool_3x3s2", "avgpool_fc"} <= set(kernels)
+    assert {"conv_implicit_gemm", "splitk_epilogue", "conv3x3_patch", "conv3x3_patch_wgmma", "conv_wgmma",
+            "conv_wgmma_ws", "stem_conv7x7s2", "stem_pool_conv7x7s2", "stem_pool_wgmma", "maxpool_3x3s2",
+            "avgpool_fc"} <= set(kernels)
     # pdl_begin(), or pdl_begin_prefetch_l2 / _filter (the weights prefetched between trigger and wait)
     late = {k: first for k, first in kernels.items() if not re.match(r"pdl_begin(_prefetch_\w+)?\(", first)}
     assert not late, f"kernels that do not begin with pdl_begin: {late}"
