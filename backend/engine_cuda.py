@@ -174,6 +174,11 @@ class FusedCudaEngine:
             raise ValueError(f"input {h}x{w} is too large for the fused engine")
         return fitting[-1]
 
+    def drop_graphs(self):
+        """Forget every captured graph and its buffers: the next `plan` captures afresh, with the library's
+        plans as they are then (the tuner's network refinement, harness.capture_spread)."""
+        self._plans.clear()
+
     def plan(self, batch: int, input_name: str, h: int, w: int) -> _Plan:
         key = (batch, input_name, h, w)
         plan = self._plans.get(key)

@@ -35,7 +35,7 @@ def spread(engine: FusedCudaEngine, batch: int, captures: int, between=()) -> li
     for _ in range(captures):
         for other in between:
             bench_custom(other, batch)
-        engine._plans.clear()
+        engine.drop_graphs()
         cp.get_default_memory_pool().free_all_blocks()
         times.append(bench_custom(engine, batch))
     return times

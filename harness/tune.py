@@ -122,7 +122,7 @@ def refine_in_network(engine, n: int, shortlist: dict) -> tuple[dict, float, flo
 
     def network_ms(choice: dict) -> float:
         engine.lib.tuned = {key: (plan.tile, plan.splits) for key, (_, plan) in choice.items()}
-        engine._plans.clear()   # recapture the graph with these plans
+        engine.drop_graphs()   # recapture the graph with these plans
         cp.get_default_memory_pool().free_all_blocks()
         return bench_custom(engine, n)
 
@@ -133,7 +133,8 @@ def refine_in_network(engine, n: int, shortlist: dict) -> tuple[dict, float, flo
             ms = network_ms(trial)
             if ms < best * (1 - MIN_GAIN):
                 picked, best = trial, ms
-    engine.lib.tuned, engine._plans = {}, {}
+    engine.lib.tuned = {}
+    engine.drop_graphs()
     return picked, start, best
 
 

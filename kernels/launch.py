@@ -72,6 +72,7 @@ from .configs import (
     make_plan,
     name_expressions,
     nvrtc_options,
+    patch_wgmma_applies,
     patch_wgmma_tiles,
     path_arch,
     pdl_choice,
@@ -330,7 +331,7 @@ class KernelLibrary:
                      _i(tiles_x), _i(tiles_x * tiles_y), _i(1 if relu else 0)), tile.smem_bytes)
             return
         if isinstance(tile, PatchWgmmaConfig):
-            if not (r == s == 3 and stride == 1 and pad == 1 and c == BK and k % tile.bn == 0 and tile.fits(w)):
+            if r != s or not patch_wgmma_applies(tile, c, k, r, stride, pad, w):
                 raise ValueError(f"{tile.label} needs a 3x3/1 pad-1 conv with C == {BK}, K % {tile.bn} == 0 and "
                                  f"W <= its shared-memory limit, got C={c}, K={k}, W={w}")
             tiles = patch_wgmma_tiles(tile, n, h, w)
