@@ -189,13 +189,22 @@ class Checker:
         self.record(f"stem[{kind},{method}] N={n} {h}x{w}", unwritten == 0 and err <= CONV_TOL, rel_l2=err,
                     unwritten=unwritten, max_abs=float((out - ref).abs().max()))
 
-    def stem_pool_case(self, n, h, w, kind):
+    def stem_pool_case(self, n, h, w, kind, byte_offset=0):
+        """byte_offset > 0: the uint8 images start that many bytes into their allocation (a view), so
+        that the wgmma stem's 16-byte raw-patch copies straddle the input's first and last bytes."""
         engine = self.engine
         images, normalized, reference_stem = self.stem_inputs(n, h, w)
         p1, q1 = conv_out_size(h, 7, 2, 3), conv_out_size(w, 7, 2, 3)
         p2, q2 = conv_out_size(p1, 3, 2, 1), conv_out_size(q1, 3, 2, 1)
         y = poisoned((n, p2, q2, 64), cp.float16)
-        source = cp.from_dlpack(images) if kind == "uint8" else cp.from_dlpack(normalized.contiguous())
+        if kind == "uint8":
+            source = cp.from_dlpack(images)
+            if byte_offset:
+                buffer = cp.full(images.numel() + byte_offset + 16, 255, dtype=cp.uint8)
+                source = buffer[byte_offset:byte_offset + images.numel()].reshape(images.shape)
+                source[...] = cp.from_dlpack(images)
+        else:
+            source = cp.from_dlpack(normalized.contiguous())
         self.lib.stem_pool(source, engine.stem_weight, engine.stem_bias, y, kind=kind,
                            in_scale=engine.in_scale, in_shift=engine.in_shift)
         cp.cuda.Device().synchronize()
@@ -203,7 +212,8 @@ class Checker:
         out = to_torch(y).float()
         unwritten = int(torch.isnan(out).sum())
         err = rel_l2(out, ref) if not unwritten else float("nan")
-        self.record(f"stem+maxpool[{kind}] N={n} {h}x{w}", unwritten == 0 and err <= CONV_TOL, rel_l2=err,
+        offset = f" at byte offset {byte_offset}" if byte_offset else ""
+        self.record(f"stem+maxpool[{kind}] N={n} {h}x{w}{offset}", unwritten == 0 and err <= CONV_TOL, rel_l2=err,
                     unwritten=unwritten, max_abs=float((out - ref).abs().max()))
 
     def pool_head_cases(self, n):
@@ -248,6 +258,8 @@ class Checker:
                 self.stem_pool_case(n, 224, 224, kind)
         for h, w in ((64, 80), (33, 47), (97, 130), (32, 32)):
             self.stem_pool_case(2, h, w, "uint8")
+        self.stem_pool_case(2, 97, 130, "uint8", byte_offset=5)
+        self.stem_pool_case(3, 224, 224, "uint8", byte_offset=1)
         self.stem_case(3, 64, 80, "uint8")
         self.stem_case(2, 33, 47, "float32")
         self.stem_case(2, 97, 130, "uint8")

@@ -1,9 +1,10 @@
 """A handful of kernel launches at batch 128 for Nsight Compute (outside any CUDA graph).
 
-    ncu --section SpeedOfLight ... python -m fusedresnet.harness.profile_layers
+    ncu --clock-control none --launch-skip 5 --launch-count 5 ... python -m fusedresnet.harness.profile_layers
 
-Launches, in order: the fused stem + max-pool (uint8), layer1's 3x3 conv and
-layer3's 3x3 conv with the plans the engine uses, each once after a warm-up.
+Launches, in order, twice (a warm-up round, then the round to profile): the
+fused stem + max-pool (uint8), layer1's 3x3 conv without and with the
+residual, layer2's and layer3's 3x3 conv, each with the plan the engine uses.
 """
 
 from __future__ import annotations
@@ -24,18 +25,23 @@ def main():
     images = cp.random.randint(0, 256, (n, 224, 224, 3), dtype=cp.int32).astype(cp.uint8)
     pooled = cp.empty((n, 56, 56, 64), dtype=cp.float16)
     l1 = cp.empty_like(pooled)
-    x3 = cp.random.standard_normal((n, 14, 14, 256), dtype=cp.float32).astype(cp.float16)
-    y3 = cp.empty_like(x3)
-    w1, b1 = engine.weights["layer1.0.conv1"]
-    w3, b3 = engine.weights["layer3.1.conv1"]
-    plan1 = lib.plan(n, 56, 56, 64, 64, 3, 3, 1, 1)
-    plan3 = lib.plan(n, 14, 14, 256, 256, 3, 3, 1, 1)
-    print("plans:", plan1.tile.label, plan1.splits, plan3.tile.label, plan3.splits)
+    l1b = cp.empty_like(pooled)
+
+    def activations(hw, c):
+        return cp.random.standard_normal((n, hw, hw, c), dtype=cp.float32).astype(cp.float16)
+
+    x2, x3 = activations(28, 128), activations(14, 256)
+    y2, y3 = cp.empty_like(x2), cp.empty_like(x3)
+    convs = [("layer1.0.conv1", 56, 64, pooled, l1, None), ("layer1.0.conv2", 56, 64, l1, l1b, pooled),
+             ("layer2.1.conv1", 28, 128, x2, y2, None), ("layer3.1.conv1", 14, 256, x3, y3, None)]
+    plans = {name: lib.plan(n, hw, hw, c, c, 3, 3, 1, 1) for name, hw, c, *_ in convs}
+    print("plans:", {name: (p.tile.label, p.splits) for name, p in plans.items()})
     for _ in range(2):
         lib.stem_pool(images, engine.stem_weight, engine.stem_bias, pooled, kind="uint8",
                       in_scale=engine.in_scale, in_shift=engine.in_shift)
-        lib.conv(pooled, w1, b1, l1, stride=1, pad=1, relu=True, plan=plan1)
-        lib.conv(x3, w3, b3, y3, stride=1, pad=1, relu=True, plan=plan3)
+        for name, _hw, _c, x, y, residual in convs:
+            w, b = engine.weights[name]
+            lib.conv(x, w, b, y, stride=1, pad=1, relu=True, residual=residual, plan=plans[name])
     cp.cuda.Device().synchronize()
 
 

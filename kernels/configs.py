@@ -73,6 +73,7 @@ GEOMETRY = {
     "SW_PW": 8,
     "SW_M": 256,               # its GEMM rows: 15 x 17 = 255 stem pixels in four m64 blocks
     "SW_IN_ROW": 148,          # halfs per input-patch row: >= 120 read, = 20 (mod 32) for conflict-free A loads
+    "SW_RAW_ROW": 144,         # bytes per staged uint8 patch row: 9 16-byte chunks hold its 117 from any offset
     "SW_THREADS": 256,         # 2 warpgroups, 2 m64 blocks each
     "SW_BLOCKS_PER_SM": 2,     # its __launch_bounds__ minimum and the persistent grid's blocks per SM
     "EW_THREADS": 256,         # element-wise kernels: splitk_epilogue, maxpool_3x3s2
@@ -94,9 +95,10 @@ SMEM_BYTES = {
     "patch_smem_bytes(TH, TW, BN, STAGES)": "2 * (TH + 2) * (TW + 2) * BK * 2 + STAGES * BN * BK * 2",
     "STEM_SMEM_BYTES": "(STEM_TH * STEM_TW + STEM_K) * STEM_KG * 2 + (2 * STEM_TH + 5) * STEM_IN_ROW * 2",
     "STEM_POOL_SMEM_BYTES": "(SP_M + STEM_K) * STEM_KG * 2 + (2 * (2 * SP_PH + 1) + 5) * SP_IN_ROW * 2",
-    # filter + input patch (rounded up to 16 bytes) + staged stem values, aligned for the descriptors
+    # filter + input patch (rounded up to 16 bytes) + staged stem values, aligned for the descriptors,
+    # then the raw uint8 patch and the fp32 bias
     "STEM_WGMMA_SMEM_BYTES": "WGMMA_SMEM_ALIGN + (STEM_K * STEM_KG + (((2 * (2 * SW_PH + 1) + 5) * SW_IN_ROW + 7) & ~7)"
-                             " + SW_M * SP_C_ROW) * 2",
+                             " + SW_M * SP_C_ROW) * 2 + (2 * (2 * SW_PH + 1) + 5) * SW_RAW_ROW + STEM_K * 4",
     # conv3x3_patch_wgmma (sm_90a): its patch rows, BM positions + 2 padded rows + 2, in whole 8-row atoms
     # ((BM + 2 * (W + 2) + 2 + 7) / 8 * 8) ...
     "patch_wgmma_rows(BM, W)": _PATCH_WGMMA_ROWS,
@@ -117,7 +119,7 @@ def smem_bytes(name: str, **args: int) -> int:
 
 # The entries only the sm_90a sources (WGMMA_SOURCES) use: pasted for that target alone, since nvcc
 # warns about a constexpr the translation unit never uses.
-WGMMA_ONLY_GEOMETRY = ("SW_PH", "SW_PW", "SW_M", "SW_IN_ROW", "SW_THREADS", "SW_BLOCKS_PER_SM",
+WGMMA_ONLY_GEOMETRY = ("SW_PH", "SW_PW", "SW_M", "SW_IN_ROW", "SW_RAW_ROW", "SW_THREADS", "SW_BLOCKS_PER_SM",
                        "STEM_WGMMA_SMEM_BYTES", "SM_SMEM_BYTES", "SM_BLOCK_RESERVED_SMEM", "PATCH_WGMMA_BN",
                        "patch_wgmma_rows(BM, W)", "patch_wgmma_smem_bytes(BM, STAGES, W)")
 

@@ -82,10 +82,10 @@ if [[ $what == bench || $what == all || $what == full || $what == tuned ]]; then
   (( rc == 0 )) && rc=$rc_bench
 fi
 if [[ ( $what == full && -z $NO_NCU ) || $what == profile ]]; then
-  # -c 6: the 3 profiled launches of the second round come after the 3 warm-up ones
-  ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
-      --section LaunchStats -k regex:"stem|conv" -c 6 \
-      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active" \
+  # the second round of profile_layers' launches (the first is the warm-up); clocks left alone
+  ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      --section WarpStateStats --section SchedulerStats --section LaunchStats --section SourceCounters -k regex:"stem|conv" --launch-skip 5 --launch-count 5 \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor_op_.*cycles_active.avg.pct_of_peak_sustained_active,regex:l1tex__data_bank_conflicts_pipe_lsu_mem_shared.*sum" \
       python3 -m fusedresnet.harness.profile_layers > "$OUT/ncu.txt" 2>&1
   echo "ncu exit $? after $(( $(date +%s) - t0 ))s"
 fi

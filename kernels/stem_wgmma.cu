@@ -38,7 +38,18 @@
 //     staged stem values.
 // After both warpgroups are done, stem.cuh's stem_pool_store writes the 56
 // pooled pixels. Blocks are persistent (grid = SMs x SW_BLOCKS_PER_SM, tiles
-// blockIdx.x, + gridDim.x, ...) and load the filter once.
+// blockIdx.x, + gridDim.x, ...) and load the filter and the bias once.
+//
+// THE uint8 PATCH IS PREFETCHED (MODE 1, the served input). The next tile's
+// raw bytes (35 rows of 39 pixels x 3 bytes, each row as the SW_RAW_ROW / 16
+// 16-byte chunks from the one holding its first byte, so any alignment of the
+// input works) are copied by cp.async while this tile's wgmma, epilogue and
+// pool run; at the top of the tile a shared-memory pass normalises them into
+// the fp16 patch (0 outside the image). Before (the global loads at the top of
+// the tile, as stem.cu still does): ~3.5 of the ~11 cycles between a warp's
+// instructions were spent waiting on them (ncu, 2026-11-23), and the 3-byte
+// pixel loads were 44% of the tile loop's instructions. MODE 2 (fp32 NCHW)
+// keeps the synchronous stem_load_patch.
 //
 // SHARED MEMORY. A warp's A load reads the 8 stem pixels g = 0..7 of its rows:
 // consecutive pixels of one region row, or wrapping into the next, at words
@@ -51,7 +62,7 @@
 #include "stem.cuh"
 #include "wgmma.cuh"
 
-// SW_PH, SW_PW, SW_M, SW_IN_ROW, SW_THREADS, SW_BLOCKS_PER_SM, SP_C_ROW, STEM_*:
+// SW_PH, SW_PW, SW_M, SW_IN_ROW, SW_RAW_ROW, SW_THREADS, SW_BLOCKS_PER_SM, SP_C_ROW, STEM_*:
 // configs.GEOMETRY.
 #define SW_SH (2 * SW_PH + 1)            // 15 stem rows
 #define SW_SW (2 * SW_PW + 1)            // 17 stem columns
@@ -67,8 +78,65 @@ static_assert(SW_IN_ROW % 2 == 0 && SW_IN_ROW >= 6 * (SW_SW - 1) + 24 && SW_IN_R
               "patch rows: 32-bit aligned, every A word inside the row, conflict-free A loads");
 static_assert(SP_C_ROW >= STEM_K && SP_C_ROW % 8 == 0 && (STEM_K * STEM_KG + SW_PATCH_HALFS) % 8 == 0,
               "staged stem values: 16-byte aligned pixels (the pool's vector loads)");
-static_assert(WGMMA_SMEM_ALIGN + (STEM_K * STEM_KG + SW_PATCH_HALFS + SW_M * SP_C_ROW) * 2
-              <= STEM_WGMMA_SMEM_BYTES, "filter + patch + stem values fit the launch's shared memory");
+constexpr int SW_PAIRS = (SW_IN_W + 1) / 2;   // the raw patch is normalised two pixels per job
+static_assert(SW_RAW_ROW % 16 == 0 && SW_RAW_ROW >= 15 + 3 * 2 * SW_PAIRS,
+              "raw patch rows: whole 16-byte chunks, a row's bytes (and the odd pixel's pair) from any offset");
+static_assert(WGMMA_SMEM_ALIGN + (STEM_K * STEM_KG + SW_PATCH_HALFS + SW_M * SP_C_ROW) * 2 + SW_IN_H * SW_RAW_ROW
+              + STEM_K * 4 <= STEM_WGMMA_SMEM_BYTES,
+              "filter + patch + stem values + raw patch + bias fit the launch's shared memory");
+
+// Issue the cp.async copies of the raw uint8 bytes of the patch of image n from (iy0, ix0): row r
+// (input row iy0 + r) as the SW_RAW_ROW / 16 chunks from the 16-byte boundary below its first byte.
+// Rows outside the image are not copied (the normalising pass writes 0 there), nor chunks wholly
+// outside the input tensor [x, x + x_bytes); a chunk that straddles one of its ends (an input that
+// does not start or end on 16 bytes) is copied byte by byte here, its bytes outside left unset.
+__device__ __forceinline__ void stem_stage_raw_patch(unsigned char *sRaw, const unsigned char *__restrict__ x,
+                                                     u64 x_bytes, int n, int H, int W, int iy0, int ix0, int tid) {
+    constexpr int CHUNKS = SW_RAW_ROW / 16;
+    const u64 lo = (u64)x, hi = lo + x_bytes;
+    for (int i = tid; i < SW_IN_H * CHUNKS; i += SW_THREADS) {
+        const int r = i / CHUNKS, c = i - r * CHUNKS;
+        const int gy = iy0 + r;
+        if ((unsigned)gy >= (unsigned)H) continue;
+        const u64 first = lo + (u64)(((long long)(n * H + gy) * W + ix0) * 3);   // ix0 may be < 0
+        const u64 chunk = (first & ~(u64)15) + 16 * c;
+        if (chunk + 16 <= lo || chunk >= hi) continue;
+        unsigned char *dst = sRaw + r * SW_RAW_ROW + 16 * c;
+        if (chunk >= lo && chunk + 16 <= hi) {
+            cp_async_16(smem_addr(dst), reinterpret_cast<const void *>(chunk), 16);
+        } else {
+            for (int b = 0; b < 16; ++b)
+                if (chunk + b >= lo && chunk + b < hi) dst[b] = *reinterpret_cast<const unsigned char *>(chunk + b);
+        }
+    }
+}
+
+// The staged raw patch (stem_stage_raw_patch, landed and visible) normalised into sIn, two pixels
+// per job: byte * scale + shift per channel, fp16, 0 outside the image (the conv's zero padding),
+// pixel SW_IN_W (the odd one of the last pair) 0 as well (it lands in the row's zeroed end).
+__device__ __forceinline__ void stem_normalise_raw_patch(half_bits *sIn, const unsigned char *sRaw,
+                                                         const unsigned char *__restrict__ x, const float (&scale)[3],
+                                                         const float (&shift)[3], int n, int H, int W, int iy0,
+                                                         int ix0, int tid) {
+    for (int i = tid; i < SW_IN_H * SW_PAIRS; i += SW_THREADS) {
+        const int r = i / SW_PAIRS, p = 2 * (i - r * SW_PAIRS);
+        const int gy = iy0 + r;
+        const int off = (int)(((u64)x + (u64)(((long long)(n * H + gy) * W + ix0) * 3)) & 15);
+        const unsigned char *src = sRaw + r * SW_RAW_ROW + off + 3 * p;
+        float v[6];
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+            const int gx = ix0 + p + q;
+            const bool inside = (unsigned)gy < (unsigned)H && (unsigned)gx < (unsigned)W && p + q < SW_IN_W;
+#pragma unroll
+            for (int c = 0; c < 3; ++c) v[3 * q + c] = inside ? (float)src[3 * q + c] * scale[c] + shift[c] : 0.f;
+        }
+        half2_bits *dst = reinterpret_cast<half2_bits *>(sIn + r * SW_IN_ROW + 3 * p);
+        dst[0] = pack_half2(v[0], v[1]);
+        dst[1] = pack_half2(v[2], v[3]);
+        dst[2] = pack_half2(v[4], v[5]);
+    }
+}
 
 template <int MODE>
 __global__ void __launch_bounds__(SW_THREADS, SW_BLOCKS_PER_SM)
@@ -84,6 +152,8 @@ stem_pool_wgmma(const void *__restrict__ x_, const half_bits *__restrict__ w, co
                                                   + (((raw + ALIGN_MASK) & ~ALIGN_MASK) - raw));   // [3][64][64]
     half_bits *sIn = sB + STEM_K * STEM_KG;                      // [35][SW_IN_ROW]
     half_bits *sStem = sIn + SW_PATCH_HALFS;                     // [256][SP_C_ROW]
+    unsigned char *sRaw = reinterpret_cast<unsigned char *>(sStem + SW_M * SP_C_ROW);   // [35][SW_RAW_ROW] (MODE 1)
+    float *sBias = reinterpret_cast<float *>(sRaw + SW_IN_H * SW_RAW_ROW);               // [64]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2, warp_in_wg = warp & 3;
     const int g = lane >> 2, t4 = lane & 3;
@@ -94,6 +164,7 @@ stem_pool_wgmma(const void *__restrict__ x_, const half_bits *__restrict__ w, co
         cp_async_16(smem_addr(sB + (c >> 3) * (STEM_K * BK) + swz(row, c & 7)), w + row * STEM_KG + c * 8, 16);
     }
     cp_async_commit();
+    if (tid < STEM_K) sBias[tid] = bias[tid];   // visible after the first tile's barrier
     // The ends of the patch rows (no input value lands there) are read by the A loads of values
     // j = 21..23 of the last pixels, with zero filter weights: zero them once (stem_load_patch
     // never writes them), so that they are finite.
@@ -119,20 +190,48 @@ stem_pool_wgmma(const void *__restrict__ x_, const half_bits *__restrict__ w, co
             a_base[mbi][h] = 2 * ly * SW_IN_ROW + 6 * lx + 2 * t4;
         }
     const u64 desc_b = wgmma_desc_sw128(smem_addr(sB));
+    const unsigned char *x_u8 = reinterpret_cast<const unsigned char *>(x_);
+    const u64 x_bytes = (u64)N * H * W * 3;
+    // Tile t: image n, pooled origin (py0, px0), input origin (iy0, ix0) of its patch.
+    auto tile_origin = [&](int t, int &n, int &py0, int &px0, int &iy0, int &ix0) {
+        n = t / tiles_per_image;
+        const int rem = t - n * tiles_per_image;
+        const int ty = rem / tiles_x, tx = rem - ty * tiles_x;
+        py0 = ty * SW_PH, px0 = tx * SW_PW;
+        iy0 = 2 * (2 * py0 - 1) - 3, ix0 = 2 * (2 * px0 - 1) - 3;   // stem origin 2 * pooled - 1
+    };
+    if (MODE == 1 && blockIdx.x < total_tiles) {   // the first tile's raw patch (MODE 1)
+        int n, py0, px0, iy0, ix0;
+        tile_origin(blockIdx.x, n, py0, px0, iy0, ix0);
+        stem_stage_raw_patch(sRaw, x_u8, x_bytes, n, H, W, iy0, ix0, tid);
+        cp_async_commit();
+    }
 
     for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
-        const int n = t / tiles_per_image, rem = t - n * tiles_per_image;
-        const int ty = rem / tiles_x, tx = rem - ty * tiles_x;
-        const int py0 = ty * SW_PH, px0 = tx * SW_PW;            // pooled origin
+        int n, py0, px0, iy0, ix0;
+        tile_origin(t, n, py0, px0, iy0, ix0);
         const int sy0 = 2 * py0 - 1, sx0 = 2 * px0 - 1;          // stem origin
-        const int iy0 = 2 * sy0 - 3, ix0 = 2 * sx0 - 3;          // input origin
         // No barrier before the patch: every thread's A loads of the previous tile were done
         // before the barrier ahead of its pool, and the pool reads only the stem values.
-        stem_load_patch<MODE, SW_IN_H, SW_IN_W, SW_IN_ROW, SW_THREADS, true>(sIn, x_, scale, shift, n, H, W, iy0, ix0,
-                                                                        tid);
-        cp_async_wait<0>();            // the filter (first tile)
-        fence_proxy_async_shared();    // ... visible to wgmma's async-proxy reads
-        __syncthreads();
+        if constexpr (MODE == 1) {
+            cp_async_wait<0>();            // the filter (first tile) and this tile's raw patch
+            fence_proxy_async_shared();    // ... the filter visible to wgmma's async-proxy reads
+            __syncthreads();               // ... and every thread's copies to all
+            stem_normalise_raw_patch(sIn, sRaw, x_u8, scale, shift, n, H, W, iy0, ix0, tid);
+            __syncthreads();               // the patch complete, the raw buffer free
+            if (t + gridDim.x < total_tiles) {   // the next tile's raw patch lands during this tile
+                int n1, py1, px1, iy1, ix1;
+                tile_origin(t + gridDim.x, n1, py1, px1, iy1, ix1);
+                stem_stage_raw_patch(sRaw, x_u8, x_bytes, n1, H, W, iy1, ix1, tid);
+            }
+            cp_async_commit();
+        } else {
+            stem_load_patch<MODE, SW_IN_H, SW_IN_W, SW_IN_ROW, SW_THREADS, true>(sIn, x_, scale, shift, n, H, W, iy0,
+                                                                            ix0, tid);
+            cp_async_wait<0>();            // the filter (first tile)
+            fence_proxy_async_shared();    // ... the filter visible to wgmma's async-proxy reads
+            __syncthreads();
+        }
 
 #pragma unroll
         for (int mbi = 0; mbi < SW_MB; ++mbi) {
@@ -175,8 +274,8 @@ stem_pool_wgmma(const void *__restrict__ x_, const half_bits *__restrict__ w, co
                     const int k = 8 * j + 2 * t4;
                     float v0 = 0.f, v1 = 0.f;
                     if (inside) {
-                        v0 = fmaxf(acc[4 * j + 2 * h] + bias[k], 0.f);
-                        v1 = fmaxf(acc[4 * j + 2 * h + 1] + bias[k + 1], 0.f);
+                        v0 = fmaxf(acc[4 * j + 2 * h] + sBias[k], 0.f);
+                        v1 = fmaxf(acc[4 * j + 2 * h + 1] + sBias[k + 1], 0.f);
                     }
                     *reinterpret_cast<half2_bits *>(sStem + m * SP_C_ROW + k) = pack_half2(v0, v1);
                 }
