@@ -36,6 +36,12 @@ __device__ __forceinline__ half2_bits pack_half2(float lo, float hi) {
     return r;
 }
 
+__device__ __forceinline__ float2 float_pair(float x, float y) {
+    float2 r;
+    r.x = x; r.y = y;
+    return r;
+}
+
 __device__ __forceinline__ half_bits float_to_half(float v) {
     half_bits r;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(v));

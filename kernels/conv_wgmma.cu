@@ -95,13 +95,35 @@ __device__ __forceinline__ void wgmma_ktile(float (&acc)[MB][BN / 2], unsigned i
 }
 
 // The epilogue straight from the accumulators (layout in the header) of
-// warpgroup wg's rows of the BM x BN tile at (m0, n0).
-template <int BN, int MB, int WM>
+// warpgroup wg's rows of the BM x BN tile at (m0, n0). BATCHED (without split-K): epilogue.cuh's
+// epilogue_rows, the residual loads of both fragment rows first; else pair by pair. Measured on the
+// H100 (2026-11-23 02:22 UTC, each conv alone): batched, the tiles with one m64 block per warpgroup and
+// BN <= 128 ran 3-11% faster (layer2's 128x128 at batch 128 -8 to -10%, with or without a residual),
+// the 128x256 and the one-warpgroup 128x128 tiles 3-28% slower (more registers, one block per SM).
+template <int BN, int MB, int WM, bool BATCHED = (MB == 1 && BN <= 128)>
 __device__ __forceinline__ void wgmma_epilogue(const float (&acc)[MB][BN / 2], int m0, int n0, int wg, int warp_in_wg,
                                                int lane, int M, int K, const float *__restrict__ bias,
                                                const half_bits *__restrict__ residual, half_bits *__restrict__ y,
                                                float *__restrict__ partial, int relu) {
     const int g = lane >> 2, t4 = lane & 3;
+    if (BATCHED && partial == nullptr) {
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) {
+            u64 row[2];
+            bool valid[2];
+#pragma unroll
+            for (int half_row = 0; half_row < 2; ++half_row) {
+                const int m = m0 + wg * WM + mb * 64 + warp_in_wg * 16 + g + half_row * 8;
+                valid[half_row] = m < M;
+                row[half_row] = (u64)m * K;
+            }
+            const int k0 = n0 + 2 * t4;
+            epilogue_rows<BN / 8>(
+                acc[mb], [&](int j) { return float_pair(bias[k0 + 8 * j], bias[k0 + 8 * j + 1]); }, row, valid, k0, K,
+                residual, y, relu);
+        }
+        return;
+    }
 #pragma unroll
     for (int mb = 0; mb < MB; ++mb) {
 #pragma unroll
@@ -333,5 +355,6 @@ conv_wgmma_ws(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
 #pragma unroll
     for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
 
-    wgmma_epilogue<BN, MB, WM>(acc, m0, n0, wg, warp_in_wg, lane, M, K, bias, residual, y, partial, relu);
+    // Pair by pair: the 384-thread launch caps the registers at 168, and batched residual loads spill.
+    wgmma_epilogue<BN, MB, WM, false>(acc, m0, n0, wg, warp_in_wg, lane, M, K, bias, residual, y, partial, relu);
 }
