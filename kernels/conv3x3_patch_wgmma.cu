@@ -61,22 +61,23 @@
 #include "epilogue.cuh"
 #include "wgmma.cuh"
 
+constexpr int PATCH_TAPS = 9;   // the 3x3 filter's taps: k-tiles of the reduction, one per tap (C = BK)
+
 template <int BM, int WGS, int STAGES>
 __global__ void __launch_bounds__(WGS * 128, 1)
 conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
                     const half_bits *__restrict__ residual, half_bits *__restrict__ y,
                     int N, int H, int W, int K, int num_tiles, int relu) {
-    pdl_begin_prefetch_filter_slice(w, blockIdx.y * PATCH_WGMMA_BN, PATCH_WGMMA_BN, K, 9 * BK, 0, 9,
+    pdl_begin_prefetch_filter_slice(w, blockIdx.y * PATCH_WGMMA_BN, PATCH_WGMMA_BN, K, PATCH_TAPS * BK, 0, PATCH_TAPS,
                                     blockIdx.x == 0);   // common.cuh: the 9-tap slice of this block's channels
     constexpr int BN = PATCH_WGMMA_BN;        // output channels per block (and the input channels: BK)
-    constexpr int TAPS = 9;
     constexpr int THREADS = WGS * 128;
     constexpr int WM = BM / WGS;              // positions per warpgroup
     constexpr int MB = WM / 64;               // m64 blocks per warpgroup
     constexpr int NACC = BN / 2;              // fp32 accumulators per thread per m64 block
-    constexpr int FILTER_HALFS = TAPS * BN * BK;
+    constexpr int FILTER_HALFS = PATCH_TAPS * BN * BK;
     static_assert(BN == BK && WM % 64 == 0 && MB >= 1 && STAGES >= 3, "tile shape");
-    static_assert((BN * TAPS * 8) % THREADS == 0, "filter loader mapping");
+    static_assert((BN * PATCH_TAPS * 8) % THREADS == 0, "filter loader mapping");
 
     extern __shared__ vec16 smem_vec[];
     constexpr unsigned int ALIGN_MASK = WGMMA_SMEM_ALIGN - 1;
@@ -96,10 +97,11 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
 
     // The filter slice: B tile of tap t = rows n0 .. n0+63 of w[K][9*64], halfs t*64 .. t*64+63.
 #pragma unroll 4
-    for (int i = tid; i < BN * TAPS * 8; i += THREADS) {
-        const int n = i / (TAPS * 8), tc = i - n * (TAPS * 8);       // tc = tap * 8 + chunk: global order
+    for (int i = tid; i < BN * PATCH_TAPS * 8; i += THREADS) {
+        const int n = i / (PATCH_TAPS * 8), tc = i - n * (PATCH_TAPS * 8);   // tc = tap * 8 + chunk: global order
         const int tap = tc >> 3;
-        cp_async_16(smem_addr(filter + tap * BN * BK + swz(n, tc & 7)), w + (u64)(n0 + n) * (TAPS * BK) + tc * 8, 16);
+        cp_async_16(smem_addr(filter + tap * BN * BK + swz(n, tc & 7)), w + (u64)(n0 + n) * (PATCH_TAPS * BK) + tc * 8,
+                    16);
     }
 
     // The patch of the tile starting at position q0: row j = position q0 + j, zeros at padding.
@@ -144,7 +146,7 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
         }
         wgmma_fence();
 #pragma unroll
-        for (int tap = 0; tap < TAPS; ++tap) {
+        for (int tap = 0; tap < PATCH_TAPS; ++tap) {
             const int shift = (tap / 3) * pw + tap % 3;             // patch rows: tap (r, s) reads o + r*(W+2) + s
             const u64 desc_b = wgmma_desc_sw128(filter_addr + tap * BN * BK * 2);
 #pragma unroll
