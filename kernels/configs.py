@@ -253,6 +253,9 @@ WGMMA_TILES = (
     WgmmaConfig(256, 128, 2, 4, efficiency=1.4, blocks_per_sm=1),   # 193 KB, each warpgroup 128x128
     WgmmaConfig(64, 128, 1, 6, efficiency=0.8, blocks_per_sm=1),    # 145 KB, small M
     WgmmaConfig(64, 64, 1, 6, efficiency=0.6, blocks_per_sm=2),     # 97 KB, small M
+    # Three blocks per SM (<= 170 registers): batch-128 layer4 (M = 6272, K = 512) as 392 blocks in one
+    # wave of 396, where 128x256 gives 98 blocks for 132 SMs (NOTES.md outcome 21).
+    WgmmaConfig(64, 128, 1, 3, efficiency=0.8, blocks_per_sm=3),    # 73 KB
     # Warp-specialised (conv_wgmma_ws, v2): 2 consumer warpgroups + 1 producer warpgroup (384 threads),
     # per-stage mbarriers, no __syncthreads in the k-loop (NOTES.md "Next": the suspect after outcome 8).
     # Measured on the H100 (NOTES.md outcome 11): correct, 17-23% slower than the wg tiles, never chosen;
