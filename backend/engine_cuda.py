@@ -18,8 +18,10 @@ How a batch runs:
    an mma.sync one (generic or conv3x3_patch), per layer and batch bucket,
    and the one sm_90a module holds both; mma.sync only elsewhere;
    FUSEDRESNET_CONV_PATH=mma|wgmma forces one family (`kernels/launch.py`);
-   the downsample conv on a second captured stream, concurrent with the
-   block's first conv -> avgpool + fc in one kernel.
+   in a downsampling block the 1x1 projection is fused into the second conv
+   (`folding.with_shortcut`: its input channels are extra k-tiles of that
+   conv's reduction, so it has no kernel and no output of its own)
+   -> avgpool + fc in one kernel.
 3. The first N rows of the logits are copied out and handed to PyTorch by DLPack.
 
 A CUDA input is read on the engine's own stream after the caller's current torch
@@ -43,7 +45,16 @@ import torch
 from ..kernels.configs import MIXED, PDL_MAX_BATCH, STEM_KG_PADDED
 from ..kernels.launch import conv_out_size, library
 from .engines import next_power_of_two
-from .folding import MAXPOOL_KERNEL, MAXPOOL_PADDING, MAXPOOL_STRIDE, STEM, load_folded, resnet18_blocks
+from .folding import (
+    MAXPOOL_KERNEL,
+    MAXPOOL_PADDING,
+    MAXPOOL_STRIDE,
+    STEM,
+    engine_convs,
+    load_folded,
+    resnet18_blocks,
+    shortcut_params,
+)
 from .spec import IMAGENET_MEAN, IMAGENET_STD, INPUT_FP32, INPUT_UINT8, MIN_INPUT_SIZE, power_of_two_buckets
 
 BATCH_BUCKETS = power_of_two_buckets(256)
@@ -75,36 +86,24 @@ class _Plan:
         h2, w2 = stage_sizes(h, w)[1]
         # The fused stem+pool kernel writes the pooled map directly.
         self.pool_out = cp.empty((batch, h2, w2, STEM.out_channels), dtype=cp.float16)
-        self.steps = []   # (block, conv1 out, downsample out or None, block out, plans, events)
+        self.steps = []   # (conv1 spec, conv2 spec (engine_convs), conv1 out, block out, (conv1, conv2 plans))
         x_shape = self.pool_out.shape
-        workspace_main = workspace_side = 0
+        workspace = 0
         for block in engine.blocks:
             n, hh, ww, c = x_shape
-            s = block.conv1.stride
-            p, q = conv_out_size(hh, 3, s, 1), conv_out_size(ww, 3, s, 1)
-            k = block.conv1.out_channels
-            plans = {
-                "conv1": lib.plan(n, hh, ww, c, k, 3, 3, s, 1),
-                "conv2": lib.plan(n, p, q, k, k, 3, 3, 1, 1),
-            }
-            if block.downsample is not None:
-                plans["downsample"] = lib.plan(n, hh, ww, c, k, 1, 1, s, 0)
-                workspace_side = max(workspace_side, self._workspace(plans["downsample"], n * p * q * k))
-            for key in ("conv1", "conv2"):
-                workspace_main = max(workspace_main, self._workspace(plans[key], n * p * q * k))
+            conv1, conv2 = engine_convs(block)
+            p, q = conv_out_size(hh, 3, conv1.stride, 1), conv_out_size(ww, 3, conv1.stride, 1)
+            k = conv1.out_channels
+            plans = (lib.plan(n, hh, ww, c, k, 3, 3, conv1.stride, 1),
+                     lib.plan(n, p, q, k, k, 3, 3, 1, 1, shortcut_c=c if conv2.shortcut is not None else 0))
+            workspace = max(workspace, *(self._workspace(pl, n * p * q * k) for pl in plans))
             t = cp.empty((n, p, q, k), dtype=cp.float16)
-            d = cp.empty((n, p, q, k), dtype=cp.float16) if block.downsample is not None else None
             out = cp.empty((n, p, q, k), dtype=cp.float16)
-            events = None
-            if block.downsample is not None:   # fork/join of the side stream, made before any capture
-                events = (cp.cuda.Event(block=False, disable_timing=True),
-                          cp.cuda.Event(block=False, disable_timing=True))
-            self.steps.append((block, t, d, out, plans, events))
+            self.steps.append((conv1, conv2, t, out, plans))
             x_shape = out.shape
         self.features = self.steps[-1][3]
         self.logits = cp.empty((batch, engine.fc_weight.shape[0]), dtype=cp.float32)
-        self.workspace_main = cp.empty(max(workspace_main, 1), dtype=cp.float32)
-        self.workspace_side = cp.empty(max(workspace_side, 1), dtype=cp.float32)
+        self.workspace = cp.empty(max(workspace, 1), dtype=cp.float32)
         self.graph = None
         # The same memory seen by torch (the Triton model copies into / out of these).
         self.input_torch = torch.from_dlpack(self.input)
@@ -141,7 +140,6 @@ class FusedCudaEngine:
             self.pdl_max_batch = pdl_max_batch
             self.name = self.NAMES[self.lib.path]
             self.cupy_stream = cp.cuda.Stream(non_blocking=True)
-            self.side_stream = cp.cuda.Stream(non_blocking=True)
             # The same CUDA stream seen by torch: the serving interface's `stream`.
             self.stream = torch.cuda.ExternalStream(self.cupy_stream.ptr, device=self.device)
             convs = params["convs"]
@@ -149,6 +147,12 @@ class FusedCudaEngine:
             for name, conv in convs.items():
                 weight = cp.asarray(conv["weight"].contiguous().view(torch.int16).numpy()).view(cp.float16)
                 self.weights[name] = (weight, cp.asarray(conv["bias"].float().numpy()))
+            for block in self.blocks:   # the downsampling blocks' conv2 with the projection fused in
+                fused = engine_convs(block)[1]
+                if fused.shortcut is not None:
+                    weight, bias = shortcut_params(convs, fused)
+                    self.weights[fused.name] = (cp.asarray(weight.view(torch.int16).numpy()).view(cp.float16),
+                                                cp.asarray(bias.numpy()))
             stem_w, stem_b = self.weights[STEM.name]
             k = stem_w.shape[0]
             # [K,7,7,3] -> [K, 8 filter rows, 24 = 7*3 values + 3 zeros]: the stem loader's layout.
@@ -204,27 +208,15 @@ class FusedCudaEngine:
         lib.stem_pool(plan.input, self.stem_weight, self.stem_bias, plan.pool_out, kind=plan.kernel_kind,
                       in_scale=self.in_scale, in_shift=self.in_shift)
         x = plan.pool_out
-        for block, t, d, out, plans, events in plan.steps:
-            identity = x
-            joined = None
-            if block.downsample is not None:   # on the side stream, concurrent with conv1
-                w_d, b_d = self.weights[block.downsample.name]
-                fork, joined = events
-                fork.record(self.cupy_stream)
-                self.side_stream.wait_event(fork)
-                with self.side_stream:
-                    lib.conv(x, w_d, b_d, d, stride=block.downsample.stride, pad=0, relu=False,
-                             plan=plans["downsample"], workspace=plan.workspace_side)
-                joined.record(self.side_stream)
-                identity = d
-            w1, b1 = self.weights[block.conv1.name]
-            lib.conv(x, w1, b1, t, stride=block.conv1.stride, pad=1, relu=True, plan=plans["conv1"],
-                     workspace=plan.workspace_main)
-            if joined is not None:
-                self.cupy_stream.wait_event(joined)
-            w2, b2 = self.weights[block.conv2.name]
-            lib.conv(t, w2, b2, out, stride=1, pad=1, relu=True, residual=identity, plan=plans["conv2"],
-                     workspace=plan.workspace_main)
+        for conv1, conv2, t, out, (plan1, plan2) in plan.steps:
+            w1, b1 = self.weights[conv1.name]
+            lib.conv(x, w1, b1, t, stride=conv1.stride, pad=1, relu=True, plan=plan1, workspace=plan.workspace)
+            w2, b2 = self.weights[conv2.name]
+            if conv2.shortcut is not None:   # the block's projection of x fused in
+                lib.conv_shortcut(t, w2, b2, out, x, shortcut_stride=conv2.shortcut.stride, plan=plan2,
+                                  workspace=plan.workspace)
+            else:
+                lib.conv(t, w2, b2, out, stride=1, pad=1, relu=True, residual=x, plan=plan2, workspace=plan.workspace)
             x = out
         lib.avgpool_fc(x, self.fc_weight, self.fc_bias, plan.logits)
 
@@ -257,8 +249,8 @@ class FusedCudaEngine:
         if want == "features":
             return {"features": nchw(plan.features)}
         outputs = {"stem+maxpool": nchw(plan.pool_out)}
-        for block, _, _, out, _, _ in plan.steps:
-            outputs[block.conv1.name.rsplit(".", 1)[0]] = nchw(out)
+        for conv1, _, _, out, _ in plan.steps:
+            outputs[conv1.name.rsplit(".", 1)[0]] = nchw(out)
         outputs["logits"] = plan.logits_torch[:count].clone()
         return outputs
 

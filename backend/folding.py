@@ -19,7 +19,7 @@ pixels folds the ImageNet normalisation in itself (`engine_cuda`, exact at the b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -41,6 +41,13 @@ class ConvSpec:
     padding: int
     relu: bool
     adds_residual: bool = False
+    # The block's 1x1 projection summed into this convolution's reduction (`with_shortcut`), or None.
+    shortcut: ConvSpec | None = None
+
+    @property
+    def filter_name(self) -> str:
+        """The folded convolution whose filter this is: the name without a fused shortcut's suffix."""
+        return self.name.split("+")[0]
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,29 @@ def resnet18_blocks() -> list[BlockSpec]:
             ))
             in_channels = channels
     return blocks
+
+
+def with_shortcut(block: BlockSpec) -> ConvSpec:
+    """A downsampling block's conv2 with its downsample fused in, as the fused engine runs it
+    (kernels/loaders.cuh): relu(conv3x3(t) + b2 + conv1x1/stride(x) + b_ds), one convolution whose
+    reduction is conv2's 9*C values followed by the downsample's input channels."""
+    return replace(block.conv2, name=f"{block.conv2.name}+{block.downsample.name.rsplit('.', 1)[1]}",
+                   adds_residual=False, shortcut=block.downsample)
+
+
+def engine_convs(block: BlockSpec) -> list[ConvSpec]:
+    """The convolutions the fused engine launches for a block, in order: conv1, then conv2 with its
+    residual or, in a downsampling block, conv2 with the downsample fused in (`with_shortcut`)."""
+    return [block.conv1, block.conv2 if block.downsample is None else with_shortcut(block)]
+
+
+def shortcut_params(convs: dict, spec: ConvSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight [K, 9*C + Cs] fp16, bias [K] fp32) of a `with_shortcut` convolution from the folded ones:
+    per output channel the 3x3 filter (KRSC) and then the projection's, and the sum of their biases."""
+    main, shortcut = convs[spec.filter_name], convs[spec.shortcut.name]
+    k = spec.out_channels
+    weight = torch.cat([main["weight"].reshape(k, -1), shortcut["weight"].reshape(k, -1)], dim=1).contiguous()
+    return weight, (main["bias"].double() + shortcut["bias"].double()).float()
 
 
 def checkpoint_names() -> list[str]:

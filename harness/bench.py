@@ -16,10 +16,10 @@
     replays of a CUDA graph of 10 launches (no launch gaps), ms,
     TFLOP/s and % of the tensor-core peak measured here with a large fp16
     matrix product (cuBLAS), written as CSV.
-    For each block with a downsample, also its cost inside the network: the
-    block's first conv alone against the same conv with the downsample
-    launched beside it on a second stream, as the engine runs them (what
-    fusing the two could at most save).
+    A downsampling block's conv2 runs with the block's 1x1 projection fused
+    into its reduction (layer "...conv2+downsample"; its FLOPs include the
+    projection's); the table "Fused shortcut" compares it with the same conv2
+    with the plain residual add (the identity blocks' conv2 of that shape).
 (c) The seed workload: 64x64 inputs to the features (N,512,2,2) at
     --features-batches, our engine (its graph, head included) against
     TorchScript fp32, fp16 channels-last and fp16 channels-last + CUDA graph.
@@ -186,13 +186,15 @@ def gpu_state() -> dict:
     return state
 
 
-def conv_runner(engine: FusedCudaEngine, spec, n: int, h: int, w: int):
-    """(run, tile label, split-K, flops) for one convolution of the network alone, at batch n and input h x w."""
+def conv_runner(engine: FusedCudaEngine, spec, n: int, h: int, w: int, shortcut_hw=None):
+    """(run, tile label, split-K, flops) for one convolution of the network alone, at batch n and input h x w
+    (`shortcut_hw`: the input size of a fused shortcut, `check.layer_shapes`)."""
     lib = engine.lib
     p = conv_out_size(h, spec.kernel, spec.stride, spec.padding)
     q = conv_out_size(w, spec.kernel, spec.stride, spec.padding)
     y = cp.empty((n, p, q, spec.out_channels), dtype=cp.float16)
-    flops = 2.0 * n * p * q * spec.out_channels * spec.kernel * spec.kernel * spec.in_channels
+    shortcut_c = spec.shortcut.in_channels if spec.shortcut is not None else 0
+    flops = 2.0 * n * p * q * spec.out_channels * (spec.kernel * spec.kernel * spec.in_channels + shortcut_c)
     if spec is STEM:
         x = cp.random.randint(0, 256, (n, h, w, 3), dtype=cp.int32).astype(cp.uint8)
         pooled = cp.empty((n, conv_out_size(p, 3, 2, 1), conv_out_size(q, 3, 2, 1), 64), dtype=cp.float16)
@@ -202,8 +204,14 @@ def conv_runner(engine: FusedCudaEngine, spec, n: int, h: int, w: int):
     x = cp.random.standard_normal((n, h, w, spec.in_channels), dtype=cp.float32).astype(cp.float16)
     weight, bias = engine.weights[spec.name]
     residual = cp.ones_like(y) if spec.adds_residual else None
-    plan = lib.plan(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.kernel, spec.stride, spec.padding)
+    plan = lib.plan(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.kernel, spec.stride, spec.padding,
+                    shortcut_c=shortcut_c)
     ws = cp.empty(plan.splits * y.size + 1, dtype=cp.float32) if plan.splits > 1 else None
+    if spec.shortcut is not None:
+        xs = cp.random.standard_normal((n, *shortcut_hw, shortcut_c), dtype=cp.float32).astype(cp.float16)
+        return (lambda: lib.conv_shortcut(x, weight, bias, y, xs, shortcut_stride=spec.shortcut.stride,
+                                          relu=spec.relu, plan=plan, workspace=ws),
+                plan.tile.label, plan.splits, flops)
     return (lambda: lib.conv(x, weight, bias, y, stride=spec.stride, pad=spec.padding, relu=spec.relu,
                              residual=residual, plan=plan, workspace=ws),
             plan.tile.label, plan.splits, flops)
@@ -213,8 +221,8 @@ def layer_table(engine: FusedCudaEngine, batches) -> list[dict]:
     """Each convolution alone at each batch: ms and TFLOP/s (the share of the peak is added by the caller)."""
     rows = []
     for n in batches:
-        for spec, h, w in [(STEM, 224, 224)] + layer_shapes():
-            run, label, splits, flops = conv_runner(engine, spec, n, h, w)
+        for spec, h, w, shortcut_hw in [(STEM, 224, 224, None)] + layer_shapes():
+            run, label, splits, flops = conv_runner(engine, spec, n, h, w, shortcut_hw)
             with engine.lib.launch_mode(n <= engine.pdl_max_batch):   # launched as the engine launches batch n
                 ms = time_graph(run)
             tflops = flops / ms / 1e9
@@ -225,37 +233,22 @@ def layer_table(engine: FusedCudaEngine, batches) -> list[dict]:
     return rows
 
 
-def downsample_overlap(engine: FusedCudaEngine, batches) -> list[dict]:
-    """Per block with a downsample: its conv1 alone, the downsample alone, and both as the engine runs them
-    (downsample on a second stream forked before conv1, joined after it). The difference is the downsample's
-    cost inside the network: what fusing it into conv1 could at most save."""
-    shapes = {spec.name: (spec, h, w) for spec, h, w in layer_shapes()}
-    side = cp.cuda.Stream(non_blocking=True)
-    fork, joined = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
+def shortcut_fusion(engine: FusedCudaEngine, batches) -> list[dict]:
+    """Per downsampling block: its conv2 with the projection fused in (as the engine runs it) against the
+    same conv2 with a plain residual add, each alone and launched as the engine launches batch n. The
+    difference is what the fused projection costs; as its own kernel it cost more (NOTES.md, outcome 22)."""
     rows = []
     for n in batches:
-        for name, (spec, h, w) in shapes.items():
-            if not name.endswith("downsample"):
+        for spec, h, w, shortcut_hw in layer_shapes():
+            if spec.shortcut is None:
                 continue
-            block = name.rsplit(".", 1)[0]
-            run_down = conv_runner(engine, spec, n, h, w)[0]
-            conv1, conv1_h, conv1_w = shapes[f"{block}.conv1"]
-            run_conv1 = conv_runner(engine, conv1, n, conv1_h, conv1_w)[0]
-
-            def both(run_down=run_down, run_conv1=run_conv1):
-                main = cp.cuda.get_current_stream()
-                fork.record(main)
-                side.wait_event(fork)
-                with side:
-                    run_down()
-                joined.record(side)
-                run_conv1()
-                main.wait_event(joined)
-
-            conv1_ms, down_ms, both_ms = time_graph(run_conv1), time_graph(run_down), time_graph(both)
-            rows.append({"block": block, "N": n, "conv1_ms": round(conv1_ms, 5), "downsample_ms": round(down_ms, 5),
-                         "conv1_with_downsample_ms": round(both_ms, 5),
-                         "downsample_cost_in_network_ms": round(both_ms - conv1_ms, 5)})
+            plain = next(b.conv2 for b in engine.blocks if b.conv2.name == spec.filter_name)
+            with engine.lib.launch_mode(n <= engine.pdl_max_batch):
+                fused_ms = time_graph(conv_runner(engine, spec, n, h, w, shortcut_hw)[0])
+                plain_ms = time_graph(conv_runner(engine, plain, n, h, w)[0])
+            rows.append({"block": spec.name.rsplit(".", 1)[0], "N": n, "conv2_residual_ms": round(plain_ms, 5),
+                         "conv2_fused_shortcut_ms": round(fused_ms, 5),
+                         "fused_shortcut_cost_ms": round(fused_ms - plain_ms, 5)})
     return rows
 
 
@@ -320,17 +313,15 @@ def markdown(result: dict) -> str:
         lines += ["", "torch.compile(mode=\"max-autotune\") fp16 channels-last was not run here (`--compile`; minutes "
                       "of compiling per batch size). The issue's figures, same GPU model and day: 0.289 ms at batch 1, "
                       "0.420 ms at batch 8, 1.954 ms at batch 128 (65.5k img/s)."]
-    if result.get("downsample_overlap"):
-        lines += ["", "## Downsample inside the network", "",
-                  "Each block's first conv alone, the 1x1/2 downsample alone, and both as the engine runs them "
-                  "(downsample on a second stream beside conv1): the difference is what fusing the downsample "
-                  "into conv1 could at most save.", "",
-                  "| block | N | conv1 ms | downsample alone ms | conv1 + downsample ms "
-                  "| downsample cost in network ms |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {r['block']} | {r['N']} | {r['conv1_ms']:.4f} | {r['downsample_ms']:.4f} | "
-                  f"{r['conv1_with_downsample_ms']:.4f} | {r['downsample_cost_in_network_ms']:.4f} |"
-                  for r in result["downsample_overlap"]]
+    if result.get("shortcut_fusion"):
+        lines += ["", "## Fused shortcut", "",
+                  "A downsampling block's conv2 with the block's 1x1 projection fused into its reduction (as the "
+                  "engine runs it) against the same conv2 with a plain residual add, each alone: the difference "
+                  "is what the fused projection costs (it has no kernel of its own).", "",
+                  "| block | N | conv2 + residual ms | conv2 + fused projection ms | cost of the projection ms |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['block']} | {r['N']} | {r['conv2_residual_ms']:.4f} | {r['conv2_fused_shortcut_ms']:.4f} | "
+                  f"{r['fused_shortcut_cost_ms']:.4f} |" for r in result["shortcut_fusion"]]
     if result.get("features_64"):
         lines += ["", "## Seed workload: 64x64 inputs to features (N,512,2,2)", "",
                   "Our engine's graph includes the head (avgpool + fc) beyond the features; the baselines stop "
@@ -426,7 +417,7 @@ def main(argv=None):
     layer_batches = [int(b) for b in args.layer_batches.split(",")]
     # The peak again after the per-layer timings: the better of the two scales the table (both are in the JSON).
     layer_rows = {name: layer_table(e, layer_batches) for name, e in {"main": engine, **forced}.items()}
-    overlap = downsample_overlap(engine, layer_batches)
+    fusion = shortcut_fusion(engine, layer_batches)
     states["after_layers"] = gpu_state()
     peaks.append(tensor_core_peak_tflops())
     peak = max(peaks)
@@ -444,7 +435,7 @@ def main(argv=None):
               "conv_path": engine.lib.path, "engine": engine.name, "tuned_plans": len(engine.lib.tuned),
               "pdl": engine.lib.pdl, "pdl_reason": engine.lib.pdl_reason, "pdl_max_batch": engine.pdl_max_batch,
               "peak_tflops": round(peak, 1), "peak_tflops_runs": [round(v, 1) for v in peaks], "gpu_state": states,
-              "whole_network": rows, "features_64": features, "downsample_overlap": overlap}
+              "whole_network": rows, "features_64": features, "shortcut_fusion": fusion}
     if os.environ.get("FUSEDRESNET_GIT_COMMIT"):
         result["git_commit"] = os.environ["FUSEDRESNET_GIT_COMMIT"]
     if args.accuracy and Path(args.accuracy).is_file():
@@ -476,9 +467,9 @@ def main(argv=None):
             if r["N"] == n:
                 sums[r["path"]] = sums.get(r["path"], 0.0) + r["ms"]
         print(f"layers N={n}: " + ", ".join(f"{path} {ms:.3f} ms" for path, ms in sums.items()))
-    for r in overlap:
-        print(f"downsample {r['block']} N={r['N']}: conv1 {r['conv1_ms']:.4f} ms, alone {r['downsample_ms']:.4f}, "
-              f"beside conv1 +{r['downsample_cost_in_network_ms']:.4f} ms")
+    for r in fusion:
+        print(f"fused shortcut {r['block']} N={r['N']}: conv2 + residual {r['conv2_residual_ms']:.4f} ms, "
+              f"+ fused projection {r['conv2_fused_shortcut_ms']:.4f} (+{r['fused_shortcut_cost_ms']:.4f})")
     print(f"peak TFLOP/s before/after: {', '.join(f'{v:.0f}' for v in peaks)}; gpu state: {json.dumps(states)}")
     for r in layers:   # the issue's target: batch-128 3x3 convs at >= 50% of the measured peak
         if r["N"] == 128 and r["R"] == 3 and r["path"] == engine.lib.path:

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from ..backend.engine_cuda import FusedCudaEngine
-from ..backend.folding import STEM, all_convs, fold_resnet18
+from ..backend.folding import STEM, engine_convs, fold_resnet18, resnet18_blocks, shortcut_params
 from ..backend.images import normalize_uint8, smooth_random_images
 from ..backend.resnet import DEFAULT_SEED, build_resnet18
 from ..client.agreement import compare_logits
@@ -65,6 +65,7 @@ from ..kernels.configs import (
     patch_wgmma_applies,
     path_arch,
     plan_key,
+    shortcut_applies,
     tile_family,
     untuned_plan,
 )
@@ -91,15 +92,17 @@ def poisoned(shape, dtype):
 
 
 def layer_shapes(h: int = 224, w: int = 224):
-    """(spec, input H, W) of every convolution after the stem, in execution order."""
+    """(spec, input H, W, the shortcut input's (H, W) or None) of every convolution the fused engine launches
+    after the stem, in execution order (`folding.engine_convs`: a downsampling block's conv2 carries the
+    block's projection, whose input is the block's)."""
     from ..backend.engine_cuda import stage_sizes
-    sizes = stage_sizes(h, w)
-    shapes, stage_in = [], {1: sizes[1], 2: sizes[2], 3: sizes[3], 4: sizes[4]}
-    for spec in all_convs()[1:]:
-        stage, index = int(spec.name[5]), int(spec.name[7])
-        first = index == 0 and spec.name.endswith(("conv1", "downsample"))
-        hh, ww = stage_in[stage] if first else sizes[stage + 1]
-        shapes.append((spec, hh, ww))
+    shapes, x_hw = [], stage_sizes(h, w)[1]
+    for block in resnet18_blocks():
+        conv1, conv2 = engine_convs(block)
+        out_hw = tuple(conv_out_size(v, 3, conv1.stride, 1) for v in x_hw)
+        shapes.append((conv1, *x_hw, None))
+        shapes.append((conv2, *out_hw, x_hw if conv2.shortcut is not None else None))
+        x_hw = out_hw
     return shapes
 
 
@@ -129,27 +132,45 @@ class Checker:
         return torch.randn(*shape, device="cuda", generator=self.gen) * scale
 
     # -- convolutions --------------------------------------------------------
-    def conv_case(self, spec, n, h, w, plan: ConvPlan | None = None, label: str = ""):
-        weight = self.params["convs"][spec.name]["weight"].cuda()        # fp16 KRSC
-        bias = self.params["convs"][spec.name]["bias"].cuda().float()
+    def conv_case(self, spec, n, h, w, plan: ConvPlan | None = None, label: str = "", shortcut_hw=None):
+        """One convolution of the network on fresh random input (`shortcut_hw`: the (H, W) of a fused
+        shortcut's input, for a spec with one) against F.conv2d in fp32 of the folded filters."""
+        folded = self.params["convs"][spec.filter_name]
+        weight = folded["weight"].cuda()        # fp16 KRSC
+        bias = folded["bias"].cuda().float()
         x = self.randn(n, h, w, spec.in_channels).relu().half()          # post-ReLU activations
         p = conv_out_size(h, spec.kernel, spec.stride, spec.padding)
         q = conv_out_size(w, spec.kernel, spec.stride, spec.padding)
         residual = self.randn(n, p, q, spec.out_channels).half() if spec.adds_residual else None
+        shortcut_c = spec.shortcut.in_channels if spec.shortcut is not None else 0
         y = poisoned((n, p, q, spec.out_channels), cp.float16)
         if plan is None:
             plan = self.lib.plan(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.kernel, spec.stride,
-                                 spec.padding)
+                                 spec.padding, shortcut_c=shortcut_c)
         # A forced path runs its own family only (tuned or not); mixed runs either.
         path_ok = self.lib.path == MIXED or tile_family(plan.tile) == self.lib.path
         workspace = (cp.empty(plan.splits * n * p * q * spec.out_channels + 1, dtype=cp.float32)
                      if plan.splits > 1 else None)
-        self.lib.conv(cp.from_dlpack(x), cp.from_dlpack(weight), cp.from_dlpack(bias), y, stride=spec.stride,
-                      pad=spec.padding, relu=spec.relu, residual=None if residual is None else cp.from_dlpack(residual),
-                      plan=plan, workspace=workspace)
+        if spec.shortcut is not None:   # the engine's weights: the two filters concatenated, the biases summed
+            xs = self.randn(n, *shortcut_hw, shortcut_c).relu().half()
+            fused_weight, fused_bias = (t.cuda() for t in shortcut_params(self.params["convs"], spec))
+            self.lib.conv_shortcut(cp.from_dlpack(x), cp.from_dlpack(fused_weight), cp.from_dlpack(fused_bias), y,
+                                   cp.from_dlpack(xs), shortcut_stride=spec.shortcut.stride, relu=spec.relu,
+                                   plan=plan, workspace=workspace)
+        else:
+            self.lib.conv(cp.from_dlpack(x), cp.from_dlpack(weight), cp.from_dlpack(bias), y, stride=spec.stride,
+                          pad=spec.padding, relu=spec.relu,
+                          residual=None if residual is None else cp.from_dlpack(residual), plan=plan,
+                          workspace=workspace)
         cp.cuda.Device().synchronize()
         ref = F.conv2d(x.float().permute(0, 3, 1, 2), weight.float().permute(0, 3, 1, 2), bias,
                        stride=spec.stride, padding=spec.padding).permute(0, 2, 3, 1)
+        if spec.shortcut is not None:   # the projection as torch runs the block's downsample
+            projection = self.params["convs"][spec.shortcut.name]
+            projection_weight = projection["weight"].cuda().float().permute(0, 3, 1, 2)
+            ref = ref + F.conv2d(xs.float().permute(0, 3, 1, 2), projection_weight, projection["bias"].cuda().float(),
+                                 stride=spec.shortcut.stride).permute(0, 2, 3, 1)
+            label += f" shortcut {shortcut_hw[0]}x{shortcut_hw[1]}"
         if residual is not None:
             ref = ref + residual.float()
         if spec.relu:
@@ -160,6 +181,11 @@ class Checker:
         self.record(f"conv {spec.name} N={n} {h}x{w} tile={plan.tile.label} splitk={plan.splits}{label}",
                     unwritten == 0 and err <= CONV_TOL and path_ok, rel_l2=err, unwritten=unwritten,
                     max_abs=float((out - ref).abs().max()), **({} if path_ok else {"off_path": self.lib.path}))
+
+    def untuned(self, spec, n, h, w) -> ConvPlan:
+        """The plan of a convolution of the network without the tuned table (another GPU model or size)."""
+        return untuned_plan(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.stride, spec.padding,
+                            self.lib.sms, self.lib.path, spec.shortcut.in_channels if spec.shortcut else 0)
 
     def stem_inputs(self, n, h, w):
         """Random uint8 images, their normalised float32 NCHW form and the float32 stem (conv + ReLU) of them."""
@@ -264,26 +290,31 @@ class Checker:
         self.stem_case(2, 33, 47, "float32")
         self.stem_case(2, 97, 130, "uint8")
         for n in batches:
-            for spec, h, w in layer_shapes():
-                self.conv_case(spec, n, h, w)
-                key = plan_key(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.stride)
+            for spec, h, w, shortcut_hw in layer_shapes():
+                self.conv_case(spec, n, h, w, shortcut_hw=shortcut_hw)
+                shortcut_c = spec.shortcut.in_channels if spec.shortcut is not None else 0
+                key = plan_key(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.stride, shortcut_c)
                 if key in self.lib.tuned:   # the plan without the table (another GPU model, another size)
-                    default = untuned_plan(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.stride,
-                                           spec.padding, self.lib.sms, self.lib.path)
+                    default = self.untuned(spec, n, h, w)
                     if (default.tile, default.splits) != self.lib.tuned[key]:
-                        self.conv_case(spec, n, h, w, default, " (untuned default)")
-        for spec, h, w in layer_shapes():
-            k_tiles = spec.kernel * spec.kernel * spec.in_channels // BK
+                        self.conv_case(spec, n, h, w, default, " (untuned default)", shortcut_hw)
+        for spec, h, w, shortcut_hw in layer_shapes():
+            shortcut_c = spec.shortcut.in_channels if spec.shortcut is not None else 0
+            k_tiles = (spec.kernel * spec.kernel * spec.in_channels + shortcut_c) // BK
             m = (7 * conv_out_size(h, spec.kernel, spec.stride, spec.padding)
                  * conv_out_size(w, spec.kernel, spec.stride, spec.padding))
-            for tile in PATCH_TILES:
+            if spec.shortcut is not None:   # the implicit-GEMM tiles only (below), and two odd sizes
+                plan = self.lib.plan(2, 17, 23, spec.in_channels, spec.out_channels, 3, 3, 1, 1, shortcut_c)
+                for odd_hw in ((33, 45), (34, 46)):   # both give 17 x 23 positions at stride 2
+                    self.conv_case(spec, 2, 17, 23, plan, " (odd size)", odd_hw)
+            for tile in PATCH_TILES if spec.shortcut is None else ():
                 if patch_applies(tile, spec.in_channels, spec.out_channels, spec.kernel, spec.stride, spec.padding):
                     p = conv_out_size(h, 3, 1, 1)
                     plan = make_plan(tile, 1, m, spec.out_channels, k_tiles, 7, p, p)
                     self.conv_case(spec, 7, h, w, plan, " (forced)")
                     forced = make_plan(tile, 1, 2 * 17 * 45, spec.out_channels, k_tiles, 2, 17, 45)
                     self.conv_case(spec, 2, 17, 45, forced, " (forced, odd size)")
-            for tile in PATCH_WGMMA_TILES if path_arch(self.lib.path) == WGMMA_ARCH else ():
+            for tile in PATCH_WGMMA_TILES if path_arch(self.lib.path) == WGMMA_ARCH and spec.shortcut is None else ():
                 if patch_wgmma_applies(tile, spec.in_channels, spec.out_channels, spec.kernel, spec.stride,
                                        spec.padding, w):
                     # 1-2 tiles per block at N=7, 6-7 at N=32 (the persistent loop's every path), odd size
@@ -293,12 +324,14 @@ class Checker:
                     forced = make_plan(tile, 1, 2 * 17 * 45, spec.out_channels, k_tiles, 2, 17, 45)
                     self.conv_case(spec, 2, 17, 45, forced, " (forced, odd size)")
             for tile in CONV_TILES + (WGMMA_TILES if path_arch(self.lib.path) == WGMMA_ARCH else ()):
+                if spec.shortcut is not None and not shortcut_applies(tile):
+                    continue
                 for splits in (1, 4):
                     per = math.ceil(k_tiles / splits)
                     real = math.ceil(k_tiles / per)
                     grid = (math.ceil(m / tile.bm), math.ceil(spec.out_channels / tile.bn), real)
                     plan = ConvPlan(tile, real, per, grid)
-                    self.conv_case(spec, 7, h, w, plan, " (forced)")
+                    self.conv_case(spec, 7, h, w, plan, " (forced)", shortcut_hw)
         for n in (1, 7, 33):
             self.pool_head_cases(n)
 

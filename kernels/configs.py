@@ -530,8 +530,9 @@ def plan_conv(m: int, k: int, k_tiles: int, sms: int, tiles=CONV_TILES, max_spli
     return best[1]
 
 
-def plan_key(n: int, h: int, w: int, c: int, k: int, r: int, stride: int) -> str:
-    return f"n{n}_h{h}_w{w}_c{c}_k{k}_r{r}_s{stride}"
+def plan_key(n: int, h: int, w: int, c: int, k: int, r: int, stride: int, shortcut_c: int = 0) -> str:
+    """The tuned table's key of a convolution (with a fused shortcut of shortcut_c channels: `_sc` and those)."""
+    return f"n{n}_h{h}_w{w}_c{c}_k{k}_r{r}_s{stride}" + (f"_sc{shortcut_c}" if shortcut_c else "")
 
 
 def tile_by_label(label: str):
@@ -542,6 +543,12 @@ def conv_tiles(path: str) -> tuple:
     """The generic implicit-GEMM tiles the untuned cost model chooses among on a path (wgmma: the measured ones)."""
     wgmma = tuple(t for t in WGMMA_TILES if t.measured)
     return {"wgmma": wgmma, MIXED: CONV_TILES + wgmma}.get(path, CONV_TILES)
+
+
+def shortcut_applies(tile) -> bool:
+    """Whether the tile's kernel has the fused shortcut (kernels/loaders.cuh): the implicit-GEMM kernels
+    conv_implicit_gemm and conv_wgmma; not the patch kernels nor conv_wgmma_ws."""
+    return isinstance(tile, TileConfig) or (isinstance(tile, WgmmaConfig) and not tile.warp_specialized)
 
 
 def patch_applies(tile: PatchConfig, c: int, k: int, r: int, stride: int, pad: int) -> bool:
@@ -577,17 +584,18 @@ def plan_default(m: int, k: int, k_tiles: int, r: int, sms: int, path: str) -> C
 
 
 def untuned_plan(n: int, h: int, w: int, c: int, k: int, r: int, stride: int, pad: int, sms: int,
-                 path: str) -> ConvPlan:
+                 path: str, shortcut_c: int = 0) -> ConvPlan:
     """The plan of a convolution without a tuned-table entry (another input size, another GPU model).
 
     On the sm_90a paths (mixed, wgmma) a 3x3/1 conv with 64 input channels runs on conv3x3_patch_wgmma:
     on the H100 it beat every other tile and split-K at layer1's shape at every batch, 1 to 256
     (NOTES.md, outcome 15). Its tile there: BM 256 from 4 tiles per SM, BM 128 from one, else BM 64.
-    Everything else: `plan_default`.
+    Everything else, and a convolution with a fused shortcut of `shortcut_c` channels (the patch kernels
+    have none): `plan_default`.
     """
     p, q = (h + 2 * pad - r) // stride + 1, (w + 2 * pad - r) // stride + 1
-    k_tiles = r * r * c // BK
-    if path in (MIXED, "wgmma"):
+    k_tiles = (r * r * c + shortcut_c) // BK
+    if path in (MIXED, "wgmma") and not shortcut_c:
         by_bm = {t.bm: t for t in PATCH_WGMMA_TILES
                  if t.label in UNTUNED_PATCH_WGMMA and patch_wgmma_applies(t, c, k, r, stride, pad, w)}
         for bm, min_tiles_per_sm in ((256, 4), (128, 1), (64, 0)):

@@ -30,6 +30,10 @@
 // EPILOGUE: epilogue.cuh's (bias, residual, ReLU, fp16 NHWC, or the split-K
 // partials), straight from the accumulator fragments.
 //
+// FUSED SHORTCUT (MODE 0): k-tiles from main_k_tiles on are a downsampling
+// block's 1x1 projection of shortcut_x, summed into this 3x3/1 conv's
+// reduction (loaders.cuh); without one, main_k_tiles == num_k_tiles.
+//
 // STEM (MODE 1/2, the reference path of stem.cu, which explains the stem's
 // input modes and its [K][8 r][24] filter layout): the reduction of 147
 // values is not a multiple of 64 and the input is UINT8 NHWC or fp32 NCHW, so
@@ -63,7 +67,9 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
                    const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
                    const float *__restrict__ in_scale, const float *__restrict__ in_shift,
                    int N, int H, int W, int C, int K, int P, int Q, int R, int S, int stride, int pad,
-                   int ldw, int num_k_tiles, int k_tiles_per_split, int relu) {
+                   int ldw, int num_k_tiles, int k_tiles_per_split, int relu,
+                   const half_bits *__restrict__ shortcut_x, int shortcut_h, int shortcut_w, int shortcut_c,
+                   int shortcut_stride, int main_k_tiles) {
     pdl_begin_prefetch_filter(w, BN, K, ldw, num_k_tiles, k_tiles_per_split);   // common.cuh
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
     constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;   // warp tile
@@ -108,8 +114,13 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
         half_bits *sB = sA + TileSmem<BM, BN>::A_HALFS;
         igemm_load_b<B_ITERS, ROW_STEP>(sB, w, n0, K, ldw, kt, tid, chunk);
         if constexpr (MODE == 0) {
-            igemm_load_a<A_ITERS, ROW_STEP>(sA, reinterpret_cast<const half_bits *>(x_), a_base, a_ih, a_iw, kt,
-                                            c_tiles, S, H, W, C, tid, chunk);
+            if (kt < main_k_tiles)
+                igemm_load_a<A_ITERS, ROW_STEP>(sA, reinterpret_cast<const half_bits *>(x_), a_base, a_ih, a_iw, kt,
+                                                c_tiles, S, H, W, C, tid, chunk);
+            else   // the fused shortcut's k-tiles (loaders.cuh; MODE 0 only)
+                igemm_load_a_shortcut<A_ITERS, ROW_STEP>(sA, shortcut_x, a_base, a_ih, a_iw, kt - main_k_tiles,
+                                                         1.f / (H * W * C), pad, shortcut_h, shortcut_w, shortcut_c,
+                                                         shortcut_stride, tid, chunk);
         } else {
             // Stem gather. For a fixed output pixel and filter row r the 21
             // values j = s*3 + c are 7 consecutive input pixels x 3 channels,

@@ -42,6 +42,12 @@
 //   wgmma.wait_group 1    the wgmma of tile i-1 are done (tile i may run on)
 // After the loop wgmma.wait_group 0, then the epilogue.
 //
+// FUSED SHORTCUT. k-tiles from main_k_tiles on (to num_k_tiles) are a
+// downsampling block's 1x1 projection of shortcut_x (loaders.cuh explains it);
+// without one, main_k_tiles == num_k_tiles. conv_wgmma only: conv_wgmma_ws
+// takes the same arguments and has none (its 256x128 producer spilled with
+// the second loader, and its tiles were never chosen: NOTES.md outcome 11).
+//
 // EPILOGUE. The wgmma accumulator layout per warp is the mma.sync m16n8 one
 // (epilogue.cuh) repeated over the BN/8 column groups: warp w of the
 // warpgroup holds rows 16w .. 16w+15 of its m64 block, and d[4j..4j+3] is the
@@ -153,7 +159,8 @@ __global__ void __launch_bounds__(WGS * 128, wgmma_min_blocks(BM, BN, STAGES))
 conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
            const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
            int N, int H, int W, int C, int K, int P, int Q, int R, int S, int stride, int pad,
-           int ldw, int num_k_tiles, int k_tiles_per_split, int relu) {
+           int ldw, int num_k_tiles, int k_tiles_per_split, int relu, const half_bits *__restrict__ shortcut_x,
+           int shortcut_h, int shortcut_w, int shortcut_c, int shortcut_stride, int main_k_tiles) {
     pdl_begin_prefetch_filter(w, BN, K, ldw, num_k_tiles, k_tiles_per_split);   // common.cuh
     constexpr int THREADS = WGS * 128;
     constexpr int WM = BM / WGS;              // rows per warpgroup
@@ -191,7 +198,12 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
         half_bits *sA = smem + stage * STAGE_HALFS;
         half_bits *sB = sA + A_HALFS;
         igemm_load_b<B_ITERS, ROW_STEP>(sB, w, n0, K, ldw, kt, tid, chunk);
-        igemm_load_a<A_ITERS, ROW_STEP>(sA, x, a_base, a_ih, a_iw, kt, c_tiles, S, H, W, C, tid, chunk);
+        if (kt < main_k_tiles)
+            igemm_load_a<A_ITERS, ROW_STEP>(sA, x, a_base, a_ih, a_iw, kt, c_tiles, S, H, W, C, tid, chunk);
+        else   // the fused shortcut's k-tiles (loaders.cuh)
+            igemm_load_a_shortcut<A_ITERS, ROW_STEP>(sA, shortcut_x, a_base, a_ih, a_iw, kt - main_k_tiles,
+                                                     1.f / (H * W * C), pad, shortcut_h, shortcut_w, shortcut_c,
+                                                     shortcut_stride, tid, chunk);
     };
 
     float acc[MB][NACC];
@@ -269,7 +281,8 @@ __global__ void __launch_bounds__((WGS + 1) * 128, 1)
 conv_wgmma_ws(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
               const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
               int N, int H, int W, int C, int K, int P, int Q, int R, int S, int stride, int pad,
-              int ldw, int num_k_tiles, int k_tiles_per_split, int relu) {
+              int ldw, int num_k_tiles, int k_tiles_per_split, int relu, const half_bits *__restrict__ shortcut_x,
+              int shortcut_h, int shortcut_w, int shortcut_c, int shortcut_stride, int main_k_tiles) {
     pdl_begin_prefetch_filter(w, BN, K, ldw, num_k_tiles, k_tiles_per_split);   // common.cuh
     constexpr int PRODUCER_THREADS = 128;     // one warpgroup
     constexpr int WM = BM / WGS;              // rows per consumer warpgroup

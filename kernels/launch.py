@@ -78,6 +78,7 @@ from .configs import (
     pdl_choice,
     plan_default,
     plan_key,
+    shortcut_applies,
     source_text,
     untuned_plan,
 )
@@ -207,17 +208,20 @@ class KernelLibrary:
             self._mode.programmatic = before
 
     # -- convolution ---------------------------------------------------------
-    def plan(self, n, h, w, c, k, r, s, stride, pad) -> ConvPlan:
+    def plan(self, n, h, w, c, k, r, s, stride, pad, shortcut_c: int = 0) -> ConvPlan:
+        """The launch plan of a convolution: the tuned table's, else `untuned_plan`. `shortcut_c`: the input
+        channels of a fused shortcut (`conv_shortcut`), whose k-tiles follow the convolution's."""
         p, q = conv_out_size(h, r, stride, pad), conv_out_size(w, s, stride, pad)
-        if c % BK:
-            raise ValueError(f"conv_implicit_gemm needs input channels divisible by {BK}, got C={c}")
-        m, k_tiles = n * p * q, r * s * c // BK
-        tuned = self.tuned.get(plan_key(n, h, w, c, k, r, stride)) if r == s else None
+        if c % BK or shortcut_c % BK:
+            raise ValueError(f"conv_implicit_gemm needs input channels divisible by {BK}, got C={c}"
+                             + (f", shortcut C={shortcut_c}" if shortcut_c else ""))
+        m, k_tiles = n * p * q, (r * s * c + shortcut_c) // BK
+        tuned = self.tuned.get(plan_key(n, h, w, c, k, r, stride, shortcut_c)) if r == s else None
         if tuned is not None:
             return make_plan(tuned[0], tuned[1], m, k, k_tiles, n, p, q)
         if r != s:
             return plan_default(m, k, k_tiles, r, self.sms, self.path)
-        return untuned_plan(n, h, w, c, k, r, stride, pad, self.sms, self.path)
+        return untuned_plan(n, h, w, c, k, r, stride, pad, self.sms, self.path, shortcut_c)
 
     def conv(self, x, weight, bias, y, *, stride, pad, relu, residual=None, plan: ConvPlan | None = None,
              workspace=None):
@@ -234,6 +238,30 @@ class KernelLibrary:
         plan = plan or self.plan(n, h, w, c, k, r, s, stride, pad)
         self._launch_conv(plan, x, weight, bias, residual, y, workspace, None, None,
                           (n, h, w, c, k, p, q, r, s, stride, pad, r * s * c, r * s * c // BK), relu)
+
+    def conv_shortcut(self, x, weight, bias, y, shortcut, *, shortcut_stride: int, relu: bool = True,
+                      plan: ConvPlan | None = None, workspace=None):
+        """A downsampling block's second convolution with its 1x1 projection fused in (loaders.cuh):
+        y[N,H,W,K] = epilogue(conv3x3/1 pad 1 (x[N,H,W,C]) + conv1x1/shortcut_stride (shortcut[N,Hs,Ws,Cs])),
+        weight [K, 9*C + Cs] (each output channel's two KRSC filters, concatenated), bias the sum of theirs.
+        Runs on the tiles of `configs.shortcut_applies`."""
+        n, h, w, c = x.shape
+        ns, hs, ws, cs = shortcut.shape
+        k = bias.shape[0]
+        if ns != n or (conv_out_size(hs, 1, shortcut_stride, 0), conv_out_size(ws, 1, shortcut_stride, 0)) != (h, w):
+            raise ValueError(f"shortcut input {shortcut.shape} at stride {shortcut_stride} does not give the "
+                             f"{(n, h, w)} positions of the input {x.shape}")
+        if weight.shape != (k, 9 * c + cs):
+            raise ValueError(f"weight {weight.shape}, expected {(k, 9 * c + cs)} (3x3 filter, then the shortcut's)")
+        if y.shape != (n, h, w, k):
+            raise ValueError(f"output buffer {y.shape}, expected {(n, h, w, k)}")
+        plan = plan or self.plan(n, h, w, c, k, 3, 3, 1, 1, shortcut_c=cs)
+        if not shortcut_applies(plan.tile):
+            raise ValueError(f"{plan.tile.label} has no fused shortcut (configs.shortcut_applies)")
+        main_k_tiles = 9 * c // BK
+        self._launch_conv(plan, x, weight, bias, None, y, workspace, None, None,
+                          (n, h, w, c, k, h, w, 3, 3, 1, 1, 9 * c + cs, main_k_tiles + cs // BK), relu,
+                          (shortcut, hs, ws, cs, shortcut_stride, main_k_tiles))
 
     def stem(self, x, weight_padded, bias, y, *, kind: str, in_scale=None, in_shift=None, method: str = "patch"):
         """Stem conv 7x7/2 pad 3 + bias + ReLU from uint8 NHWC ("uint8") or fp32 NCHW ("float32") input.
@@ -316,7 +344,8 @@ class KernelLibrary:
                 STEM_SMEM_BYTES)
 
     def _launch_conv(self, plan: ConvPlan, x, weight, bias, residual, y, workspace, in_scale, in_shift, dims,
-                     relu):
+                     relu, shortcut=None):
+        """`shortcut`: (input, Hs, Ws, Cs, stride, main k-tiles) of a fused shortcut (`conv_shortcut`)."""
         n, h, w, c, k, p, q, r, s, stride, pad, ldw, k_tiles = dims
         tile = plan.tile
         kernel = self.kernels.get(tile.name_expression)
@@ -346,8 +375,11 @@ class KernelLibrary:
             if workspace is None or workspace.size < need:
                 raise ValueError(f"split-K x{plan.splits} needs a float32 workspace of {need} elements")
             partial = workspace
+        shortcut_x, shortcut_h, shortcut_w, shortcut_c, shortcut_stride, main_k_tiles = (
+            shortcut if shortcut is not None else (None, 0, 0, 0, 1, k_tiles))
         tail = (_i(n), _i(h), _i(w), _i(c), _i(k), _i(p), _i(q), _i(r), _i(s), _i(stride), _i(pad), _i(ldw),
-                _i(k_tiles), _i(plan.k_tiles_per_split), _i(1 if relu else 0))
+                _i(k_tiles), _i(plan.k_tiles_per_split), _i(1 if relu else 0), _ptr(shortcut_x), _i(shortcut_h),
+                _i(shortcut_w), _i(shortcut_c), _i(shortcut_stride), _i(main_k_tiles))
         if isinstance(tile, WgmmaConfig):   # no stem modes: no in_scale / in_shift
             if in_scale is not None or in_shift is not None or c % BK or k % 8:
                 raise ValueError(f"{tile.label} runs fp16 NHWC convolutions with C % {BK} == 0 and K % 8 == 0 "

@@ -11,6 +11,15 @@
 // once before the loader state (as the kernels did before these functions were
 // shared: recomputing it inside changes the register allocation,
 // kernels/sass_diff.py).
+//
+// FUSED SHORTCUT (igemm_load_a_shortcut): a downsampling block's projection,
+// ys = conv1x1/stride(xs), summed into its second 3x3/1 convolution as extra
+// k-tiles of the same reduction. The GEMM's reduction is the 9*C values of
+// the 3x3 taps followed by the Cs channels of xs at input pixel (p*stride,
+// q*stride) of the same image; the filter rows are the two filters
+// concatenated ([K][9*C + Cs]) and the bias is their sum. So the kernel that
+// computes relu(conv3x3(x) + b + ys + bs) reads xs once, 16 bytes per copy like
+// every other A row, and neither the projection's output nor its kernel exists.
 #ifndef FUSEDRESNET_LOADERS_CUH
 #define FUSEDRESNET_LOADERS_CUH
 #include "common.cuh"
@@ -64,6 +73,30 @@ __device__ __forceinline__ void igemm_load_a(half_bits *sA, const half_bits *__r
         const int ih = a_ih[i] + r, iw = a_iw[i] + s;
         const bool ok = (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
         const half_bits *src = ok ? x + a_base[i] + (ih * W + iw) * C + c0 + chunk * 8 : x;
+        cp_async_16(smem_addr(sA + swz(row, chunk)), src, ok ? 16 : 0);
+    }
+}
+
+// A: k-tile kt_shortcut (channels kt_shortcut*64 ... +63) of the fused shortcut (header), for the rows of
+// a 3x3 conv of stride 1 and padding `pad` over an H x W x C input (their igemm_a_rows state: image offset
+// n*H*W*C, top-left input coordinate p - pad, q - pad; inv_hwc = 1 / (H*W*C)). The shortcut's input xs is
+// [N][Hs][Ws][Cs]; its pixel for output (p, q) is (p*stride_s, q*stride_s). Rows past M (coordinate -2^20)
+// are zero-filled.
+template <int A_ITERS, int ROW_STEP>
+__device__ __forceinline__ void igemm_load_a_shortcut(half_bits *sA, const half_bits *__restrict__ xs,
+                                                      const int (&a_base)[A_ITERS], const int (&a_ih)[A_ITERS],
+                                                      const int (&a_iw)[A_ITERS], int kt_shortcut, float inv_hwc, int pad,
+                                                      int Hs, int Ws, int Cs, int stride_s, int tid, int chunk) {
+    const int c0 = kt_shortcut * BK;
+#pragma unroll
+    for (int i = 0; i < A_ITERS; ++i) {
+        const int row = tid / 8 + i * ROW_STEP;
+        const int ih = (a_ih[i] + pad) * stride_s, iw = (a_iw[i] + pad) * stride_s;
+        const bool ok = (unsigned)ih < (unsigned)Hs && (unsigned)iw < (unsigned)Ws;
+        // a_base = n * hwc exactly, so the rounded fp32 quotient is n (|error| < 1e-4 for n < 2^12): three
+        // instructions, where the integer division kept enough temporaries live to spill conv_wgmma_ws's producer.
+        const int n = __float2int_rn(__int2float_rn(a_base[i]) * inv_hwc);
+        const half_bits *src = ok ? xs + ((n * Hs + ih) * Ws + iw) * Cs + c0 + chunk * 8 : xs;
         cp_async_16(smem_addr(sA + swz(row, chunk)), src, ok ? 16 : 0);
     }
 }

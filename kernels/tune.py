@@ -33,6 +33,7 @@ from .configs import (
     patch_applies,
     patch_wgmma_applies,
     plan_key,
+    shortcut_applies,
     tile_family,
     untuned_plan,
 )
@@ -65,9 +66,10 @@ def time_graph(fn, reps: int = 10, samples: int = 5) -> float:
     return statistics.median(times)
 
 
-def candidates(m: int, k: int, k_tiles: int, sms: int, patch=None, families=("mma",)):
+def candidates(m: int, k: int, k_tiles: int, sms: int, patch=None, families=("mma",), shortcut: bool = False):
     """Every (tile, split-K) worth timing; `patch` = (n, p, q, c, r, stride, pad) adds the patch kernels
-    (conv3x3_patch, and conv3x3_patch_wgmma with the wgmma family).
+    (conv3x3_patch, and conv3x3_patch_wgmma with the wgmma family); `shortcut`: only the tiles with the
+    fused shortcut (`shortcut_applies`).
 
     Split-K only where the tiles alone fill fewer than two waves, with >= 2
     k-tiles per split and at most 4 waves of blocks (beyond that the fp32
@@ -82,7 +84,7 @@ def candidates(m: int, k: int, k_tiles: int, sms: int, patch=None, families=("mm
             if patch_wgmma_applies(tile, c, k, r, stride, pad, q):   # stride 1: input width = q
                 yield make_plan(tile, 1, m, k, k_tiles, n, p, q)
     tiles = (CONV_TILES if "mma" in families else ()) + (WGMMA_TILES if "wgmma" in families else ())
-    for tile in tiles:
+    for tile in tiles if not shortcut else filter(shortcut_applies, tiles):
         tiles_mn = math.ceil(m / tile.bm) * math.ceil(k / tile.bn)
         seen = set()
         for splits in SPLITS:
@@ -95,8 +97,10 @@ def candidates(m: int, k: int, k_tiles: int, sms: int, patch=None, families=("mm
             yield ConvPlan(tile, real, per, (math.ceil(m / tile.bm), math.ceil(k / tile.bn), real))
 
 
-def tune_conv(lib, families, n, h, w, c, k, r, stride, pad, relu=True, residual=False):
+def tune_conv(lib, families, n, h, w, c, k, r, stride, pad, relu=True, residual=False, shortcut=None):
     """[(ms, plan)] fastest first, and the ms of the untuned default plan of `lib.path`; plain launches.
+    `shortcut`: (Hs, Ws, Cs, stride) of a fused shortcut's input (`KernelLibrary.conv_shortcut`; the
+    implicit-GEMM tiles only).
 
     Not with programmatic dependent launch, even for the batches the engine launches that way: a graph
     of REPS copies of one convolution lets each copy's blocks start under the previous copy's tail, an
@@ -105,37 +109,50 @@ def tune_conv(lib, families, n, h, w, c, k, r, stride, pad, relu=True, residual=
     with plain launches.
     """
     with lib.launch_mode(False):
-        return _time_candidates(lib, families, n, h, w, c, k, r, stride, pad, relu, residual)
+        return _time_candidates(lib, families, n, h, w, c, k, r, stride, pad, relu, residual, shortcut)
 
 
-def _time_candidates(lib, families, n, h, w, c, k, r, stride, pad, relu, residual):
+def _time_candidates(lib, families, n, h, w, c, k, r, stride, pad, relu, residual, shortcut):
     p, q = conv_out_size(h, r, stride, pad), conv_out_size(w, r, stride, pad)
-    m, k_tiles = n * p * q, r * r * c // BK
+    shortcut_c = shortcut[2] if shortcut else 0
+    m, k_tiles = n * p * q, (r * r * c + shortcut_c) // BK
     x = cp.random.standard_normal((n, h, w, c), dtype=cp.float32).astype(cp.float16)
-    weight = (cp.random.standard_normal((k, r, r, c), dtype=cp.float32) * 0.05).astype(cp.float16)
     bias = cp.zeros(k, dtype=cp.float32)
     y = cp.empty((n, p, q, k), dtype=cp.float16)
-    res = cp.ones_like(y) if residual else None
-    plans = list(candidates(m, k, k_tiles, lib.sms, (n, p, q, c, r, stride, pad), families))
+    if shortcut:
+        hs, ws, cs, shortcut_stride = shortcut
+        xs = cp.random.standard_normal((n, hs, ws, cs), dtype=cp.float32).astype(cp.float16)
+        weight = (cp.random.standard_normal((k, r * r * c + cs), dtype=cp.float32) * 0.05).astype(cp.float16)
+
+        def run(plan, workspace):
+            lib.conv_shortcut(x, weight, bias, y, xs, shortcut_stride=shortcut_stride, relu=relu, plan=plan,
+                              workspace=workspace)
+    else:
+        weight = (cp.random.standard_normal((k, r, r, c), dtype=cp.float32) * 0.05).astype(cp.float16)
+        res = cp.ones_like(y) if residual else None
+
+        def run(plan, workspace):
+            lib.conv(x, weight, bias, y, stride=stride, pad=pad, relu=relu, residual=res, plan=plan,
+                     workspace=workspace)
+    plans = list(candidates(m, k, k_tiles, lib.sms, None if shortcut else (n, p, q, c, r, stride, pad), families,
+                            shortcut=bool(shortcut)))
     workspace = cp.empty(max(pl.splits for pl in plans) * y.size, dtype=cp.float32)
     rows = []
     for plan in plans:
         try:
-            ms = time_graph(lambda: lib.conv(x, weight, bias, y, stride=stride, pad=pad, relu=relu,
-                                             residual=res, plan=plan, workspace=workspace))
+            ms = time_graph(lambda: run(plan, workspace))
         except Exception:   # a launch or kernel fault: say which candidate before the context is gone
-            print(f"tune: FAILED on {plan_key(n, h, w, c, k, r, stride)} {plan.tile.label}/k{plan.splits} "
+            print(f"tune: FAILED on {plan_key(n, h, w, c, k, r, stride, shortcut_c)} {plan.tile.label}/k{plan.splits} "
                   f"grid {plan.grid}", flush=True)
             raise
         rows.append((ms, plan))
     rows.sort(key=lambda t: t[0])
-    model = untuned_plan(n, h, w, c, k, r, stride, pad, lib.sms, lib.path)
+    model = untuned_plan(n, h, w, c, k, r, stride, pad, lib.sms, lib.path, shortcut_c)
     model_ms = next((ms for ms, pl in rows if pl.tile == model.tile and pl.splits == model.splits), None)
     if model_ms is None:   # a default plan outside the candidates (e.g. more splits): time it too
         if model.splits * y.size > workspace.size:
             workspace = cp.empty(model.splits * y.size, dtype=cp.float32)
-        model_ms = time_graph(lambda: lib.conv(x, weight, bias, y, stride=stride, pad=pad, relu=relu,
-                                               residual=res, plan=model, workspace=workspace))
+        model_ms = time_graph(lambda: run(model, workspace))
     return rows, model_ms
 
 

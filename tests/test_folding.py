@@ -69,3 +69,49 @@ def test_folded_engine_matches_unfolded_network():
     stats = compare_logits(engine.classify_uint8(images).numpy(), reference)
     assert stats["rel_l2"] < 5e-3, stats  # fp16 weights, fp32 compute
     assert stats["clear_disagreements"] == 0, stats
+
+
+def test_engine_convs_fuse_each_downsample_into_its_blocks_conv2():
+    """The fused engine's convolutions: conv1 and conv2 per block, the three downsampling blocks' conv2 carrying
+    the block's projection (and no residual add), no downsample of its own."""
+    from fusedresnet.backend.folding import engine_convs, resnet18_blocks
+    convs = [c for block in resnet18_blocks() for c in engine_convs(block)]
+    assert len(convs) == 16 and not any(c.name.endswith(".downsample") for c in convs)
+    fused = [c for c in convs if c.shortcut is not None]
+    assert [c.name for c in fused] == [f"layer{s}.0.conv2+downsample" for s in (2, 3, 4)]
+    for c in fused:
+        assert (c.kernel, c.stride, c.relu, c.adds_residual) == (3, 1, True, False)
+        assert (c.shortcut.kernel, c.shortcut.stride, c.shortcut.in_channels) == (1, 2, c.in_channels // 2)
+        assert c.filter_name == c.name.removesuffix("+downsample")
+    assert all(c.adds_residual for c in convs if c.name.endswith("conv2") and c.shortcut is None)
+
+
+def test_shortcut_params_as_one_reduction_equal_conv2_plus_the_downsample():
+    """The kernels' fused shortcut (kernels/loaders.cuh) as a float64 GEMM: the reduction is conv2's 3x3 taps
+    (KRSC order, im2col of the block's conv1 output t) followed by the channels of the block's input x at
+    (2p, 2q); the weights and bias come from `shortcut_params`. It must equal conv2(t) + downsample(x) as
+    torch computes them from the folded filters, for an odd input size too (the last row at 2p = Hs - 1)."""
+    from fusedresnet.backend.folding import engine_convs, resnet18_blocks, shortcut_params
+    params = fold_resnet18(build_resnet18(seed=5))
+    gen = torch.Generator().manual_seed(11)
+    for block in resnet18_blocks():
+        spec = engine_convs(block)[1]
+        if spec.shortcut is None:
+            continue
+        weight, bias = shortcut_params(params["convs"], spec)
+        c, cs, k = spec.in_channels, spec.shortcut.in_channels, spec.out_channels
+        assert weight.shape == (k, 9 * c + cs) and weight.dtype == torch.float16 and bias.dtype == torch.float32
+        for hs, ws in ((6, 8), (7, 5)):
+            h, w = (hs + 1) // 2, (ws + 1) // 2
+            t = torch.randn(2, h, w, c, generator=gen, dtype=torch.float64)
+            x = torch.randn(2, hs, ws, cs, generator=gen, dtype=torch.float64)
+            taps = F.pad(t, (0, 0, 1, 1, 1, 1))   # NHWC, one pixel of zeros around
+            im2col = torch.cat([taps[:, r:r + h, s:s + w, :] for r in range(3) for s in range(3)]
+                               + [x[:, ::2, ::2, :]], dim=3)
+            fused = im2col @ weight.double().T + bias.double()
+            conv2, down = params["convs"][spec.filter_name], params["convs"][spec.shortcut.name]
+            ref = (F.conv2d(t.permute(0, 3, 1, 2), conv2["weight"].double().permute(0, 3, 1, 2),
+                            conv2["bias"].double(), padding=1)
+                   + F.conv2d(x.permute(0, 3, 1, 2), down["weight"].double().permute(0, 3, 1, 2),
+                              down["bias"].double(), stride=2)).permute(0, 2, 3, 1)
+            assert torch.allclose(fused, ref, rtol=1e-6, atol=1e-5), (spec.name, hs, ws)

@@ -277,6 +277,33 @@ def test_untuned_plans_put_layer1_on_the_patch_wgmma_kernel_on_the_sm_90a_paths_
     assert untuned_plan(5, 25, 33, 64, 64, 3, 1, 1, sms, MIXED).tile.label.startswith("pwg")
 
 
+def test_a_fused_shortcut_has_its_own_plan_key_and_never_a_patch_tile():
+    """conv2 + the fused projection (kernels/loaders.cuh) is tuned apart from the plain conv2 of that shape, and
+    untuned it plans on the implicit-GEMM tiles over conv2's k-tiles plus the projection's."""
+    from fusedresnet.kernels.configs import (
+        CONV_TILES,
+        MIXED,
+        PATCH_TILES,
+        PATCH_WGMMA_TILES,
+        WGMMA_TILES,
+        plan_key,
+        shortcut_applies,
+        untuned_plan,
+    )
+    # the implicit-GEMM kernels have it (conv_wgmma_ws and the patch kernels do not)
+    assert all(map(shortcut_applies, CONV_TILES)) and not any(map(shortcut_applies, PATCH_TILES + PATCH_WGMMA_TILES))
+    assert [shortcut_applies(t) for t in WGMMA_TILES] == [not t.warp_specialized for t in WGMMA_TILES]
+    assert plan_key(128, 28, 28, 128, 128, 3, 1) == "n128_h28_w28_c128_k128_r3_s1"
+    assert plan_key(128, 28, 28, 128, 128, 3, 1, 64) == "n128_h28_w28_c128_k128_r3_s1_sc64"
+    for path in (MIXED, "wgmma", "mma"):
+        for n in (1, 32, 128):
+            for hw, c in ((28, 128), (14, 256), (7, 512)):
+                plan = untuned_plan(n, hw, hw, c, c, 3, 1, 1, 132, path, shortcut_c=c // 2)
+                assert shortcut_applies(plan.tile), (path, n, hw, plan)
+                assert plan.splits * plan.k_tiles_per_split >= (9 * c + c // 2) // 64 > (plan.splits - 1) * \
+                    plan.k_tiles_per_split, (path, n, hw, plan)
+
+
 def test_conv_path_is_mixed_on_cc_9_0_only_and_one_family_can_be_forced(monkeypatch):
     from fusedresnet.kernels.configs import CONV_PATH_ENV, MIXED, conv_path
     monkeypatch.delenv(CONV_PATH_ENV, raising=False)
