@@ -18,10 +18,12 @@ How a batch runs:
    an mma.sync one (generic or conv3x3_patch), per layer and batch bucket,
    and the one sm_90a module holds both; mma.sync only elsewhere;
    FUSEDRESNET_CONV_PATH=mma|wgmma forces one family (`kernels/launch.py`);
-   in a downsampling block the 1x1 projection is fused into the second conv
-   (`folding.with_shortcut`: its input channels are extra k-tiles of that
-   conv's reduction, so it has no kernel and no output of its own)
-   -> avgpool + fc in one kernel.
+   in a downsampling block, from batch bucket SHORTCUT_FUSION_MIN_BATCH up,
+   the 1x1 projection is fused into the second conv (`folding.with_shortcut`:
+   its input channels are extra k-tiles of that conv's reduction, so it has
+   no kernel and no output of its own); in smaller buckets it is its own
+   kernel on a second captured stream, concurrent with the block's first
+   conv -> avgpool + fc in one kernel.
 3. The first N rows of the logits are copied out and handed to PyTorch by DLPack.
 
 A CUDA input is read on the engine's own stream after the caller's current torch
@@ -42,7 +44,7 @@ import cupy as cp  # noqa: E402  (ImportError here means: no fused engine on thi
 import numpy as np
 import torch
 
-from ..kernels.configs import MIXED, PDL_MAX_BATCH, STEM_KG_PADDED
+from ..kernels.configs import MIXED, PDL_MAX_BATCH, SHORTCUT_FUSION_MIN_BATCH, STEM_KG_PADDED
 from ..kernels.launch import conv_out_size, library
 from .engines import next_power_of_two
 from .folding import (
@@ -86,24 +88,33 @@ class _Plan:
         h2, w2 = stage_sizes(h, w)[1]
         # The fused stem+pool kernel writes the pooled map directly.
         self.pool_out = cp.empty((batch, h2, w2, STEM.out_channels), dtype=cp.float16)
-        self.steps = []   # (conv1 spec, conv2 spec (engine_convs), conv1 out, block out, (conv1, conv2 plans))
+        self.steps = []   # [_Step] per block
         x_shape = self.pool_out.shape
-        workspace = 0
+        workspace = workspace_side = 0
         for block in engine.blocks:
             n, hh, ww, c = x_shape
-            conv1, conv2 = engine_convs(block)
-            p, q = conv_out_size(hh, 3, conv1.stride, 1), conv_out_size(ww, 3, conv1.stride, 1)
-            k = conv1.out_channels
-            plans = (lib.plan(n, hh, ww, c, k, 3, 3, conv1.stride, 1),
-                     lib.plan(n, p, q, k, k, 3, 3, 1, 1, shortcut_c=c if conv2.shortcut is not None else 0))
-            workspace = max(workspace, *(self._workspace(pl, n * p * q * k) for pl in plans))
-            t = cp.empty((n, p, q, k), dtype=cp.float16)
-            out = cp.empty((n, p, q, k), dtype=cp.float16)
-            self.steps.append((conv1, conv2, t, out, plans))
-            x_shape = out.shape
-        self.features = self.steps[-1][3]
+            step = _Step(block, batch >= SHORTCUT_FUSION_MIN_BATCH)
+            p, q = conv_out_size(hh, 3, step.conv1.stride, 1), conv_out_size(ww, 3, step.conv1.stride, 1)
+            k = step.conv1.out_channels
+            step.plans = {"conv1": lib.plan(n, hh, ww, c, k, 3, 3, step.conv1.stride, 1),
+                          "conv2": lib.plan(n, p, q, k, k, 3, 3, 1, 1,
+                                            shortcut_c=c if step.conv2.shortcut is not None else 0)}
+            workspace = max(workspace, *(self._workspace(pl, n * p * q * k) for pl in step.plans.values()))
+            if step.downsample is not None:   # its own kernel beside conv1, its output the residual
+                step.plans["downsample"] = lib.plan(n, hh, ww, c, k, 1, 1, step.downsample.stride, 0)
+                workspace_side = max(workspace_side, self._workspace(step.plans["downsample"], n * p * q * k))
+                step.identity = cp.empty((n, p, q, k), dtype=cp.float16)
+                # fork / join of the side stream, made before any capture
+                step.events = (cp.cuda.Event(block=False, disable_timing=True),
+                               cp.cuda.Event(block=False, disable_timing=True))
+            step.t = cp.empty((n, p, q, k), dtype=cp.float16)
+            step.out = cp.empty((n, p, q, k), dtype=cp.float16)
+            self.steps.append(step)
+            x_shape = step.out.shape
+        self.features = self.steps[-1].out
         self.logits = cp.empty((batch, engine.fc_weight.shape[0]), dtype=cp.float32)
         self.workspace = cp.empty(max(workspace, 1), dtype=cp.float32)
+        self.workspace_side = cp.empty(max(workspace_side, 1), dtype=cp.float32)
         self.graph = None
         # The same memory seen by torch (the Triton model copies into / out of these).
         self.input_torch = torch.from_dlpack(self.input)
@@ -112,6 +123,18 @@ class _Plan:
     @staticmethod
     def _workspace(plan, outputs: int) -> int:
         return plan.splits * outputs if plan.splits > 1 else 0
+
+
+class _Step:
+    """One BasicBlock of a plan: its convolutions (`folding.engine_convs`), their plans and buffers."""
+
+    def __init__(self, block, fuse_shortcut: bool):
+        convs = engine_convs(block, fuse_shortcut)
+        self.name = block.name
+        self.downsample = convs[0] if len(convs) == 3 else None   # launched as its own kernel
+        self.conv1, self.conv2 = convs[-2:]
+        self.plans: dict = {}
+        self.t = self.out = self.identity = self.events = None
 
 
 class FusedCudaEngine:
@@ -140,6 +163,7 @@ class FusedCudaEngine:
             self.pdl_max_batch = pdl_max_batch
             self.name = self.NAMES[self.lib.path]
             self.cupy_stream = cp.cuda.Stream(non_blocking=True)
+            self.side_stream = cp.cuda.Stream(non_blocking=True)
             # The same CUDA stream seen by torch: the serving interface's `stream`.
             self.stream = torch.cuda.ExternalStream(self.cupy_stream.ptr, device=self.device)
             convs = params["convs"]
@@ -208,16 +232,31 @@ class FusedCudaEngine:
         lib.stem_pool(plan.input, self.stem_weight, self.stem_bias, plan.pool_out, kind=plan.kernel_kind,
                       in_scale=self.in_scale, in_shift=self.in_shift)
         x = plan.pool_out
-        for conv1, conv2, t, out, (plan1, plan2) in plan.steps:
-            w1, b1 = self.weights[conv1.name]
-            lib.conv(x, w1, b1, t, stride=conv1.stride, pad=1, relu=True, plan=plan1, workspace=plan.workspace)
-            w2, b2 = self.weights[conv2.name]
-            if conv2.shortcut is not None:   # the block's projection of x fused in
-                lib.conv_shortcut(t, w2, b2, out, x, shortcut_stride=conv2.shortcut.stride, plan=plan2,
-                                  workspace=plan.workspace)
+        for step in plan.steps:
+            identity = x
+            if step.downsample is not None:   # on the side stream, concurrent with conv1
+                w_d, b_d = self.weights[step.downsample.name]
+                fork, joined = step.events
+                fork.record(self.cupy_stream)
+                self.side_stream.wait_event(fork)
+                with self.side_stream:
+                    lib.conv(x, w_d, b_d, step.identity, stride=step.downsample.stride, pad=0, relu=False,
+                             plan=step.plans["downsample"], workspace=plan.workspace_side)
+                joined.record(self.side_stream)
+                identity = step.identity
+            w1, b1 = self.weights[step.conv1.name]
+            lib.conv(x, w1, b1, step.t, stride=step.conv1.stride, pad=1, relu=True, plan=step.plans["conv1"],
+                     workspace=plan.workspace)
+            w2, b2 = self.weights[step.conv2.name]
+            if step.conv2.shortcut is not None:   # the block's projection of x fused in
+                lib.conv_shortcut(step.t, w2, b2, step.out, x, shortcut_stride=step.conv2.shortcut.stride,
+                                  plan=step.plans["conv2"], workspace=plan.workspace)
             else:
-                lib.conv(t, w2, b2, out, stride=1, pad=1, relu=True, residual=x, plan=plan2, workspace=plan.workspace)
-            x = out
+                if step.downsample is not None:
+                    self.cupy_stream.wait_event(step.events[1])
+                lib.conv(step.t, w2, b2, step.out, stride=1, pad=1, relu=True, residual=identity,
+                         plan=step.plans["conv2"], workspace=plan.workspace)
+            x = step.out
         lib.avgpool_fc(x, self.fc_weight, self.fc_bias, plan.logits)
 
     # -- serving interface (backend/engines.py) -------------------------------
@@ -249,8 +288,8 @@ class FusedCudaEngine:
         if want == "features":
             return {"features": nchw(plan.features)}
         outputs = {"stem+maxpool": nchw(plan.pool_out)}
-        for conv1, _, _, out, _ in plan.steps:
-            outputs[conv1.name.rsplit(".", 1)[0]] = nchw(out)
+        for step in plan.steps:
+            outputs[step.name] = nchw(step.out)
         outputs["logits"] = plan.logits_torch[:count].clone()
         return outputs
 

@@ -97,10 +97,13 @@ def with_shortcut(block: BlockSpec) -> ConvSpec:
                    adds_residual=False, shortcut=block.downsample)
 
 
-def engine_convs(block: BlockSpec) -> list[ConvSpec]:
+def engine_convs(block: BlockSpec, fuse_shortcut: bool = True) -> list[ConvSpec]:
     """The convolutions the fused engine launches for a block, in order: conv1, then conv2 with its
-    residual or, in a downsampling block, conv2 with the downsample fused in (`with_shortcut`)."""
-    return [block.conv1, block.conv2 if block.downsample is None else with_shortcut(block)]
+    residual; in a downsampling block either conv2 with the downsample fused in (`with_shortcut`) or,
+    without `fuse_shortcut`, the downsample first (it runs beside conv1) and conv2 adding its output."""
+    if block.downsample is None:
+        return [block.conv1, block.conv2]
+    return [block.conv1, with_shortcut(block)] if fuse_shortcut else [block.downsample, block.conv1, block.conv2]
 
 
 def shortcut_params(convs: dict, spec: ConvSpec) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,10 +16,11 @@
     replays of a CUDA graph of 10 launches (no launch gaps), ms,
     TFLOP/s and % of the tensor-core peak measured here with a large fp16
     matrix product (cuBLAS), written as CSV.
-    A downsampling block's conv2 runs with the block's 1x1 projection fused
-    into its reduction (layer "...conv2+downsample"; its FLOPs include the
-    projection's); the table "Fused shortcut" compares it with the same conv2
-    with the plain residual add (the identity blocks' conv2 of that shape).
+    From batch SHORTCUT_FUSION_MIN_BATCH up a downsampling block's conv2 runs
+    with the block's 1x1 projection fused into its reduction (layer
+    "...conv2+downsample"; its FLOPs include the projection's), below it the
+    downsample is its own row; the table "Fused shortcut" compares the fused
+    conv2 with the same conv2 adding a residual (the identity blocks' conv2).
 (c) The seed workload: 64x64 inputs to the features (N,512,2,2) at
     --features-batches, our engine (its graph, head included) against
     TorchScript fp32, fp16 channels-last and fp16 channels-last + CUDA graph.
@@ -61,6 +62,7 @@ from ..backend.engine_cuda import FusedCudaEngine
 from ..backend.folding import STEM, fold_resnet18
 from ..backend.resnet import DEFAULT_SEED, build_resnet18
 from ..backend.spec import INPUT_UINT8
+from ..kernels.configs import SHORTCUT_FUSION_MIN_BATCH
 from ..kernels.launch import conv_out_size
 from ..kernels.tune import time_graph
 from .check import layer_shapes
@@ -221,7 +223,7 @@ def layer_table(engine: FusedCudaEngine, batches) -> list[dict]:
     """Each convolution alone at each batch: ms and TFLOP/s (the share of the peak is added by the caller)."""
     rows = []
     for n in batches:
-        for spec, h, w, shortcut_hw in [(STEM, 224, 224, None)] + layer_shapes():
+        for spec, h, w, shortcut_hw in [(STEM, 224, 224, None)] + layer_shapes(batch=n):
             run, label, splits, flops = conv_runner(engine, spec, n, h, w, shortcut_hw)
             with engine.lib.launch_mode(n <= engine.pdl_max_batch):   # launched as the engine launches batch n
                 ms = time_graph(run)
@@ -239,7 +241,7 @@ def shortcut_fusion(engine: FusedCudaEngine, batches) -> list[dict]:
     difference is what the fused projection costs; as its own kernel it cost more (NOTES.md, outcome 22)."""
     rows = []
     for n in batches:
-        for spec, h, w, shortcut_hw in layer_shapes():
+        for spec, h, w, shortcut_hw in layer_shapes(batch=max(n, SHORTCUT_FUSION_MIN_BATCH)):
             if spec.shortcut is None:
                 continue
             plain = next(b.conv2 for b in engine.blocks if b.conv2.name == spec.filter_name)

@@ -57,6 +57,7 @@ from ..kernels.configs import (
     MIXED,
     PATCH_TILES,
     PATCH_WGMMA_TILES,
+    SHORTCUT_FUSION_MIN_BATCH,
     WGMMA_ARCH,
     WGMMA_TILES,
     ConvPlan,
@@ -91,16 +92,17 @@ def poisoned(shape, dtype):
     return a
 
 
-def layer_shapes(h: int = 224, w: int = 224):
+def layer_shapes(h: int = 224, w: int = 224, *, batch: int):
     """(spec, input H, W, the shortcut input's (H, W) or None) of every convolution the fused engine launches
-    after the stem, in execution order (`folding.engine_convs`: a downsampling block's conv2 carries the
-    block's projection, whose input is the block's)."""
+    after the stem at this batch, in execution order (`folding.engine_convs`: from SHORTCUT_FUSION_MIN_BATCH
+    up a downsampling block's conv2 carries the block's projection, whose input is the block's; below it the
+    downsample is its own convolution of the block's input)."""
     from ..backend.engine_cuda import stage_sizes
     shapes, x_hw = [], stage_sizes(h, w)[1]
     for block in resnet18_blocks():
-        conv1, conv2 = engine_convs(block)
-        out_hw = tuple(conv_out_size(v, 3, conv1.stride, 1) for v in x_hw)
-        shapes.append((conv1, *x_hw, None))
+        *_, conv2 = convs = engine_convs(block, batch >= SHORTCUT_FUSION_MIN_BATCH)
+        out_hw = tuple(conv_out_size(v, 3, block.conv1.stride, 1) for v in x_hw)
+        shapes += [(conv, *x_hw, None) for conv in convs[:-1]]   # [downsample,] conv1
         shapes.append((conv2, *out_hw, x_hw if conv2.shortcut is not None else None))
         x_hw = out_hw
     return shapes
@@ -290,7 +292,7 @@ class Checker:
         self.stem_case(2, 33, 47, "float32")
         self.stem_case(2, 97, 130, "uint8")
         for n in batches:
-            for spec, h, w, shortcut_hw in layer_shapes():
+            for spec, h, w, shortcut_hw in layer_shapes(batch=n):
                 self.conv_case(spec, n, h, w, shortcut_hw=shortcut_hw)
                 shortcut_c = spec.shortcut.in_channels if spec.shortcut is not None else 0
                 key = plan_key(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.stride, shortcut_c)
@@ -298,7 +300,8 @@ class Checker:
                     default = self.untuned(spec, n, h, w)
                     if (default.tile, default.splits) != self.lib.tuned[key]:
                         self.conv_case(spec, n, h, w, default, " (untuned default)", shortcut_hw)
-        for spec, h, w, shortcut_hw in layer_shapes():
+        # every convolution of either arrangement (the downsample alone, conv2 with it fused in)
+        for spec, h, w, shortcut_hw in dict.fromkeys(layer_shapes(batch=1) + layer_shapes(batch=BATCHES[-1])):
             shortcut_c = spec.shortcut.in_channels if spec.shortcut is not None else 0
             k_tiles = (spec.kernel * spec.kernel * spec.in_channels + shortcut_c) // BK
             m = (7 * conv_out_size(h, spec.kernel, spec.stride, spec.padding)

@@ -60,7 +60,7 @@ def main(argv=None):
         chosen = []
         seen = set()
         shortlist, first_layer = {}, {}
-        for spec, h, w, shortcut_hw in layer_shapes():
+        for spec, h, w, shortcut_hw in layer_shapes(batch=n):
             shortcut = (*shortcut_hw, spec.shortcut.in_channels, spec.shortcut.stride) if shortcut_hw else None
             key = plan_key(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.stride,
                            shortcut[2] if shortcut else 0)
@@ -90,7 +90,7 @@ def main(argv=None):
                 table[key].update(entry(ms, plan), network_refined=True)
         for key, name in first_layer.items():
             plan = picked[key][1]
-            chosen.append(f"{name.removesuffix('.conv1').replace('+downsample', '+ds')}="
+            chosen.append(f"{name.removesuffix('.conv1').replace('downsample', 'ds')}="
                           f"{plan.tile.label}/k{plan.splits}" + ("*" if table[key].get("network_refined") else ""))
         changed = sum(bool(table[k].get("network_refined")) for k in picked)
         print(f"    network graph: {isolated_ms:.4f} ms with each conv's fastest alone, {network_ms:.4f} ms after "

@@ -413,6 +413,12 @@ PDL_MIN_CC = (9, 0)   # griddepcontrol (sm_90) and the launch attribute
 # and 16, is even at 4, and since layer1 runs on the persistent conv3x3_patch_wgmma costs 5-10% at 32
 # (it gained 3-5% there before) and 1-2% from 64 up.
 PDL_MAX_BATCH = 16
+# The engine fuses each downsampling block's 1x1 projection into its conv2 (kernels/loaders.cuh) for the
+# batch buckets from this one up, and runs it as its own kernel beside conv1 (a second captured stream)
+# below: measured on the H100 (kernels/NOTES.md, outcome 22), fused is 4-5% faster at batch 32 and 128 and
+# 2% at 256, and 3-4% slower at batch 1 and 8 (the PDL chains of those graphs), where the projection beside
+# conv1 costs nothing.
+SHORTCUT_FUSION_MIN_BATCH = 32
 
 
 def pdl_choice(cc: tuple[int, int], requested: bool | None = None) -> tuple[bool, str]:

@@ -84,6 +84,10 @@ def test_engine_convs_fuse_each_downsample_into_its_blocks_conv2():
         assert (c.shortcut.kernel, c.shortcut.stride, c.shortcut.in_channels) == (1, 2, c.in_channels // 2)
         assert c.filter_name == c.name.removesuffix("+downsample")
     assert all(c.adds_residual for c in convs if c.name.endswith("conv2") and c.shortcut is None)
+    # unfused (the small batch buckets): the downsample first, then conv1 and conv2 adding its output
+    unfused = [c for block in resnet18_blocks() for c in engine_convs(block, fuse_shortcut=False)]
+    assert len(unfused) == 19 and all(c.shortcut is None for c in unfused)
+    assert [c.name for c in unfused[4:7]] == ["layer2.0.downsample", "layer2.0.conv1", "layer2.0.conv2"]
 
 
 def test_shortcut_params_as_one_reduction_equal_conv2_plus_the_downsample():
