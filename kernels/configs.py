@@ -157,7 +157,8 @@ class TileConfig:
     warps_m: int
     warps_n: int
     stages: int
-    mode: int = 0        # 0: fp16 NHWC input; 1: stem, uint8 NHWC; 2: stem, fp32 NCHW
+    mode: int = 0        # 0: fp16 NHWC input; 1: stem, uint8 NHWC; 2: stem, fp32 NCHW (3: mode 0 with the fused
+                         # shortcut, the instantiation `shortcut_name_expression` names)
     efficiency: float = 1.0   # relative tensor-core efficiency per SM (cost model)
     blocks_per_sm: int = 1    # resident blocks per SM (from smem/threads/registers)
 
@@ -472,9 +473,10 @@ def nvrtc_options(arch: str) -> tuple[str, ...]:
 def name_expressions(arch: str | None = None) -> list[str]:
     """Every kernel instantiation the launcher uses on `arch` (the wgmma ones only on sm_90a)."""
     wgmma = ([t.name_expression for t in WGMMA_TILES + PATCH_WGMMA_TILES] + list(STEM_POOL_WGMMA_KERNELS.values())
+             + [shortcut_name_expression(t) for t in WGMMA_TILES if shortcut_applies(t)]
              if wgmma_arch(arch) else [])
     return ([t.name_expression for t in CONV_TILES + tuple(STEM_TILES.values()) + PATCH_TILES]
-            + list(OTHER_KERNELS) + wgmma)
+            + [shortcut_name_expression(t) for t in CONV_TILES] + list(OTHER_KERNELS) + wgmma)
 
 
 def source_text(arch: str | None = None) -> str:
@@ -553,8 +555,18 @@ def conv_tiles(path: str) -> tuple:
 
 def shortcut_applies(tile) -> bool:
     """Whether the tile's kernel has the fused shortcut (kernels/loaders.cuh): the implicit-GEMM kernels
-    conv_implicit_gemm and conv_wgmma; not the patch kernels nor conv_wgmma_ws."""
-    return isinstance(tile, TileConfig) or (isinstance(tile, WgmmaConfig) and not tile.warp_specialized)
+    conv_implicit_gemm (fp16 NHWC) and conv_wgmma; not the patch kernels nor conv_wgmma_ws."""
+    return ((isinstance(tile, TileConfig) and tile.mode == 0)
+            or (isinstance(tile, WgmmaConfig) and not tile.warp_specialized))
+
+
+def shortcut_name_expression(tile) -> str:
+    """The tile's instantiation with the fused shortcut (a tile of `shortcut_applies`): conv_implicit_gemm's
+    MODE 3, conv_wgmma's SHORTCUT = true. Its own instantiation, so that the plain one's k-loop has no
+    branch for it."""
+    if isinstance(tile, TileConfig):
+        return (f"conv_implicit_gemm<{tile.bm},{tile.bn},{tile.warps_m},{tile.warps_n},{tile.stages},3>")
+    return f"conv_wgmma<{tile.bm},{tile.bn},{tile.warpgroups},{tile.stages},true>"
 
 
 def patch_applies(tile: PatchConfig, c: int, k: int, r: int, stride: int, pad: int) -> bool:

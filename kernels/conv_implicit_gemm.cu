@@ -30,9 +30,10 @@
 // EPILOGUE: epilogue.cuh's (bias, residual, ReLU, fp16 NHWC, or the split-K
 // partials), straight from the accumulator fragments.
 //
-// FUSED SHORTCUT (MODE 0): k-tiles from main_k_tiles on are a downsampling
-// block's 1x1 projection of shortcut_x, summed into this 3x3/1 conv's
-// reduction (loaders.cuh); without one, main_k_tiles == num_k_tiles.
+// FUSED SHORTCUT (MODE 3, else as MODE 0): k-tiles from main_k_tiles on are
+// a downsampling block's 1x1 projection of shortcut_x, summed into this 3x3/1
+// conv's reduction (loaders.cuh). A separate instantiation, so that MODE 0's
+// k-loop stays as it was (a run-time branch in it cost 5-13% at batch 8).
 //
 // STEM (MODE 1/2, the reference path of stem.cu, which explains the stem's
 // input modes and its [K][8 r][24] filter layout): the reduction of 147
@@ -72,6 +73,7 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
                    int shortcut_stride, int main_k_tiles) {
     pdl_begin_prefetch_filter(w, BN, K, ldw, num_k_tiles, k_tiles_per_split);   // common.cuh
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
+    constexpr bool NHWC = MODE == 0 || MODE == 3;            // fp16 NHWC input (else the stem modes)
     constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;   // warp tile
     constexpr int MI = WTM / 16, NI = WTN / 8;              // mma tiles per warp
     static_assert((BM * 8) % THREADS == 0 && (BN * 8) % THREADS == 0, "loader mapping");
@@ -94,12 +96,12 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
     const int chunk = tid & 7;
     int a_base[A_ITERS], a_ih[A_ITERS], a_iw[A_ITERS];
     igemm_a_rows<A_ITERS, ROW_STEP>(a_base, a_ih, a_iw, m0, tid, M, H, W, C, P, Q, stride, pad);   // loaders.cuh
-    const int c_tiles = C / BK;   // MODE 0 only
+    const int c_tiles = C / BK;   // fp16 NHWC modes only
 
     // Stem loader state (MODE 1/2): the output pixel of A row tid % BM.
     u64 stem_base = 0;
     int stem_ih0 = -(1 << 20), stem_iw0 = 0;
-    if constexpr (MODE != 0) {
+    if constexpr (!NHWC) {
         const int m = m0 + tid % BM;
         if (m < M) {
             const int n = m / (P * Q), pq = m - n * (P * Q), p = pq / Q, q = pq - p * Q;
@@ -113,14 +115,17 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
         half_bits *sA = smem + stage * TileSmem<BM, BN>::STAGE_HALFS;
         half_bits *sB = sA + TileSmem<BM, BN>::A_HALFS;
         igemm_load_b<B_ITERS, ROW_STEP>(sB, w, n0, K, ldw, kt, tid, chunk);
-        if constexpr (MODE == 0) {
+        if constexpr (MODE == 3) {
             if (kt < main_k_tiles)
                 igemm_load_a<A_ITERS, ROW_STEP>(sA, reinterpret_cast<const half_bits *>(x_), a_base, a_ih, a_iw, kt,
                                                 c_tiles, S, H, W, C, tid, chunk);
-            else   // the fused shortcut's k-tiles (loaders.cuh; MODE 0 only)
+            else   // the fused shortcut's k-tiles (loaders.cuh)
                 igemm_load_a_shortcut<A_ITERS, ROW_STEP>(sA, shortcut_x, a_base, a_ih, a_iw, kt - main_k_tiles,
                                                          1.f / (H * W * C), pad, shortcut_h, shortcut_w, shortcut_c,
                                                          shortcut_stride, tid, chunk);
+        } else if constexpr (MODE == 0) {
+            igemm_load_a<A_ITERS, ROW_STEP>(sA, reinterpret_cast<const half_bits *>(x_), a_base, a_ih, a_iw, kt,
+                                            c_tiles, S, H, W, C, tid, chunk);
         } else {
             // Stem gather. For a fixed output pixel and filter row r the 21
             // values j = s*3 + c are 7 consecutive input pixels x 3 channels,

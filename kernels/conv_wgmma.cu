@@ -44,7 +44,9 @@
 //
 // FUSED SHORTCUT. k-tiles from main_k_tiles on (to num_k_tiles) are a
 // downsampling block's 1x1 projection of shortcut_x (loaders.cuh explains it);
-// without one, main_k_tiles == num_k_tiles. conv_wgmma only: conv_wgmma_ws
+// without one, main_k_tiles == num_k_tiles. Only the instantiations with
+// SHORTCUT = true have the second loader: a run-time branch in every tile's
+// k-loop cost 5-13% at batch 8 (NOTES.md outcome 22). conv_wgmma_ws
 // takes the same arguments and has none (its 256x128 producer spilled with
 // the second loader, and its tiles were never chosen: NOTES.md outcome 11).
 //
@@ -154,7 +156,7 @@ __host__ __device__ constexpr int wgmma_min_blocks(int bm, int bn, int stages) {
     return 2 * (wgmma_smem_bytes(bm, bn, stages) + SM_BLOCK_RESERVED_SMEM) <= SM_SMEM_BYTES ? 2 : 1;
 }
 
-template <int BM, int BN, int WGS, int STAGES>
+template <int BM, int BN, int WGS, int STAGES, bool SHORTCUT = false>
 __global__ void __launch_bounds__(WGS * 128, wgmma_min_blocks(BM, BN, STAGES))
 conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
            const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
@@ -198,9 +200,9 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
         half_bits *sA = smem + stage * STAGE_HALFS;
         half_bits *sB = sA + A_HALFS;
         igemm_load_b<B_ITERS, ROW_STEP>(sB, w, n0, K, ldw, kt, tid, chunk);
-        if (kt < main_k_tiles)
+        if (!SHORTCUT || kt < main_k_tiles)
             igemm_load_a<A_ITERS, ROW_STEP>(sA, x, a_base, a_ih, a_iw, kt, c_tiles, S, H, W, C, tid, chunk);
-        else   // the fused shortcut's k-tiles (loaders.cuh)
+        else if constexpr (SHORTCUT)   // the fused shortcut's k-tiles (loaders.cuh)
             igemm_load_a_shortcut<A_ITERS, ROW_STEP>(sA, shortcut_x, a_base, a_ih, a_iw, kt - main_k_tiles,
                                                      1.f / (H * W * C), pad, shortcut_h, shortcut_w, shortcut_c,
                                                      shortcut_stride, tid, chunk);

@@ -79,6 +79,7 @@ from .configs import (
     plan_default,
     plan_key,
     shortcut_applies,
+    shortcut_name_expression,
     source_text,
     untuned_plan,
 )
@@ -166,11 +167,13 @@ class KernelLibrary:
             # this path (one family's best, or the best of both on mixed); other shapes and GPUs
             # use the cost model.
             self.tuned = load_tuned_plans(self.device_name, self.path)
-            self.kernels = {}
+            self.kernels = {}   # by name expression, the fused-shortcut instantiations too
             for tile in tiles:
-                kernel = get(tile.name_expression)
-                kernel.max_dynamic_shared_size_bytes = tile.smem_bytes
-                self.kernels[tile.name_expression] = kernel
+                for name in (tile.name_expression,) + ((shortcut_name_expression(tile),)
+                                                       if shortcut_applies(tile) else ()):
+                    kernel = get(name)
+                    kernel.max_dynamic_shared_size_bytes = tile.smem_bytes
+                    self.kernels[name] = kernel
             self.stem_kernels = {}
             for kind, name in STEM_KERNELS.items():
                 kernel = get(name)
@@ -348,7 +351,7 @@ class KernelLibrary:
         """`shortcut`: (input, Hs, Ws, Cs, stride, main k-tiles) of a fused shortcut (`conv_shortcut`)."""
         n, h, w, c, k, p, q, r, s, stride, pad, ldw, k_tiles = dims
         tile = plan.tile
-        kernel = self.kernels.get(tile.name_expression)
+        kernel = self.kernels.get(tile.name_expression if shortcut is None else shortcut_name_expression(tile))
         if kernel is None:
             raise ValueError(f"{tile.label} is not compiled on the {self.path} path (cc {self.cc[0]}.{self.cc[1]})")
         if isinstance(tile, PatchConfig):
