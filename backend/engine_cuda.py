@@ -103,11 +103,11 @@ class _Plan:
             if step.downsample is not None:   # its own kernel beside conv1, its output the residual
                 step.plans["downsample"] = lib.plan(n, hh, ww, c, k, 1, 1, step.downsample.stride, 0)
                 workspace_side = max(workspace_side, self._workspace(step.plans["downsample"], n * p * q * k))
-                step.identity = cp.empty((n, p, q, k), dtype=cp.float16)
+                step.downsample_out = cp.empty((n, p, q, k), dtype=cp.float16)
                 # fork / join of the side stream, made before any capture
                 step.events = (cp.cuda.Event(block=False, disable_timing=True),
                                cp.cuda.Event(block=False, disable_timing=True))
-            step.t = cp.empty((n, p, q, k), dtype=cp.float16)
+            step.conv1_out = cp.empty((n, p, q, k), dtype=cp.float16)
             step.out = cp.empty((n, p, q, k), dtype=cp.float16)
             self.steps.append(step)
             x_shape = step.out.shape
@@ -134,7 +134,7 @@ class _Step:
         self.downsample = convs[0] if len(convs) == 3 else None   # launched as its own kernel
         self.conv1, self.conv2 = convs[-2:]
         self.plans: dict = {}
-        self.t = self.out = self.identity = self.events = None
+        self.conv1_out = self.out = self.downsample_out = self.events = None   # set by _Plan
 
 
 class FusedCudaEngine:
@@ -240,21 +240,21 @@ class FusedCudaEngine:
                 fork.record(self.cupy_stream)
                 self.side_stream.wait_event(fork)
                 with self.side_stream:
-                    lib.conv(x, w_d, b_d, step.identity, stride=step.downsample.stride, pad=0, relu=False,
+                    lib.conv(x, w_d, b_d, step.downsample_out, stride=step.downsample.stride, pad=0, relu=False,
                              plan=step.plans["downsample"], workspace=plan.workspace_side)
                 joined.record(self.side_stream)
-                identity = step.identity
+                identity = step.downsample_out
             w1, b1 = self.weights[step.conv1.name]
-            lib.conv(x, w1, b1, step.t, stride=step.conv1.stride, pad=1, relu=True, plan=step.plans["conv1"],
+            lib.conv(x, w1, b1, step.conv1_out, stride=step.conv1.stride, pad=1, relu=True, plan=step.plans["conv1"],
                      workspace=plan.workspace)
             w2, b2 = self.weights[step.conv2.name]
             if step.conv2.shortcut is not None:   # the block's projection of x fused in
-                lib.conv_shortcut(step.t, w2, b2, step.out, x, shortcut_stride=step.conv2.shortcut.stride,
+                lib.conv_shortcut(step.conv1_out, w2, b2, step.out, x, shortcut_stride=step.conv2.shortcut.stride,
                                   plan=step.plans["conv2"], workspace=plan.workspace)
             else:
                 if step.downsample is not None:
                     self.cupy_stream.wait_event(step.events[1])
-                lib.conv(step.t, w2, b2, step.out, stride=1, pad=1, relu=True, residual=identity,
+                lib.conv(step.conv1_out, w2, b2, step.out, stride=1, pad=1, relu=True, residual=identity,
                          plan=step.plans["conv2"], workspace=plan.workspace)
             x = step.out
         lib.avgpool_fc(x, self.fc_weight, self.fc_bias, plan.logits)
