@@ -97,26 +97,44 @@ __device__ __forceinline__ void mma_16816(float *d, const unsigned int *a, const
 }
 
 // Programmatic dependent launch (launch.py launches every kernel with it on
-// compute capability >= 9.0 where the engine asks for it). Every kernel begins
-// with pdl_begin() or pdl_begin_prefetch_l2(), before it touches global memory:
+// compute capability >= 9.0 where the engine asks for it). Two instructions:
 //   griddepcontrol.launch_dependents  lets the next kernel of the stream (or
-//     graph) be scheduled once every block of this one has started, so its
-//     launch overlaps this grid's tail and its blocks are resident when this
-//     grid finishes (NOTES.md outcome 12: 3-7% at small batches);
+//     graph) be scheduled once every block of this one has issued it (or
+//     exited), so its launch and prologue overlap this grid's tail
+//     (NOTES.md outcome 12: 3-7% at small batches);
 //   griddepcontrol.wait  waits until the kernels this one depends on have
 //     completed and their writes are visible (returns at once when the kernel
 //     was launched without the attribute).
 // Every kernel waits before its first global access, so each kernel still
 // sees every earlier kernel complete (by induction along the stream): the
-// order of reads and writes is that of a plain launch. Before sm_90 both are
-// no-ops (no such instructions; launch.py launches plainly there).
+// order of reads and writes is that of a plain launch. Where each block
+// triggers: at its start (pdl_begin, pdl_begin_prefetch_l2 with trigger_now)
+// in the element-wise kernels, the head and the mma.sync convolutions; after
+// its main loop (pdl_trigger, before the epilogue) in the sm_90a kernels the
+// H100 runs, conv_wgmma, conv3x3_patch_wgmma and stem_pool_wgmma (the last
+// two persistent: before their last tile's epilogue). Measured on the H100
+// (NOTES.md outcome 23), against the trigger at their start: the network
+// 3% faster at batch 1 and 8, 1.5% at 16, 2% slower at 2 and 4. Before sm_90
+// all of these are no-ops (no such instructions; launch.py launches plainly).
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 
-// pdl_begin with an L2 prefetch between the trigger and the wait: `rows`
+// pdl_begin (the trigger only if trigger_now) with an L2 prefetch before the wait: `rows`
 // segments of `bytes` bytes (16-byte aligned, a multiple of 16), `stride` bytes
 // apart, from `base`. Only for the weights (filters, fc): no kernel writes
 // them, so touching them before the wait cannot see a stale value (and a
@@ -124,9 +142,10 @@ __device__ __forceinline__ void pdl_begin() {
 // blocks are resident early (PDL) so fetches its weights while the kernel
 // before it still runs: at small batches the convolutions stream their
 // filters from HBM with little else to overlap.
-__device__ __forceinline__ void pdl_begin_prefetch_l2(const void *base, int rows, unsigned int bytes, u64 stride) {
+__device__ __forceinline__ void pdl_begin_prefetch_l2(const void *base, int rows, unsigned int bytes, u64 stride,
+                                                      bool trigger_now = true) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    if (trigger_now) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     for (int r = threadIdx.x; r < rows; r += blockDim.x)
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n"
                      :: "l"(static_cast<const char *>(base) + r * stride), "r"(bytes) : "memory");
@@ -138,17 +157,20 @@ __device__ __forceinline__ void pdl_begin_prefetch_l2(const void *base, int rows
 // n0 + bn - 1 of K, k-tiles kt_begin .. kt_end - 1 of a [K][ldw] filter),
 // prefetched by the first block along M only (the others read the same slice).
 __device__ __forceinline__ void pdl_begin_prefetch_filter_slice(const half_bits *w, int n0, int bn, int K, int ldw,
-                                                                int kt_begin, int kt_end, bool first_m) {
+                                                                int kt_begin, int kt_end, bool first_m,
+                                                                bool trigger_now = true) {
     pdl_begin_prefetch_l2(w + (u64)n0 * ldw + (u64)kt_begin * BK, first_m ? min(bn, K - n0) : 0,
-                          (unsigned int)(kt_end - kt_begin) * BK * 2, (u64)ldw * 2);
+                          (unsigned int)(kt_end - kt_begin) * BK * 2, (u64)ldw * 2, trigger_now);
 }
 
 // The same for the split-K implicit-GEMM grid (blockIdx.x: M tile, .y: the bn
 // output channels from blockIdx.y * bn, .z: the split of k_tiles_per_split
 // k-tiles), as conv_implicit_gemm and both conv_wgmma kernels launch.
 __device__ __forceinline__ void pdl_begin_prefetch_filter(const half_bits *w, int bn, int K, int ldw,
-                                                          int num_k_tiles, int k_tiles_per_split) {
+                                                          int num_k_tiles, int k_tiles_per_split,
+                                                          bool trigger_now = true) {
     pdl_begin_prefetch_filter_slice(w, blockIdx.y * bn, bn, K, ldw, blockIdx.z * k_tiles_per_split,
-                                    min(num_k_tiles, (int)(blockIdx.z + 1) * k_tiles_per_split), blockIdx.x == 0);
+                                    min(num_k_tiles, (int)(blockIdx.z + 1) * k_tiles_per_split), blockIdx.x == 0,
+                                    trigger_now);
 }
 #endif  // FUSEDRESNET_COMMON_CUH

@@ -69,7 +69,7 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
                     const half_bits *__restrict__ residual, half_bits *__restrict__ y,
                     int N, int H, int W, int K, int num_tiles, int relu) {
     pdl_begin_prefetch_filter_slice(w, blockIdx.y * PATCH_WGMMA_BN, PATCH_WGMMA_BN, K, PATCH_TAPS * BK, 0, PATCH_TAPS,
-                                    blockIdx.x == 0);   // common.cuh: the 9-tap slice of this block's channels
+                                    blockIdx.x == 0, false);   // common.cuh: the 9-tap slice of this block's channels
     constexpr int BN = PATCH_WGMMA_BN;        // output channels per block (and the input channels: BK)
     constexpr int THREADS = WGS * 128;
     constexpr int WM = BM / WGS;              // positions per warpgroup
@@ -224,8 +224,10 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     if (i < my_tiles) {   // one tile left
         start_tile(acc0, i);
         finish_tile(acc1, i - 1);
+        pdl_trigger();   // common.cuh: the next kernel launches during the last epilogue
         finish_last_tile(acc0, i);
     } else {
+        pdl_trigger();
         finish_last_tile(acc1, i - 1);
     }
     cp_async_wait<0>();

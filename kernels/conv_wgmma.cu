@@ -163,7 +163,7 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
            int N, int H, int W, int C, int K, int P, int Q, int R, int S, int stride, int pad,
            int ldw, int num_k_tiles, int k_tiles_per_split, int relu, const half_bits *__restrict__ shortcut_x,
            int shortcut_h, int shortcut_w, int shortcut_c, int shortcut_stride, int main_k_tiles) {
-    pdl_begin_prefetch_filter(w, BN, K, ldw, num_k_tiles, k_tiles_per_split);   // common.cuh
+    pdl_begin_prefetch_filter(w, BN, K, ldw, num_k_tiles, k_tiles_per_split, false);   // common.cuh
     constexpr int THREADS = WGS * 128;
     constexpr int WM = BM / WGS;              // rows per warpgroup
     constexpr int MB = WM / 64;               // m64 blocks per warpgroup
@@ -239,6 +239,7 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
 #pragma unroll
     for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
     cp_async_wait<0>();
+    pdl_trigger();   // common.cuh: the next kernel launches while the epilogues run
 
     wgmma_epilogue<BN, MB, WM>(acc, m0, n0, wg, warp_in_wg, lane, M, K, bias, residual, y, partial, relu);
 }

@@ -144,7 +144,7 @@ stem_pool_wgmma(const void *__restrict__ x_, const half_bits *__restrict__ w, co
                 half_bits *__restrict__ y, const float *__restrict__ in_scale, const float *__restrict__ in_shift,
                 int N, int H, int W, int P1, int Q1, int P2, int Q2, int tiles_x, int tiles_per_image,
                 int total_tiles) {
-    pdl_begin();   // common.cuh: before any global access
+    pdl_wait();   // common.cuh: before any global access (the trigger: before the last tile's pool)
     constexpr unsigned int ALIGN_MASK = WGMMA_SMEM_ALIGN - 1;   // descriptor base offset 0
     extern __shared__ vec16 smem_vec[];
     const unsigned int raw = smem_addr(smem_vec);
@@ -282,6 +282,7 @@ stem_pool_wgmma(const void *__restrict__ x_, const half_bits *__restrict__ w, co
             }
         }
         __syncthreads();
+        if (t + (int)gridDim.x >= total_tiles) pdl_trigger();   // common.cuh: this block's last tile
         stem_pool_store<SW_PH, SW_PW, SP_C_ROW, SW_THREADS>(y, sStem, tid, n, py0, px0, P2, Q2);
     }
     cp_async_wait<0>();   // a block without a tile: its filter copies

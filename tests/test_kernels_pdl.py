@@ -3,7 +3,8 @@
 A kernel launched with the programmatic-stream-serialization attribute may
 start while the kernel before it still runs; it is correct only because it
 waits (griddepcontrol.wait) before touching global memory. So: every kernel
-begins with pdl_begin(), and the choice of launch (`configs.pdl_choice`)
+begins with pdl_begin() (or pdl_wait(), and triggers its dependents later,
+pdl_trigger()), and the choice of launch (`configs.pdl_choice`)
 follows the device, the environment and what is installed, never silently
 against an explicit request. The compiled PTX (one wait per kernel on
 cc >= 9.0, none before) is checked by test_kernels_compile.py; the GPU check
@@ -22,33 +23,46 @@ from fusedresnet.kernels.configs import KERNEL_DIR, PDL_ENV, SOURCES, pdl_choice
 
 
 def _kernel_bodies(text: str):
-    """(name, first statement) of every __global__ function in a .cu file."""
+    """(name, first statement, the text up to the next kernel) of every __global__ function in a .cu file."""
     bounds = r"__launch_bounds__\((?:[^()]|\([^()]*\))*\)"   # one level of nested parentheses
     for match in re.finditer(rf"__global__\s+void\s+(?:{bounds}\s*)?(\w+)\s*\((.*?)\)\s*\{{", text, re.S):
         rest = text[match.end():]
         statements = [line.strip() for line in rest.split("\n") if line.strip() and
                       not line.strip().startswith("//")]
-        yield match.group(1), statements[0]
+        yield match.group(1), statements[0], rest.split("__global__")[0]
 
 
 def test_every_kernel_waits_for_the_previous_one_before_anything_else():
-    kernels = {}
+    kernels, bodies = {}, {}
     for name in SOURCES:
-        for kernel, first in _kernel_bodies((KERNEL_DIR / name).read_text()):
-            kernels[kernel] = first
+        for kernel, first, body in _kernel_bodies((KERNEL_DIR / name).read_text()):
+            kernels[kernel], bodies[kernel] = first, body
     # every kernel family of the library is here (a regex that found nothing would pass anything)
     assert {"conv_implicit_gemm", "splitk_epilogue", "conv3x3_patch", "conv3x3_patch_wgmma", "conv_wgmma",
             "conv_wgmma_ws", "stem_conv7x7s2", "stem_pool_conv7x7s2", "stem_pool_wgmma", "maxpool_3x3s2",
             "avgpool_fc"} <= set(kernels)
-    # pdl_begin(), or pdl_begin_prefetch_l2 / _filter (the weights prefetched between trigger and wait)
-    late = {k: first for k, first in kernels.items() if not re.match(r"pdl_begin(_prefetch_\w+)?\(", first)}
-    assert not late, f"kernels that do not begin with pdl_begin: {late}"
+    # pdl_begin(), pdl_begin_prefetch_l2 / _filter (the weights prefetched before the wait), or pdl_wait()
+    first_call = r"pdl_begin(_prefetch_\w+)?\(|pdl_wait\(\)"
+    late = {k: first for k, first in kernels.items() if not re.match(first_call, first)}
+    assert not late, f"kernels that do not begin with pdl_begin or pdl_wait: {late}"
+    # a kernel that does not trigger its dependents at its start (pdl_wait, a prefetch with trigger_now false)
+    # triggers them later: the sm_90a kernels the H100 runs, after their main loop
+    calls = {k: re.sub(r"\s+", " ", body.split(";", 1)[0]).strip() for k, body in bodies.items()}   # whole call
+    later = {k for k, call in calls.items() if call.startswith("pdl_wait(") or call.endswith(", false)")}
+    assert later == {"conv_wgmma", "conv3x3_patch_wgmma", "stem_pool_wgmma"}, later
+    assert all("pdl_trigger();" in bodies[k] for k in later)
     for header in KERNEL_DIR.glob("*.cuh"):   # kernels live in the .cu files only
         assert "__global__" not in header.read_text(), header.name
 
 
 def test_pdl_begin_is_the_sm_90_instruction_pair_and_nothing_before_sm_90():
     text = (KERNEL_DIR / "common.cuh").read_text()
+    for name, instruction in (("void pdl_trigger()", "griddepcontrol.launch_dependents"),
+                              ("void pdl_wait()", "griddepcontrol.wait")):   # the two halves, alone
+        body = text[text.index(name):]
+        body = body[:body.index("\n}\n")]
+        assert "__CUDA_ARCH__ >= 900" in body and instruction in body
+        assert body.count("asm volatile(") == body.count('"memory"') == 1
     for name in ("void pdl_begin()", "void pdl_begin_prefetch_l2("):
         body = text[text.index(name):]
         body = body[:body.index("\n}\n")]
