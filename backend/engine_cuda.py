@@ -98,7 +98,7 @@ class _Plan:
             k = step.conv1.out_channels
             step.plans = {"conv1": lib.plan(n, hh, ww, c, k, 3, 3, step.conv1.stride, 1),
                           "conv2": lib.plan(n, p, q, k, k, 3, 3, 1, 1,
-                                            shortcut_c=c if step.conv2.shortcut is not None else 0)}
+                                            shortcut_c=step.conv2.shortcut_channels)}
             workspace = max(workspace, *(self._workspace(pl, n * p * q * k) for pl in step.plans.values()))
             if step.downsample is not None:   # its own kernel beside conv1, its output the residual
                 step.plans["downsample"] = lib.plan(n, hh, ww, c, k, 1, 1, step.downsample.stride, 0)

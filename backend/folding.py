@@ -45,6 +45,11 @@ class ConvSpec:
     shortcut: ConvSpec | None = None
 
     @property
+    def shortcut_channels(self) -> int:
+        """The input channels of the fused shortcut's extra k-tiles, 0 without one."""
+        return self.shortcut.in_channels if self.shortcut is not None else 0
+
+    @property
     def filter_name(self) -> str:
         """The folded convolution whose filter this is: the name without a fused shortcut's suffix."""
         return self.name.split("+")[0]

@@ -195,7 +195,7 @@ def conv_runner(engine: FusedCudaEngine, spec, n: int, h: int, w: int, shortcut_
     p = conv_out_size(h, spec.kernel, spec.stride, spec.padding)
     q = conv_out_size(w, spec.kernel, spec.stride, spec.padding)
     y = cp.empty((n, p, q, spec.out_channels), dtype=cp.float16)
-    shortcut_c = spec.shortcut.in_channels if spec.shortcut is not None else 0
+    shortcut_c = spec.shortcut_channels
     flops = 2.0 * n * p * q * spec.out_channels * (spec.kernel * spec.kernel * spec.in_channels + shortcut_c)
     if spec is STEM:
         x = cp.random.randint(0, 256, (n, h, w, 3), dtype=cp.int32).astype(cp.uint8)

@@ -144,7 +144,7 @@ class Checker:
         p = conv_out_size(h, spec.kernel, spec.stride, spec.padding)
         q = conv_out_size(w, spec.kernel, spec.stride, spec.padding)
         residual = self.randn(n, p, q, spec.out_channels).half() if spec.adds_residual else None
-        shortcut_c = spec.shortcut.in_channels if spec.shortcut is not None else 0
+        shortcut_c = spec.shortcut_channels
         y = poisoned((n, p, q, spec.out_channels), cp.float16)
         if plan is None:
             plan = self.lib.plan(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.kernel, spec.stride,
@@ -187,7 +187,7 @@ class Checker:
     def untuned(self, spec, n, h, w) -> ConvPlan:
         """The plan of a convolution of the network without the tuned table (another GPU model or size)."""
         return untuned_plan(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.stride, spec.padding,
-                            self.lib.sms, self.lib.path, spec.shortcut.in_channels if spec.shortcut else 0)
+                            self.lib.sms, self.lib.path, spec.shortcut_channels)
 
     def stem_inputs(self, n, h, w):
         """Random uint8 images, their normalised float32 NCHW form and the float32 stem (conv + ReLU) of them."""
@@ -294,7 +294,7 @@ class Checker:
         for n in batches:
             for spec, h, w, shortcut_hw in layer_shapes(batch=n):
                 self.conv_case(spec, n, h, w, shortcut_hw=shortcut_hw)
-                shortcut_c = spec.shortcut.in_channels if spec.shortcut is not None else 0
+                shortcut_c = spec.shortcut_channels
                 key = plan_key(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.stride, shortcut_c)
                 if key in self.lib.tuned:   # the plan without the table (another GPU model, another size)
                     default = self.untuned(spec, n, h, w)
@@ -302,7 +302,7 @@ class Checker:
                         self.conv_case(spec, n, h, w, default, " (untuned default)", shortcut_hw)
         # every convolution of either arrangement (the downsample alone, conv2 with it fused in)
         for spec, h, w, shortcut_hw in dict.fromkeys(layer_shapes(batch=1) + layer_shapes(batch=BATCHES[-1])):
-            shortcut_c = spec.shortcut.in_channels if spec.shortcut is not None else 0
+            shortcut_c = spec.shortcut_channels
             k_tiles = (spec.kernel * spec.kernel * spec.in_channels + shortcut_c) // BK
             m = (7 * conv_out_size(h, spec.kernel, spec.stride, spec.padding)
                  * conv_out_size(w, spec.kernel, spec.stride, spec.padding))

@@ -417,8 +417,8 @@ PDL_MAX_BATCH = 16
 # The engine fuses each downsampling block's 1x1 projection into its conv2 (kernels/loaders.cuh) for the
 # batch buckets from this one up, and runs it as its own kernel beside conv1 (a second captured stream)
 # below: measured on the H100 (kernels/NOTES.md, outcome 22), fused is 4-5% faster at batch 32 and 128 and
-# 2% at 256, and 3-4% slower at batch 1 and 8 (the PDL chains of those graphs), where the projection beside
-# conv1 costs nothing.
+# 2% at 256, and 3-6% slower at batch 1 and 8 (the PDL chains of those graphs, with the trigger then at each
+# kernel's start), where the projection beside conv1 costs nothing.
 SHORTCUT_FUSION_MIN_BATCH = 32
 
 
@@ -476,7 +476,7 @@ def name_expressions(arch: str | None = None) -> list[str]:
              + [shortcut_name_expression(t) for t in WGMMA_TILES if shortcut_applies(t)]
              if wgmma_arch(arch) else [])
     return ([t.name_expression for t in CONV_TILES + tuple(STEM_TILES.values()) + PATCH_TILES]
-            + [shortcut_name_expression(t) for t in CONV_TILES] + list(OTHER_KERNELS) + wgmma)
+            + [shortcut_name_expression(t) for t in CONV_TILES if shortcut_applies(t)] + list(OTHER_KERNELS) + wgmma)
 
 
 def source_text(arch: str | None = None) -> str:
@@ -565,7 +565,7 @@ def shortcut_name_expression(tile) -> str:
     MODE 3, conv_wgmma's SHORTCUT = true. Its own instantiation, so that the plain one's k-loop has no
     branch for it."""
     if isinstance(tile, TileConfig):
-        return (f"conv_implicit_gemm<{tile.bm},{tile.bn},{tile.warps_m},{tile.warps_n},{tile.stages},3>")
+        return f"conv_implicit_gemm<{tile.bm},{tile.bn},{tile.warps_m},{tile.warps_n},{tile.stages},3>"
     return f"conv_wgmma<{tile.bm},{tile.bn},{tile.warpgroups},{tile.stages},true>"
 
 

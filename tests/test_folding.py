@@ -82,11 +82,12 @@ def test_engine_convs_fuse_each_downsample_into_its_blocks_conv2():
     for c in fused:
         assert (c.kernel, c.stride, c.relu, c.adds_residual) == (3, 1, True, False)
         assert (c.shortcut.kernel, c.shortcut.stride, c.shortcut.in_channels) == (1, 2, c.in_channels // 2)
+        assert c.shortcut_channels == c.in_channels // 2
         assert c.filter_name == c.name.removesuffix("+downsample")
     assert all(c.adds_residual for c in convs if c.name.endswith("conv2") and c.shortcut is None)
     # unfused (the small batch buckets): the downsample first, then conv1 and conv2 adding its output
     unfused = [c for block in resnet18_blocks() for c in engine_convs(block, fuse_shortcut=False)]
-    assert len(unfused) == 19 and all(c.shortcut is None for c in unfused)
+    assert len(unfused) == 19 and all(c.shortcut is None and c.shortcut_channels == 0 for c in unfused)
     assert [c.name for c in unfused[4:7]] == ["layer2.0.downsample", "layer2.0.conv1", "layer2.0.conv2"]
 
 
