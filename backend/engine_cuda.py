@@ -99,10 +99,10 @@ class _Plan:
             step.plans = {"conv1": lib.plan(n, hh, ww, c, k, 3, 3, step.conv1.stride, 1),
                           "conv2": lib.plan(n, p, q, k, k, 3, 3, 1, 1,
                                             shortcut_c=step.conv2.shortcut_channels)}
-            workspace = max(workspace, *(self._workspace(pl, n * p * q * k) for pl in step.plans.values()))
+            workspace = max(workspace, *(pl.workspace_floats(n * p * q * k) for pl in step.plans.values()))
             if step.downsample is not None:   # its own kernel beside conv1, its output the residual
                 step.plans["downsample"] = lib.plan(n, hh, ww, c, k, 1, 1, step.downsample.stride, 0)
-                workspace_side = max(workspace_side, self._workspace(step.plans["downsample"], n * p * q * k))
+                workspace_side = max(workspace_side, step.plans["downsample"].workspace_floats(n * p * q * k))
                 step.downsample_out = cp.empty((n, p, q, k), dtype=cp.float16)
                 # fork / join of the side stream, made before any capture
                 step.events = (cp.cuda.Event(block=False, disable_timing=True),
@@ -119,10 +119,6 @@ class _Plan:
         # The same memory seen by torch (the Triton model copies into / out of these).
         self.input_torch = torch.from_dlpack(self.input)
         self.logits_torch = torch.from_dlpack(self.logits)
-
-    @staticmethod
-    def _workspace(plan, outputs: int) -> int:
-        return plan.splits * outputs if plan.splits > 1 else 0
 
 
 class _Step:

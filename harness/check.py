@@ -52,6 +52,7 @@ from ..backend.resnet import DEFAULT_SEED, build_resnet18
 from ..client.agreement import compare_logits
 from ..kernels.configs import (
     BK,
+    CLUSTER_SPLITK_MAX,
     CONV_PATH_ENV,
     CONV_TILES,
     MIXED,
@@ -59,6 +60,7 @@ from ..kernels.configs import (
     PATCH_WGMMA_TILES,
     SHORTCUT_FUSION_MIN_BATCH,
     WGMMA_ARCH,
+    WGMMA_CLUSTER_TILES,
     WGMMA_TILES,
     ConvPlan,
     make_plan,
@@ -326,10 +328,12 @@ class Checker:
                         self.conv_case(spec, n_img, h, w, plan, " (forced)")
                     forced = make_plan(tile, 1, 2 * 17 * 45, spec.out_channels, k_tiles, 2, 17, 45)
                     self.conv_case(spec, 2, 17, 45, forced, " (forced, odd size)")
-            for tile in CONV_TILES + (WGMMA_TILES if path_arch(self.lib.path) == WGMMA_ARCH else ()):
+            wgmma_tiles = WGMMA_TILES + WGMMA_CLUSTER_TILES if path_arch(self.lib.path) == WGMMA_ARCH else ()
+            for tile in CONV_TILES + wgmma_tiles:
                 if spec.shortcut is not None and not shortcut_applies(tile):
                     continue
-                for splits in (1, 4):
+                # a "wc" tile's cluster of slices: 3 (k-tiles not a multiple at most shapes) and the most
+                for splits in (3, CLUSTER_SPLITK_MAX) if getattr(tile, "cluster_splitk", False) else (1, 4):
                     per = math.ceil(k_tiles / splits)
                     real = math.ceil(k_tiles / per)
                     grid = (math.ceil(m / tile.bm), math.ceil(spec.out_channels / tile.bn), real)

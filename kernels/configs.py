@@ -7,7 +7,7 @@ import it, so the kernels compiled in CI are exactly those the engine launches.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parent
@@ -80,6 +80,7 @@ GEOMETRY = {
     "HEAD_THREADS": 256,       # avgpool_fc (8 warps, one class per warp at a time)
     "WGMMA_SMEM_ALIGN": 1024,  # conv_wgmma aligns its ring to the 128B-swizzle atom: allocated on top
     "PATCH_WGMMA_BN": 64,      # conv3x3_patch_wgmma: output channels per block = input channels (= BK)
+    "CLUSTER_STAGE_PAD": 8,    # conv_wgmma, split-K in a cluster: staged fp32 rows of BN + 8 floats (no conflicts)
     "SM_SMEM_BYTES": 228 * 1024,        # shared memory per SM (H100, H200) ...
     "SM_BLOCK_RESERVED_SMEM": 1024,     # ... of which the driver reserves this much per resident block
 }
@@ -105,6 +106,8 @@ SMEM_BYTES = {
     # ... and its shared memory: the 9-tap filter slice, then STAGES patches, aligned for the descriptors
     "patch_wgmma_smem_bytes(BM, STAGES, W)": f"WGMMA_SMEM_ALIGN + (9 * PATCH_WGMMA_BN + STAGES * {_PATCH_WGMMA_ROWS})"
                                              " * BK * 2",
+    # conv_wgmma with its split-K reduced in a cluster: the block's fp32 tile staged over its drained ring
+    "cluster_stage_bytes(BM, BN)": "BM * (BN + CLUSTER_STAGE_PAD) * 4",
 }
 
 
@@ -121,7 +124,8 @@ def smem_bytes(name: str, **args: int) -> int:
 # warns about a constexpr the translation unit never uses.
 WGMMA_ONLY_GEOMETRY = ("SW_PH", "SW_PW", "SW_M", "SW_IN_ROW", "SW_RAW_ROW", "SW_THREADS", "SW_BLOCKS_PER_SM",
                        "STEM_WGMMA_SMEM_BYTES", "SM_SMEM_BYTES", "SM_BLOCK_RESERVED_SMEM", "PATCH_WGMMA_BN",
-                       "patch_wgmma_rows(BM, W)", "patch_wgmma_smem_bytes(BM, STAGES, W)")
+                       "patch_wgmma_rows(BM, W)", "patch_wgmma_smem_bytes(BM, STAGES, W)", "CLUSTER_STAGE_PAD",
+                       "cluster_stage_bytes(BM, BN)")
 
 
 def geometry_preamble(arch: str | None = None) -> str:
@@ -198,6 +202,9 @@ class WgmmaConfig:
 
     warp_specialized: conv_wgmma_ws instead (conv_wgmma.cu, v2): one more warpgroup, the producer,
     issues every load; per-stage mbarriers instead of a __syncthreads per k-tile. Labels "ws...".
+    cluster_splitk: the split-K slices of a tile run as one thread-block cluster and add up their partial
+    sums through distributed shared memory, then apply the epilogue (conv_wgmma.cu, v3): no fp32
+    workspace, no splitk_epilogue launch; at most CLUSTER_SPLITK_MAX slices. Labels "wc...".
     """
 
     bm: int
@@ -208,6 +215,7 @@ class WgmmaConfig:
     blocks_per_sm: int = 1
     measured: bool = False    # efficiency calibrated on a GPU run: only these are untuned (cost-model) choices
     warp_specialized: bool = False
+    cluster_splitk: bool = False
 
     @property
     def threads(self) -> int:
@@ -220,12 +228,15 @@ class WgmmaConfig:
 
     @property
     def name_expression(self) -> str:
+        if self.cluster_splitk:   # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = true
+            return f"conv_wgmma<{self.bm},{self.bn},{self.warpgroups},{self.stages},false,true>"
         kernel = "conv_wgmma_ws" if self.warp_specialized else "conv_wgmma"
         return f"{kernel}<{self.bm},{self.bn},{self.warpgroups},{self.stages}>"
 
     @property
     def label(self) -> str:
-        return f"{'ws' if self.warp_specialized else 'wg'}{self.bm}x{self.bn}g{self.warpgroups}s{self.stages}"
+        kind = "ws" if self.warp_specialized else "wc" if self.cluster_splitk else "wg"
+        return f"{kind}{self.bm}x{self.bn}g{self.warpgroups}s{self.stages}"
 
 
 # wgmma tiles. `efficiency` is relative to the mma.sync 128x128 tile (1.0, which
@@ -266,6 +277,12 @@ WGMMA_TILES = (
     WgmmaConfig(128, 256, 2, 4, efficiency=1.5, blocks_per_sm=1, warp_specialized=True),   # 193 KB
     WgmmaConfig(256, 128, 2, 4, efficiency=1.5, blocks_per_sm=1, warp_specialized=True),   # 193 KB
 )
+# Each conv_wgmma tile again with its split-K reduced in a cluster of its slices (v3; NOTES.md outcome 24):
+# at batch 1, 12 of the 20 convolutions split K 3-12 ways and each was followed by a splitk_epilogue kernel.
+# Only the tuner chooses them (not `measured`), with 2 .. CLUSTER_SPLITK_MAX slices.
+CLUSTER_SPLITK_MAX = 8   # slices per cluster: the portable cluster size (a launch limit, not compiled in)
+WGMMA_CLUSTER_TILES = tuple(replace(t, cluster_splitk=True, measured=False) for t in WGMMA_TILES
+                            if not t.warp_specialized)
 
 
 @dataclass(frozen=True)
@@ -451,6 +468,26 @@ def pdl_choice(cc: tuple[int, int], requested: bool | None = None) -> tuple[bool
     return True, f"compute capability >= {PDL_MIN_CC[0]}.{PDL_MIN_CC[1]}"
 
 
+def cluster_launch_choice(wgmma_module: bool) -> tuple[bool, str]:
+    """(the "wc" tiles can launch, why): thread-block clusters need the sm_90a module and cuLaunchKernelEx
+    from cuda.bindings. Without, a tuned "wc" plan runs on its "wg" twin (`splitk_in_workspace`)."""
+    if not wgmma_module:
+        return False, "no sm_90a module (compute capability 9.0 only)"
+    try:
+        from cuda.bindings import driver  # noqa: F401
+    except ImportError:
+        return False, "cuda.bindings is not installed"
+    return True, "sm_90a module and cuda.bindings"
+
+
+def splitk_in_workspace(tile):
+    """The tile itself, or for a "wc" tile (split-K reduced in a cluster) its "wg" twin, whose slices go
+    through the fp32 workspace and splitk_epilogue: the same sums in the same order."""
+    if not (isinstance(tile, WgmmaConfig) and tile.cluster_splitk):
+        return tile
+    return next(t for t in WGMMA_TILES if t == replace(tile, cluster_splitk=False, measured=t.measured))
+
+
 def path_arch(path: str) -> str | None:
     """The architecture a path's module is compiled for: sm_90a for wgmma and mixed, CuPy's choice for mma."""
     return WGMMA_ARCH if path in ("wgmma", MIXED) else None
@@ -472,8 +509,9 @@ def nvrtc_options(arch: str) -> tuple[str, ...]:
 
 def name_expressions(arch: str | None = None) -> list[str]:
     """Every kernel instantiation the launcher uses on `arch` (the wgmma ones only on sm_90a)."""
-    wgmma = ([t.name_expression for t in WGMMA_TILES + PATCH_WGMMA_TILES] + list(STEM_POOL_WGMMA_KERNELS.values())
-             + [shortcut_name_expression(t) for t in WGMMA_TILES if shortcut_applies(t)]
+    wgmma_tiles = WGMMA_TILES + WGMMA_CLUSTER_TILES
+    wgmma = ([t.name_expression for t in wgmma_tiles + PATCH_WGMMA_TILES] + list(STEM_POOL_WGMMA_KERNELS.values())
+             + [shortcut_name_expression(t) for t in wgmma_tiles if shortcut_applies(t)]
              if wgmma_arch(arch) else [])
     return ([t.name_expression for t in CONV_TILES + tuple(STEM_TILES.values()) + PATCH_TILES]
             + [shortcut_name_expression(t) for t in CONV_TILES if shortcut_applies(t)] + list(OTHER_KERNELS) + wgmma)
@@ -508,6 +546,15 @@ class ConvPlan:
     splits: int
     k_tiles_per_split: int
     grid: tuple[int, int, int]
+
+    @property
+    def cluster_splitk(self) -> bool:
+        """Its split-K slices are reduced in a thread-block cluster (a "wc" tile), not through the workspace."""
+        return isinstance(self.tile, WgmmaConfig) and self.tile.cluster_splitk
+
+    def workspace_floats(self, outputs: int) -> int:
+        """The fp32 workspace it needs for `outputs` output elements: a slice each, if split-K goes through it."""
+        return self.splits * outputs if self.splits > 1 and not self.cluster_splitk else 0
 
 
 def plan_conv(m: int, k: int, k_tiles: int, sms: int, tiles=CONV_TILES, max_splits: int = 16) -> ConvPlan:
@@ -544,7 +591,8 @@ def plan_key(n: int, h: int, w: int, c: int, k: int, r: int, stride: int, shortc
 
 
 def tile_by_label(label: str):
-    return next((t for t in CONV_TILES + PATCH_TILES + WGMMA_TILES + PATCH_WGMMA_TILES if t.label == label), None)
+    return next((t for t in CONV_TILES + PATCH_TILES + WGMMA_TILES + WGMMA_CLUSTER_TILES + PATCH_WGMMA_TILES
+                 if t.label == label), None)
 
 
 def conv_tiles(path: str) -> tuple:
@@ -566,7 +614,8 @@ def shortcut_name_expression(tile) -> str:
     branch for it."""
     if isinstance(tile, TileConfig):
         return f"conv_implicit_gemm<{tile.bm},{tile.bn},{tile.warps_m},{tile.warps_n},{tile.stages},3>"
-    return f"conv_wgmma<{tile.bm},{tile.bn},{tile.warpgroups},{tile.stages},true>"
+    cluster = ",true" if tile.cluster_splitk else ""
+    return f"conv_wgmma<{tile.bm},{tile.bn},{tile.warpgroups},{tile.stages},true{cluster}>"
 
 
 def patch_applies(tile: PatchConfig, c: int, k: int, r: int, stride: int, pad: int) -> bool:

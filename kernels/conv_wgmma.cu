@@ -62,6 +62,14 @@
 //       the cp.async loads, the consumer warpgroups only wgmma and the
 //       epilogue, per-stage full / empty mbarriers instead of a __syncthreads
 //       per k-tile (configs: the "ws" tiles).
+//   v3  CLUSTER_SPLITK (configs: the "wc" tiles): the gridDim.z split-K
+//       slices of a tile are one thread-block cluster (launched with cluster
+//       dims (1, 1, splits)); each stages its fp32 partial tile over its
+//       drained ring, and after a cluster barrier each block adds a share of
+//       the tile across all slices through distributed shared memory and
+//       applies the epilogue (wgmma_cluster_splitk_epilogue). The main loop is
+//       the plain kernel's; the workspace and the splitk_epilogue kernel (one
+//       more launch per split convolution) are gone.
 
 #include "common.cuh"
 #include "epilogue.cuh"
@@ -156,7 +164,56 @@ __host__ __device__ constexpr int wgmma_min_blocks(int bm, int bn, int stages) {
     return 2 * (wgmma_smem_bytes(bm, bn, stages) + SM_BLOCK_RESERVED_SMEM) <= SM_SMEM_BYTES ? 2 : 1;
 }
 
-template <int BM, int BN, int WGS, int STAGES, bool SHORTCUT = false>
+// The split-K slices of one tile, a cluster of gridDim.z blocks (CLUSTER_SPLITK), added up through
+// distributed shared memory. Each block stages its fp32 partial tile ([BM][BN + CLUSTER_STAGE_PAD] over
+// its ring, which every warpgroup has drained: the wgmma_wait<0> and cp_async_wait<0> before the
+// barrier), then after a cluster barrier block `rank` reduces items rank, rank + slices, ... of
+// the tile's BM x BN/8 groups of 8 channels (slices in order 0, 1, ...: the sum splitk_epilogue forms)
+// and stores them with epilogue.cuh's epilogue_store8. The last cluster barrier keeps every block's
+// shared memory alive until the others have read it.
+template <int BM, int BN, int MB, int WM, int THREADS>
+__device__ __forceinline__ void wgmma_cluster_splitk_epilogue(const float (&acc)[MB][BN / 2], half_bits *smem,
+                                                              int m0, int n0, int wg, int warp_in_wg, int lane,
+                                                              int tid, int M, int K, const float *__restrict__ bias,
+                                                              const half_bits *__restrict__ residual,
+                                                              half_bits *__restrict__ y, int relu) {
+    constexpr int LD = BN + CLUSTER_STAGE_PAD;   // floats per staged row: a half-warp's 4 rows in distinct banks
+    constexpr int GROUPS = BN / 8;
+    float *stage = reinterpret_cast<float *>(smem);
+    const int g = lane >> 2, t4 = lane & 3;
+    __syncthreads();   // every warpgroup is past its last wgmma and copies: the ring is free
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+        for (int half_row = 0; half_row < 2; ++half_row) {
+            const int row = wg * WM + mb * 64 + warp_in_wg * 16 + g + half_row * 8;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j)
+                *reinterpret_cast<float2 *>(stage + row * LD + 8 * j + 2 * t4)
+                    = float_pair(acc[mb][4 * j + half_row * 2], acc[mb][4 * j + half_row * 2 + 1]);
+        }
+    cluster_sync();   // every slice of the tile staged and visible to the cluster
+    const int slices = (int)cluster_num_blocks(), rank = (int)cluster_block_rank();
+    const unsigned int stage_addr = smem_addr(stage);
+    for (int item = rank * THREADS + tid; item < BM * GROUPS; item += slices * THREADS) {
+        const int row = item / GROUPS, group = item - row * GROUPS;
+        const int m = m0 + row, k = n0 + 8 * group;
+        if (m >= M || k >= K) continue;
+        const float4 b0 = *reinterpret_cast<const float4 *>(bias + k), b1 = *reinterpret_cast<const float4 *>(bias + k + 4);
+        float v[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+        const unsigned int local = stage_addr + (row * LD + 8 * group) * 4;
+        for (int s = 0; s < slices; ++s) {
+            const unsigned int remote = cluster_map_shared(local, s);
+            const float4 lo = ld_shared_cluster_f4(remote), hi = ld_shared_cluster_f4(remote + 16);
+            v[0] += lo.x; v[1] += lo.y; v[2] += lo.z; v[3] += lo.w;
+            v[4] += hi.x; v[5] += hi.y; v[6] += hi.z; v[7] += hi.w;
+        }
+        epilogue_store8(v, (u64)m * K + k, residual, y, relu);
+    }
+    cluster_sync();   // no block exits while its staged slice may still be read
+}
+
+template <int BM, int BN, int WGS, int STAGES, bool SHORTCUT = false, bool CLUSTER_SPLITK = false>
 __global__ void __launch_bounds__(WGS * 128, wgmma_min_blocks(BM, BN, STAGES))
 conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
            const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
@@ -241,7 +298,13 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
     cp_async_wait<0>();
     pdl_trigger();   // common.cuh: the next kernel launches while the epilogues run
 
-    wgmma_epilogue<BN, MB, WM>(acc, m0, n0, wg, warp_in_wg, lane, M, K, bias, residual, y, partial, relu);
+    if constexpr (CLUSTER_SPLITK) {
+        static_assert(cluster_stage_bytes(BM, BN) <= STAGES * STAGE_HALFS * 2, "the staged tile fits the ring");
+        wgmma_cluster_splitk_epilogue<BM, BN, MB, WM, THREADS>(acc, smem, m0, n0, wg, warp_in_wg, lane, tid, M, K,
+                                                               bias, residual, y, relu);
+    } else {
+        wgmma_epilogue<BN, MB, WM>(acc, m0, n0, wg, warp_in_wg, lane, M, K, bias, residual, y, partial, relu);
+    }
 }
 
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from .configs import (
     BK,
+    CLUSTER_SPLITK_MAX,
     COMPILE_OPTIONS,
     CONV_TILES,
     EW_THREADS,
@@ -62,11 +63,13 @@ from .configs import (
     STEM_WGMMA_TILE_H,
     STEM_WGMMA_TILE_W,
     WGMMA_ARCH,
+    WGMMA_CLUSTER_TILES,
     WGMMA_TILES,
     ConvPlan,
     PatchConfig,
     PatchWgmmaConfig,
     WgmmaConfig,
+    cluster_launch_choice,
     conv_path,
     load_tuned_plans,
     make_plan,
@@ -81,6 +84,7 @@ from .configs import (
     shortcut_applies,
     shortcut_name_expression,
     source_text,
+    splitk_in_workspace,
     untuned_plan,
 )
 
@@ -115,7 +119,9 @@ def _launch_plain(kernel, grid, threads: int, args: tuple, shared_mem: int):
     kernel(tuple(grid), (threads,), args, shared_mem=shared_mem)
 
 
-def _launch_pdl(kernel, grid, threads: int, args: tuple, shared_mem: int):
+def _launch_ex(kernel, grid, threads: int, args: tuple, shared_mem: int, programmatic: bool, cluster_z: int = 0):
+    """cuLaunchKernelEx: programmatic stream serialization if `programmatic`, thread-block clusters of
+    (1, 1, cluster_z) blocks if `cluster_z` (conv_wgmma's CLUSTER_SPLITK: the split-K slices of a tile)."""
     from cuda.bindings import driver
     grid = tuple(grid) + (1,) * (3 - len(grid))
     config = driver.CUlaunchConfig()
@@ -123,11 +129,19 @@ def _launch_pdl(kernel, grid, threads: int, args: tuple, shared_mem: int):
     config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
     config.sharedMemBytes = shared_mem
     config.hStream = driver.CUstream(cp.cuda.get_current_stream().ptr)
-    attribute = driver.CUlaunchAttribute()
-    attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attribute.value.programmaticStreamSerializationAllowed = 1
-    config.attrs = [attribute]
-    config.numAttrs = 1
+    attributes = []
+    if programmatic:
+        attribute = driver.CUlaunchAttribute()
+        attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attribute.value.programmaticStreamSerializationAllowed = 1
+        attributes.append(attribute)
+    if cluster_z:
+        attribute = driver.CUlaunchAttribute()
+        attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attribute.value.clusterDim.x, attribute.value.clusterDim.y, attribute.value.clusterDim.z = 1, 1, cluster_z
+        attributes.append(attribute)
+    config.attrs = attributes
+    config.numAttrs = len(attributes)
     # kernel: CuPy's RawKernel; .kernel is its cupy.cuda.Function on the current device, .ptr the CUfunction
     err, = driver.cuLaunchKernelEx(config, kernel.kernel.ptr, kernel_params(args), 0)
     if err != driver.CUresult.CUDA_SUCCESS:
@@ -157,12 +171,14 @@ class KernelLibrary:
                                                name_expressions(WGMMA_ARCH))
                 self.module = cp.RawModule(path=str(cubin))
                 get = lambda name: self.module.get_function(lowered[name])   # noqa: E731
-                tiles += WGMMA_TILES + PATCH_WGMMA_TILES
+                tiles += WGMMA_TILES + WGMMA_CLUSTER_TILES + PATCH_WGMMA_TILES
             else:
                 self.module = cp.RawModule(code=source_text(), options=COMPILE_OPTIONS,
                                            name_expressions=name_expressions())
                 get = self.module.get_function
             self.sms = device.attributes["MultiProcessorCount"]
+            # conv_wgmma's split-K in a cluster ("wc" tiles) launches through cuLaunchKernelEx
+            self.cluster_launch, self.cluster_reason = cluster_launch_choice(wgmma_module)
             # Measured best tile/split-K per layer shape (224x224 buckets) on this GPU model, for
             # this path (one family's best, or the best of both on mixed); other shapes and GPUs
             # use the cost model.
@@ -193,12 +209,19 @@ class KernelLibrary:
             self.maxpool = get("maxpool_3x3s2")
             self.avgpool_fc_kernel = get(f"avgpool_fc<{HEAD_IMGS}>")
 
-    def _launch(self, kernel, grid, threads: int, args: tuple, shared_mem: int = 0):
+    def _launch(self, kernel, grid, threads: int, args: tuple, shared_mem: int = 0, cluster_z: int = 0):
         """Every kernel launch goes through here: `grid` blocks (x[, y[, z]]) of `threads` threads,
         `shared_mem` bytes of dynamic shared memory (the tile's `smem_bytes` / configs.SMEM_BYTES), on the
-        current CuPy stream; programmatic dependent launch where `self.pdl` (and `launch_mode` allows)."""
+        current CuPy stream; programmatic dependent launch where `self.pdl` (and `launch_mode` allows);
+        clusters of (1, 1, cluster_z) blocks where cluster_z (`cluster_launch` says whether it can)."""
         programmatic = getattr(self._mode, "programmatic", self.pdl)
-        (_launch_pdl if programmatic else _launch_plain)(kernel, grid, threads, args, shared_mem)
+        if programmatic or cluster_z:
+            if cluster_z and not self.cluster_launch:
+                raise RuntimeError(f"cluster launches need compute capability 9.0 and cuda.bindings "
+                                   f"(pip install 'fusedresnet[gpu]'): {self.cluster_reason}")
+            _launch_ex(kernel, grid, threads, args, shared_mem, programmatic, cluster_z)
+        else:
+            _launch_plain(kernel, grid, threads, args, shared_mem)
 
     @contextlib.contextmanager
     def launch_mode(self, programmatic: bool):
@@ -221,7 +244,8 @@ class KernelLibrary:
         m, k_tiles = n * p * q, (r * s * c + shortcut_c) // BK
         tuned = self.tuned.get(plan_key(n, h, w, c, k, r, stride, shortcut_c)) if r == s else None
         if tuned is not None:
-            return make_plan(tuned[0], tuned[1], m, k, k_tiles, n, p, q)
+            tile = tuned[0] if self.cluster_launch else splitk_in_workspace(tuned[0])
+            return make_plan(tile, tuned[1], m, k, k_tiles, n, p, q)
         if r != s:
             return plan_default(m, k, k_tiles, r, self.sms, self.path)
         return untuned_plan(n, h, w, c, k, r, stride, pad, self.sms, self.path, shortcut_c)
@@ -373,8 +397,12 @@ class KernelLibrary:
                           _i(tiles), _i(1 if relu else 0)), tile.smem_for(w))
             return
         partial = None
-        if plan.splits > 1:
-            need = plan.splits * n * p * q * k
+        cluster_z = plan.splits if plan.cluster_splitk else 0
+        if cluster_z > CLUSTER_SPLITK_MAX:
+            raise ValueError(f"{tile.label} reduces split-K in a cluster of at most {CLUSTER_SPLITK_MAX} slices, "
+                             f"got {plan.splits}")
+        need = plan.workspace_floats(n * p * q * k)
+        if need:
             if workspace is None or workspace.size < need:
                 raise ValueError(f"split-K x{plan.splits} needs a float32 workspace of {need} elements")
             partial = workspace
@@ -391,7 +419,7 @@ class KernelLibrary:
         else:
             args = (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _ptr(partial), _ptr(in_scale),
                     _ptr(in_shift)) + tail
-        self._launch(kernel, plan.grid, tile.threads, args, tile.smem_bytes)
+        self._launch(kernel, plan.grid, tile.threads, args, tile.smem_bytes, cluster_z)
         if partial is not None:
             m = n * p * q
             self._launch(self.splitk_epilogue, (_blocks(m * (k // 8), EW_THREADS),), EW_THREADS,

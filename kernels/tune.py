@@ -24,9 +24,11 @@ import cupy as cp
 
 from .configs import (
     BK,
+    CLUSTER_SPLITK_MAX,
     CONV_TILES,
     PATCH_TILES,
     PATCH_WGMMA_TILES,
+    WGMMA_CLUSTER_TILES,
     WGMMA_TILES,
     ConvPlan,
     make_plan,
@@ -73,7 +75,8 @@ def candidates(m: int, k: int, k_tiles: int, sms: int, patch=None, families=("mm
 
     Split-K only where the tiles alone fill fewer than two waves, with >= 2
     k-tiles per split and at most 4 waves of blocks (beyond that the fp32
-    partials cost more than the idle SMs they fill).
+    partials cost more than the idle SMs they fill). The "wc" tiles (split-K
+    reduced in a cluster) only split, 2 .. CLUSTER_SPLITK_MAX ways.
     """
     if patch is not None:
         n, p, q, c, r, stride, pad = patch
@@ -83,13 +86,17 @@ def candidates(m: int, k: int, k_tiles: int, sms: int, patch=None, families=("mm
         for tile in PATCH_WGMMA_TILES if "wgmma" in families else ():
             if patch_wgmma_applies(tile, c, k, r, stride, pad, q):   # stride 1: input width = q
                 yield make_plan(tile, 1, m, k, k_tiles, n, p, q)
-    tiles = (CONV_TILES if "mma" in families else ()) + (WGMMA_TILES if "wgmma" in families else ())
+    tiles = (CONV_TILES if "mma" in families else ()) + (WGMMA_TILES + WGMMA_CLUSTER_TILES
+                                                         if "wgmma" in families else ())
     for tile in tiles if not shortcut else filter(shortcut_applies, tiles):
         tiles_mn = math.ceil(m / tile.bm) * math.ceil(k / tile.bn)
+        cluster = getattr(tile, "cluster_splitk", False)   # "wc": 2 .. CLUSTER_SPLITK_MAX slices only
         seen = set()
         for splits in SPLITS:
             per = math.ceil(k_tiles / splits)
             real = math.ceil(k_tiles / per)
+            if cluster and not 1 < real <= CLUSTER_SPLITK_MAX:
+                continue
             if real in seen or (real > 1 and (per < 2 or tiles_mn >= 2 * sms
                                               or tiles_mn * real > 4 * sms * tile.blocks_per_sm)):
                 continue

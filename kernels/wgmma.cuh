@@ -118,4 +118,32 @@ __device__ __forceinline__ void mbarrier_wait_parity(unsigned int bar, unsigned 
                  "  @!done bra MBARRIER_WAIT;\n"
                  "}\n" :: "r"(bar), "r"(parity) : "memory");
 }
+// Thread-block clusters (sm_90): the cluster barrier (release / acquire: this block's shared-memory
+// writes before it are visible to every block of the cluster after it), this block's rank and the
+// cluster's size, a shared-memory address of this block mapped to the same offset in block `rank`,
+// and a 16-byte load through such an address (distributed shared memory).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ unsigned int cluster_block_rank() {
+    unsigned int r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned int cluster_num_blocks() {
+    unsigned int r;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned int cluster_map_shared(unsigned int smem_byte_addr, int rank) {
+    unsigned int r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(smem_byte_addr), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ float4 ld_shared_cluster_f4(unsigned int cluster_addr) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(cluster_addr) : "memory");
+    return v;
+}
 #endif  // FUSEDRESNET_WGMMA_CUH

@@ -31,12 +31,14 @@ from fusedresnet.kernels.configs import (
     STEM_WGMMA_SMEM_BYTES,
     STEM_WGMMA_THREADS,
     WGMMA_ARCH,
+    WGMMA_CLUSTER_TILES,
     WGMMA_HEADERS,
     WGMMA_SOURCES,
     WGMMA_TILES,
     name_expressions,
     nvrtc_options,
     shortcut_applies,
+    shortcut_name_expression,
     source_text,
 )
 
@@ -98,16 +100,21 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
     # 65536 registers per SM. (An L2 prefetch added to the prologue once took the s3 128x128 tile from 124
     # to 132 registers: one block per SM instead of two, layer2 at batch 128 1.5x slower.)
     if arch == WGMMA_ARCH:
-        by_args = {(t.bm, t.bn, t.warpgroups, t.stages, t.warp_specialized): t for t in WGMMA_TILES}
+        by_args = {(t.bm, t.bn, t.warpgroups, t.stages, t.warp_specialized, t.cluster_splitk): t
+                   for t in WGMMA_TILES + WGMMA_CLUSTER_TILES}
         seen = 0
         for block in report.split("Function properties for ")[1:]:
-            match = re.match(r"_Z1[03](conv_wgmma(?:_ws)?)ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", block)
+            # conv_wgmma<BM, BN, WGS, STAGES[, SHORTCUT[, CLUSTER_SPLITK]]> (Lb1: true)
+            match = re.match(r"_Z1[03](conv_wgmma(?:_ws)?)ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E(?:Lb[01]E(Lb1E)?)?",
+                             block)
             if match:
-                tile = by_args[tuple(int(v) for v in match.groups()[1:]) + (match.group(1) == "conv_wgmma_ws",)]
+                args = tuple(int(v) for v in match.groups()[1:5])
+                tile = by_args[args + (match.group(1) == "conv_wgmma_ws", match.group(6) is not None)]
                 registers = int(re.search(r"Used (\d+) registers", block).group(1))
                 assert registers * tile.threads * tile.blocks_per_sm <= 65536, (tile.label, registers)
                 seen += 1
-        assert seen == len(WGMMA_TILES) + sum(map(shortcut_applies, WGMMA_TILES))   # and the fused-shortcut ones
+        tiles = WGMMA_TILES + WGMMA_CLUSTER_TILES   # and each one's fused-shortcut instantiation
+        assert seen == len(tiles) + sum(map(shortcut_applies, tiles))
     # ptxas serialises wgmma (and says so, C7515/C7520) when the accumulators are touched while in flight.
     assert "Potential Performance Loss" not in report, report
 
@@ -219,6 +226,30 @@ def test_warp_specialised_wgmma_tiles_are_sm_90a_only_distinct_and_fit_an_sm():
         sm, reserved = GEOMETRY["SM_SMEM_BYTES"], GEOMETRY["SM_BLOCK_RESERVED_SMEM"]
         assert t.smem_bytes == ring + GEOMETRY["WGMMA_SMEM_ALIGN"] + 16 * t.stages <= sm - reserved
         assert t.blocks_per_sm * (t.smem_bytes + reserved) <= sm
+
+
+def test_cluster_splitk_tiles_are_the_plain_tiles_again_and_their_staged_tile_fits_the_ring():
+    """conv_wgmma's CLUSTER_SPLITK instantiations ("wc" labels, v3): one per plain conv_wgmma tile, same
+    shape, shared memory and blocks per SM; sm_90a only; never an untuned choice; the fp32 tile each slice
+    stages (cluster_stage_bytes, [BM][BN + pad] floats) fits the ring it overwrites; rows padded so that
+    the four fragment rows of one half-warp's float2 stores fall in distinct banks."""
+    from fusedresnet.kernels.configs import CLUSTER_SPLITK_MAX, GEOMETRY, conv_tiles, smem_bytes, tile_by_label
+    plain = [t for t in WGMMA_TILES if not t.warp_specialized]
+    assert len(WGMMA_CLUSTER_TILES) == len(plain)
+    wgmma_90a, names_90 = set(name_expressions(WGMMA_ARCH)), set(name_expressions("sm_90"))
+    for c, t in zip(WGMMA_CLUSTER_TILES, plain):
+        assert c.label == "wc" + t.label.removeprefix("wg") and tile_by_label(c.label) is c
+        assert (c.bm, c.bn, c.warpgroups, c.stages, c.smem_bytes, c.blocks_per_sm, c.threads) == (
+            t.bm, t.bn, t.warpgroups, t.stages, t.smem_bytes, t.blocks_per_sm, t.threads)
+        assert c.name_expression == f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},false,true>"
+        assert c.name_expression in wgmma_90a and c.name_expression not in names_90
+        assert shortcut_name_expression(c) == f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},true,true>"
+        ring = t.stages * (t.bm + t.bn) * GEOMETRY["BK"] * 2
+        assert smem_bytes("cluster_stage_bytes", BM=c.bm, BN=c.bn) == c.bm * (c.bn + 8) * 4 <= ring, c.label
+        assert c not in conv_tiles("wgmma") + conv_tiles("mixed")
+    # a half-warp's float2 stores: rows g = 0..3 at words g * (BN + pad) + 2 t4, BN a multiple of 32
+    assert GEOMETRY["CLUSTER_STAGE_PAD"] % 32 in (8, 24)
+    assert CLUSTER_SPLITK_MAX == 8   # the portable cluster size: no non-portable attribute needed
 
 
 def test_every_wgmma_tile_fits_its_blocks_per_sm_and_the_launch_bounds_ask_for_them():
