@@ -18,7 +18,9 @@ says otherwise (the engine: batch buckets above configs.PDL_MAX_BATCH launch
 plainly): the next kernel's blocks are scheduled while this one's last blocks
 run and wait on the GPU for it to finish. The same holds inside a captured
 CUDA graph (programmatic edges). FUSEDRESNET_PDL=0 turns it off; without
-cuda.bindings, or before 9.0, launches are CuPy's plain ones.
+cuda.bindings, or before 9.0, launches are CuPy's plain ones. The "wc" tiles
+(conv_wgmma's split-K reduced in a cluster of its slices) always launch through
+cuLaunchKernelEx, with the cluster-dimension attribute.
 """
 
 from __future__ import annotations

@@ -444,3 +444,21 @@ def test_sass_diff_keeps_instruction_and_control_words_and_drops_only_addresses(
         (tmp_path / side / "sm_90a" / "k[3].sass").write_text(text["_Z1kILi3EEvPf"])
     assert compare(tmp_path / "a", tmp_path / "b") == 0
     assert compare(tmp_path / "a", tmp_path / "c") == 1
+
+
+def test_a_cluster_splitk_plan_needs_no_workspace_and_falls_back_to_its_workspace_twin():
+    """A "wc" plan reduces its slices in the cluster: no fp32 workspace; without cluster launches
+    (`splitk_in_workspace`) it runs on the "wg" tile of the same shape, through the workspace."""
+    from fusedresnet.kernels.configs import make_plan, splitk_in_workspace
+    outputs = 7 * 7 * 512
+    for c in WGMMA_CLUSTER_TILES:
+        twin = splitk_in_workspace(c)
+        assert twin in WGMMA_TILES and twin.label == "wg" + c.label.removeprefix("wc")
+        assert (twin.bm, twin.bn, twin.warpgroups, twin.stages) == (c.bm, c.bn, c.warpgroups, c.stages)
+        cluster_plan, twin_plan = make_plan(c, 4, 49, 512, 72), make_plan(twin, 4, 49, 512, 72)
+        assert cluster_plan.cluster_splitk and not twin_plan.cluster_splitk
+        assert cluster_plan.grid == twin_plan.grid and cluster_plan.splits == 4
+        assert cluster_plan.workspace_floats(outputs) == 0 and twin_plan.workspace_floats(outputs) == 4 * outputs
+        assert make_plan(twin, 1, 49, 512, 72).workspace_floats(outputs) == 0
+    for t in WGMMA_TILES:
+        assert splitk_in_workspace(t) is t
