@@ -429,14 +429,15 @@ PDL_MIN_CC = (9, 0)   # griddepcontrol (sm_90) and the launch attribute
 # The engine's batch buckets up to this one are captured with programmatic dependent launch, larger ones
 # plainly: measured on the H100 (kernels/NOTES.md, outcomes 12 and 16), PDL gains 3-10% at batch 1, 2, 8
 # and 16, is even at 4, and since layer1 runs on the persistent conv3x3_patch_wgmma costs 5-10% at 32
-# (it gained 3-5% there before) and 1-2% from 64 up.
+# (it gained 3-5% there before) and 1-2% from 64 up. With the trigger after the main loop (outcome 23) it
+# measured -2% at 64, -1% at 128, but +1-6% at 32 and +4% at 256 (outcome 26): left at 16.
 PDL_MAX_BATCH = 16
 # The engine fuses each downsampling block's 1x1 projection into its conv2 (kernels/loaders.cuh) for the
 # batch buckets from this one up, and runs it as its own kernel beside conv1 (a second captured stream)
-# below: measured on the H100 (kernels/NOTES.md, outcome 22), fused is 4-5% faster at batch 32 and 128 and
-# 2% at 256, and 3-6% slower at batch 1 and 8 (the PDL chains of those graphs, with the trigger then at each
-# kernel's start), where the projection beside conv1 costs nothing.
-SHORTCUT_FUSION_MIN_BATCH = 32
+# below: measured on the H100 (kernels/NOTES.md, outcomes 22 and 27), fused is 4-5% faster at batch 32 and
+# 128, 2% at 256 and 2-2.5% at 8 and 16 (since the trigger comes after the main loop), and 1.4-7.5% slower
+# at batch 1, 2 and 4, where the projection beside conv1 costs nothing.
+SHORTCUT_FUSION_MIN_BATCH = 8
 
 
 def pdl_choice(cc: tuple[int, int], requested: bool | None = None) -> tuple[bool, str]:
