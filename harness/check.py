@@ -68,6 +68,7 @@ from ..kernels.configs import (
     patch_wgmma_applies,
     path_arch,
     plan_key,
+    reduces_in_cluster,
     shortcut_applies,
     tile_family,
     untuned_plan,
@@ -333,7 +334,7 @@ class Checker:
                 if spec.shortcut is not None and not shortcut_applies(tile):
                     continue
                 # a "wc" tile's cluster of slices: 3 (k-tiles not a multiple at most shapes) and the most
-                for splits in (3, CLUSTER_SPLITK_MAX) if getattr(tile, "cluster_splitk", False) else (1, 4):
+                for splits in (3, CLUSTER_SPLITK_MAX) if reduces_in_cluster(tile) else (1, 4):
                     per = math.ceil(k_tiles / splits)
                     real = math.ceil(k_tiles / per)
                     grid = (math.ceil(m / tile.bm), math.ceil(spec.out_channels / tile.bn), real)

@@ -460,13 +460,20 @@ def pdl_choice(cc: tuple[int, int], requested: bool | None = None) -> tuple[bool
             raise RuntimeError(f"programmatic dependent launch needs compute capability "
                                f"{PDL_MIN_CC[0]}.{PDL_MIN_CC[1]}, this is {cc[0]}.{cc[1]}")
         return False, f"compute capability {cc[0]}.{cc[1]} < {PDL_MIN_CC[0]}.{PDL_MIN_CC[1]}"
-    try:
-        from cuda.bindings import driver  # noqa: F401
-    except ImportError as exc:
+    if not has_cuda_bindings():
         if requested:
-            raise ImportError(f"{PDL_ENV}=1 needs cuda.bindings (pip install 'fusedresnet[gpu]')") from exc
+            raise ImportError(f"{PDL_ENV}=1 needs cuda.bindings (pip install 'fusedresnet[gpu]')")
         return False, "cuda.bindings is not installed"
     return True, f"compute capability >= {PDL_MIN_CC[0]}.{PDL_MIN_CC[1]}"
+
+
+def has_cuda_bindings() -> bool:
+    """Whether cuda.bindings (cuLaunchKernelEx: programmatic and cluster launches) can be imported here."""
+    try:
+        from cuda.bindings import driver  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def cluster_launch_choice(wgmma_module: bool) -> tuple[bool, str]:
@@ -474,19 +481,20 @@ def cluster_launch_choice(wgmma_module: bool) -> tuple[bool, str]:
     from cuda.bindings. Without, a tuned "wc" plan runs on its "wg" twin (`splitk_in_workspace`)."""
     if not wgmma_module:
         return False, "no sm_90a module (compute capability 9.0 only)"
-    try:
-        from cuda.bindings import driver  # noqa: F401
-    except ImportError:
+    if not has_cuda_bindings():
         return False, "cuda.bindings is not installed"
     return True, "sm_90a module and cuda.bindings"
+
+
+def reduces_in_cluster(tile) -> bool:
+    """Whether the tile reduces its split-K slices in a thread-block cluster (a "wc" tile)."""
+    return isinstance(tile, WgmmaConfig) and tile.cluster_splitk
 
 
 def splitk_in_workspace(tile):
     """The tile itself, or for a "wc" tile (split-K reduced in a cluster) its "wg" twin, whose slices go
     through the fp32 workspace and splitk_epilogue: the same sums in the same order."""
-    if not (isinstance(tile, WgmmaConfig) and tile.cluster_splitk):
-        return tile
-    return next(t for t in WGMMA_TILES if t == replace(tile, cluster_splitk=False, measured=t.measured))
+    return tile_by_label("wg" + tile.label.removeprefix("wc")) if reduces_in_cluster(tile) else tile
 
 
 def path_arch(path: str) -> str | None:
@@ -551,7 +559,7 @@ class ConvPlan:
     @property
     def cluster_splitk(self) -> bool:
         """Its split-K slices are reduced in a thread-block cluster (a "wc" tile), not through the workspace."""
-        return isinstance(self.tile, WgmmaConfig) and self.tile.cluster_splitk
+        return reduces_in_cluster(self.tile)
 
     def workspace_floats(self, outputs: int) -> int:
         """The fp32 workspace it needs for `outputs` output elements: a slice each, if split-K goes through it."""

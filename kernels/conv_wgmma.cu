@@ -199,7 +199,8 @@ __device__ __forceinline__ void wgmma_cluster_splitk_epilogue(const float (&acc)
         const int row = item / GROUPS, group = item - row * GROUPS;
         const int m = m0 + row, k = n0 + 8 * group;
         if (m >= M || k >= K) continue;
-        const float4 b0 = *reinterpret_cast<const float4 *>(bias + k), b1 = *reinterpret_cast<const float4 *>(bias + k + 4);
+        const float4 b0 = *reinterpret_cast<const float4 *>(bias + k);
+        const float4 b1 = *reinterpret_cast<const float4 *>(bias + k + 4);
         float v[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
         const unsigned int local = stage_addr + (row * LD + 8 * group) * 4;
         for (int s = 0; s < slices; ++s) {

@@ -35,6 +35,7 @@ from .configs import (
     patch_applies,
     patch_wgmma_applies,
     plan_key,
+    reduces_in_cluster,
     shortcut_applies,
     tile_family,
     untuned_plan,
@@ -90,7 +91,7 @@ def candidates(m: int, k: int, k_tiles: int, sms: int, patch=None, families=("mm
                                                          if "wgmma" in families else ())
     for tile in tiles if not shortcut else filter(shortcut_applies, tiles):
         tiles_mn = math.ceil(m / tile.bm) * math.ceil(k / tile.bn)
-        cluster = getattr(tile, "cluster_splitk", False)   # "wc": 2 .. CLUSTER_SPLITK_MAX slices only
+        cluster = reduces_in_cluster(tile)   # "wc": 2 .. CLUSTER_SPLITK_MAX slices only
         seen = set()
         for splits in SPLITS:
             per = math.ceil(k_tiles / splits)
