@@ -65,6 +65,36 @@ __device__ __forceinline__ half2_bits hmax2(half2_bits a, half2_bits b) {
     return r;
 }
 
+// Quotient and remainder by a divisor fixed for the whole kernel, without the ~25-instruction
+// integer division sequence per use (the method of CUTLASS's FastDivmod, Granlund and Montgomery's
+// division by invariant integers): with l = ceil(log2 d) and p = 31 + l, m = ceil(2^p / d) < 2^32,
+// and for every 0 <= n < 2^31, floor(n / d) = floor(n * m / 2^p) = umulhi(n, m) >> (l - 1): the
+// product overshoots n / d by n * (m d - 2^p) / (d 2^p) < 2^31 / 2^p <= 1 / d, less than the gap
+// from n / d to the next integer. d = 1 (l = 0) is passed through. Built once per thread (one
+// 64-bit division), then three instructions per quotient. tests/test_fast_divmod.py checks the
+// arithmetic on the CPU for every divisor the kernels use and at the ends of the range.
+struct fast_divmod {
+    int divisor;
+    unsigned int multiplier, shift;
+    __device__ __forceinline__ explicit fast_divmod(int d) : divisor(d), multiplier(0u), shift(0u) {
+        if (d > 1) {
+            const unsigned int l = 32u - (unsigned int)__clz(d - 1);   // ceil(log2 d)
+            multiplier = (unsigned int)(((1ull << (31u + l)) + (u64)d - 1ull) / (u64)d);
+            shift = l - 1u;
+        }
+    }
+    // floor(n / d) for 0 <= n < 2^31.
+    __device__ __forceinline__ int div(int n) const {
+        return divisor == 1 ? n : (int)(__umulhi((unsigned int)n, multiplier) >> shift);
+    }
+    // floor(n / d), with n mod d in rem.
+    __device__ __forceinline__ int divmod(int &rem, int n) const {
+        const int q = div(n);
+        rem = n - q * divisor;
+        return q;
+    }
+};
+
 __device__ __forceinline__ unsigned int smem_addr(const void *p) {
     return (unsigned int)__cvta_generic_to_shared(p);
 }

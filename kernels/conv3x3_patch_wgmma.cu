@@ -89,7 +89,7 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     half_bits *patches = filter + FILTER_HALFS;                      // [STAGES][patch_rows][64]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wg = warp >> 2, warp_in_wg = warp & 3;
+    const int wg = warpgroup_index(), warp_in_wg = warp & 3;
     const int g = lane >> 2, t4 = lane & 3;
     const int n0 = blockIdx.y * BN;
     const int chunk = tid & 7;
@@ -104,17 +104,23 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
                     16);
     }
 
-    // The patch of the tile starting at position q0: row j = position q0 + j, zeros at padding.
+    // Positions to (image, row, column) of the padded grid: common.cuh's fast_divmod. The integer
+    // division sequences were 70 of the ~85 instructions per patch row (SASS, 2026-11-23), and a
+    // tile's patch is ~12 rows per thread.
+    const fast_divmod by_plane(plane), by_pw(pw);
+
+    // The patch of the tile starting at position q0: row j = position q0 + j, zeros at padding. Pixel
+    // indices are 32-bit (N*H*W < 2^31: layer1's maps), the byte offset 64-bit.
     auto load_patch = [&](int stage, int tile) {
         half_bits *dst = patches + stage * patch_rows * BK;
         const int q0 = tile * BM;
         for (int row = tid >> 3; row < patch_rows; row += THREADS / 8) {
-            const int q = q0 + row;
-            const int img = q / plane, rem = q - img * plane;
-            const int py = rem / pw, px = rem - py * pw;
-            const bool inside = img < N && py >= 1 && py <= H && px >= 1 && px <= W;
-            const half_bits *src = inside ? x + ((u64)(img * H + py - 1) * W + (px - 1)) * BK + chunk * 8 : x;
-            cp_async_16(smem_addr(dst + swz(row, chunk)), src, inside ? 16 : 0);
+            int rem, px;
+            const int img = by_plane.divmod(rem, q0 + row);
+            const int py = by_pw.divmod(px, rem);
+            const bool inside = img < N && (unsigned)(py - 1) < (unsigned)H && (unsigned)(px - 1) < (unsigned)W;
+            const int pixel = inside ? (img * H + py - 1) * W + px - 1 : 0;
+            cp_async_16(smem_addr(dst + swz(row, chunk)), x + (u64)pixel * BK + chunk * 8, inside ? 16 : 0);
         }
     };
 
@@ -168,8 +174,9 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
 #pragma unroll
             for (int half_row = 0; half_row < 2; ++half_row) {
                 const int o = tile * BM + wg * WM + mb * 64 + warp_in_wg * 16 + g + half_row * 8;
-                const int img = o / plane, rem = o - img * plane;
-                const int oy = rem / pw, ox = rem - oy * pw;
+                int rem, ox;
+                const int img = by_plane.divmod(rem, o);
+                const int oy = by_pw.divmod(ox, rem);
                 if (img >= N || oy >= H || ox >= W) continue;
                 const u64 row = ((u64)(img * H + oy) * W + ox) * K;
 #pragma unroll

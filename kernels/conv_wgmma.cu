@@ -241,7 +241,7 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
     half_bits *smem = wgmma_aligned_smem(smem_vec);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wg = warp >> 2, warp_in_wg = warp & 3;
+    const int wg = warpgroup_index(), warp_in_wg = warp & 3;
     const int M = N * P * Q;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     const int kt_begin = blockIdx.z * k_tiles_per_split;
@@ -252,14 +252,14 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
     const int chunk = tid & 7;
     int a_base[A_ITERS], a_ih[A_ITERS], a_iw[A_ITERS];
     igemm_a_rows<A_ITERS, ROW_STEP>(a_base, a_ih, a_iw, m0, tid, M, H, W, C, P, Q, stride, pad);
-    const int c_tiles = C / BK;
+    const fast_divmod by_ctiles(C / BK), by_s(S);   // k-tile -> tap, channels (loaders.cuh)
 
     auto load_tile = [&](int stage, int kt) {
         half_bits *sA = smem + stage * STAGE_HALFS;
         half_bits *sB = sA + A_HALFS;
         igemm_load_b<B_ITERS, ROW_STEP>(sB, w, n0, K, ldw, kt, tid, chunk);
         if (!SHORTCUT || kt < main_k_tiles)
-            igemm_load_a<A_ITERS, ROW_STEP>(sA, x, a_base, a_ih, a_iw, kt, c_tiles, S, H, W, C, tid, chunk);
+            igemm_load_a<A_ITERS, ROW_STEP>(sA, x, a_base, a_ih, a_iw, kt, by_ctiles, by_s, H, W, C, tid, chunk);
         else if constexpr (SHORTCUT)   // the fused shortcut's k-tiles (loaders.cuh)
             igemm_load_a_shortcut<A_ITERS, ROW_STEP>(sA, shortcut_x, a_base, a_ih, a_iw, kt - main_k_tiles,
                                                      1.f / (H * W * C), pad, shortcut_h, shortcut_w, shortcut_c,
@@ -372,7 +372,7 @@ conv_wgmma_ws(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
     const unsigned int full_bar = ring + RING_BYTES, empty_bar = full_bar + STAGES * 8;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wg = warp >> 2, warp_in_wg = warp & 3;
+    const int wg = warpgroup_index(), warp_in_wg = warp & 3;
     const int M = N * P * Q;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
     const int kt_begin = blockIdx.z * k_tiles_per_split;
@@ -395,7 +395,7 @@ conv_wgmma_ws(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
         const int chunk = ptid & 7;
         int a_base[A_ITERS], a_ih[A_ITERS], a_iw[A_ITERS];
         igemm_a_rows<A_ITERS, ROW_STEP>(a_base, a_ih, a_iw, m0, ptid, M, H, W, C, P, Q, stride, pad);
-        const int c_tiles = C / BK;
+        const fast_divmod by_ctiles(C / BK), by_s(S);
         int stage = 0, phase = 0;   // stage i % STAGES, parity of (i / STAGES)
         for (int i = 0; i < nkt; ++i) {
             if (i >= STAGES) mbarrier_wait_parity(empty_bar + stage * 8, phase ^ 1);
@@ -403,7 +403,7 @@ conv_wgmma_ws(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
             half_bits *sB = sA + A_HALFS;
             const int kt = kt_begin + i;
             igemm_load_b<B_ITERS, ROW_STEP>(sB, w, n0, K, ldw, kt, ptid, chunk);
-            igemm_load_a<A_ITERS, ROW_STEP>(sA, x, a_base, a_ih, a_iw, kt, c_tiles, S, H, W, C, ptid, chunk);
+            igemm_load_a<A_ITERS, ROW_STEP>(sA, x, a_base, a_ih, a_iw, kt, by_ctiles, by_s, H, W, C, ptid, chunk);
             cp_async_mbarrier_arrive_noinc(full_bar + stage * 8);
             if (++stage == STAGES) { stage = 0; phase ^= 1; }
         }

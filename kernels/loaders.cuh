@@ -59,7 +59,26 @@ __device__ __forceinline__ void igemm_load_b(half_bits *sB, const half_bits *__r
     }
 }
 
-// A: the im2col rows of k-tile kt (fp16 NHWC input, C % 64 == 0).
+// A: the im2col rows of the k-tile of filter tap (r, s), input channels c0 ... c0 + 63 (fp16 NHWC input,
+// C % 64 == 0).
+template <int A_ITERS, int ROW_STEP>
+__device__ __forceinline__ void igemm_load_a_tap(half_bits *sA, const half_bits *__restrict__ x,
+                                                 const int (&a_base)[A_ITERS], const int (&a_ih)[A_ITERS],
+                                                 const int (&a_iw)[A_ITERS], int r, int s, int c0, int H, int W,
+                                                 int C, int tid, int chunk) {
+#pragma unroll
+    for (int i = 0; i < A_ITERS; ++i) {
+        const int row = tid / 8 + i * ROW_STEP;
+        const int ih = a_ih[i] + r, iw = a_iw[i] + s;
+        const bool ok = (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
+        // One 32-bit element offset (the input has fewer than 2^31 elements), widened once: x + offset is
+        // a single wide multiply-add, where the 64-bit sum of the parts took five instructions per row.
+        const unsigned int offset = ok ? (unsigned int)(a_base[i] + (ih * W + iw) * C + c0 + chunk * 8) : 0u;
+        cp_async_16(smem_addr(sA + swz(row, chunk)), x + offset, ok ? 16 : 0);
+    }
+}
+
+// A: the im2col rows of k-tile kt, which is filter tap kt / c_tiles, channels (kt % c_tiles) * 64 ...
 template <int A_ITERS, int ROW_STEP>
 __device__ __forceinline__ void igemm_load_a(half_bits *sA, const half_bits *__restrict__ x,
                                              const int (&a_base)[A_ITERS], const int (&a_ih)[A_ITERS],
@@ -67,14 +86,21 @@ __device__ __forceinline__ void igemm_load_a(half_bits *sA, const half_bits *__r
                                              int C, int tid, int chunk) {
     const int tap = kt / c_tiles, c0 = (kt - tap * c_tiles) * BK;
     const int r = tap / S, s = tap - r * S;
-#pragma unroll
-    for (int i = 0; i < A_ITERS; ++i) {
-        const int row = tid / 8 + i * ROW_STEP;
-        const int ih = a_ih[i] + r, iw = a_iw[i] + s;
-        const bool ok = (unsigned)ih < (unsigned)H && (unsigned)iw < (unsigned)W;
-        const half_bits *src = ok ? x + a_base[i] + (ih * W + iw) * C + c0 + chunk * 8 : x;
-        cp_async_16(smem_addr(sA + swz(row, chunk)), src, ok ? 16 : 0);
-    }
+    igemm_load_a_tap<A_ITERS, ROW_STEP>(sA, x, a_base, a_ih, a_iw, r, s, c0, H, W, C, tid, chunk);
+}
+
+// The same with the two divisions by common.cuh's fast_divmod (by_ctiles: C / 64, by_s: S), built once
+// per kernel from its arguments: per k-tile they were ~55 of conv_wgmma's ~225 instructions (SASS,
+// 2026-11-23), in a main loop that issues little else besides the copies and four wgmma.
+template <int A_ITERS, int ROW_STEP>
+__device__ __forceinline__ void igemm_load_a(half_bits *sA, const half_bits *__restrict__ x,
+                                             const int (&a_base)[A_ITERS], const int (&a_ih)[A_ITERS],
+                                             const int (&a_iw)[A_ITERS], int kt, const fast_divmod &by_ctiles,
+                                             const fast_divmod &by_s, int H, int W, int C, int tid, int chunk) {
+    int c_tile, s;
+    const int tap = by_ctiles.divmod(c_tile, kt);
+    const int r = by_s.divmod(s, tap);
+    igemm_load_a_tap<A_ITERS, ROW_STEP>(sA, x, a_base, a_ih, a_iw, r, s, c_tile * BK, H, W, C, tid, chunk);
 }
 
 // A: k-tile kt_shortcut (channels kt_shortcut*64 ... +63) of the fused shortcut (header), for the rows of

@@ -155,7 +155,7 @@ stem_pool_wgmma(const void *__restrict__ x_, const half_bits *__restrict__ w, co
     unsigned char *sRaw = reinterpret_cast<unsigned char *>(sStem + SW_M * SP_C_ROW);   // [35][SW_RAW_ROW] (MODE 1)
     float *sBias = reinterpret_cast<float *>(sRaw + SW_IN_H * SW_RAW_ROW);               // [64]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wg = warp >> 2, warp_in_wg = warp & 3;
+    const int wg = warpgroup_index(), warp_in_wg = warp & 3;
     const int g = lane >> 2, t4 = lane & 3;
 
     // Filter row n, 16-byte chunk c (of 24) -> descriptor tile c / 8, swizzled chunk c % 8.

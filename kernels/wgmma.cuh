@@ -20,6 +20,13 @@ __device__ __forceinline__ u64 wgmma_desc_sw128(unsigned int smem_byte_addr) {
          | ((u64)1 << 62);
 }
 
+// threadIdx.x / 128 as a value the compiler knows is the same across the warp (a shuffle from lane 0,
+// as CUTLASS's canonical_warp_group_idx): the descriptors derived from it are then built in uniform
+// registers, where wgmma takes them, instead of 64-bit arithmetic and R2UR moves before every wgmma.
+__device__ __forceinline__ int warpgroup_index() {
+    return __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
