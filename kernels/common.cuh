@@ -171,15 +171,20 @@ __device__ __forceinline__ void pdl_begin() {
 // prefetch only warms L2, through which every write goes). A kernel whose
 // blocks are resident early (PDL) so fetches its weights while the kernel
 // before it still runs: at small batches the convolutions stream their
-// filters from HBM with little else to overlap.
+// filters from HBM with little else to overlap. With wait_now false the kernel
+// calls pdl_wait() itself, later: what it does in between (index arithmetic,
+// copies of its weights) reads nothing another kernel writes, and runs while
+// the kernel before it finishes. The sm_90a convolutions set up that way (their
+// address arithmetic and fast_divmod builds were ~450 instructions between the
+// wait and the first copy of the main loop: SASS, 2026-11-23).
 __device__ __forceinline__ void pdl_begin_prefetch_l2(const void *base, int rows, unsigned int bytes, u64 stride,
-                                                      bool trigger_now = true) {
+                                                      bool trigger_now = true, bool wait_now = true) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (trigger_now) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     for (int r = threadIdx.x; r < rows; r += blockDim.x)
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n"
                      :: "l"(static_cast<const char *>(base) + r * stride), "r"(bytes) : "memory");
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    if (wait_now) asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 
@@ -188,9 +193,9 @@ __device__ __forceinline__ void pdl_begin_prefetch_l2(const void *base, int rows
 // prefetched by the first block along M only (the others read the same slice).
 __device__ __forceinline__ void pdl_begin_prefetch_filter_slice(const half_bits *w, int n0, int bn, int K, int ldw,
                                                                 int kt_begin, int kt_end, bool first_m,
-                                                                bool trigger_now = true) {
+                                                                bool trigger_now = true, bool wait_now = true) {
     pdl_begin_prefetch_l2(w + (u64)n0 * ldw + (u64)kt_begin * BK, first_m ? min(bn, K - n0) : 0,
-                          (unsigned int)(kt_end - kt_begin) * BK * 2, (u64)ldw * 2, trigger_now);
+                          (unsigned int)(kt_end - kt_begin) * BK * 2, (u64)ldw * 2, trigger_now, wait_now);
 }
 
 // The same for the split-K implicit-GEMM grid (blockIdx.x: M tile, .y: the bn
@@ -198,9 +203,9 @@ __device__ __forceinline__ void pdl_begin_prefetch_filter_slice(const half_bits 
 // k-tiles), as conv_implicit_gemm and both conv_wgmma kernels launch.
 __device__ __forceinline__ void pdl_begin_prefetch_filter(const half_bits *w, int bn, int K, int ldw,
                                                           int num_k_tiles, int k_tiles_per_split,
-                                                          bool trigger_now = true) {
+                                                          bool trigger_now = true, bool wait_now = true) {
     pdl_begin_prefetch_filter_slice(w, blockIdx.y * bn, bn, K, ldw, blockIdx.z * k_tiles_per_split,
                                     min(num_k_tiles, (int)(blockIdx.z + 1) * k_tiles_per_split), blockIdx.x == 0,
-                                    trigger_now);
+                                    trigger_now, wait_now);
 }
 #endif  // FUSEDRESNET_COMMON_CUH

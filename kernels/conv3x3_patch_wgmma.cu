@@ -68,8 +68,10 @@ __global__ void __launch_bounds__(WGS * 128, 1)
 conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
                     const half_bits *__restrict__ residual, half_bits *__restrict__ y,
                     int N, int H, int W, int K, int num_tiles, int relu) {
+    // common.cuh: the 9-tap slice of this block's channels into L2, no trigger (before the last epilogue),
+    // no wait yet: the filter copies and the index arithmetic below read nothing another kernel writes.
     pdl_begin_prefetch_filter_slice(w, blockIdx.y * PATCH_WGMMA_BN, PATCH_WGMMA_BN, K, PATCH_TAPS * BK, 0, PATCH_TAPS,
-                                    blockIdx.x == 0, false);   // common.cuh: the 9-tap slice of this block's channels
+                                    blockIdx.x == 0, false, false);
     constexpr int BN = PATCH_WGMMA_BN;        // output channels per block (and the input channels: BK)
     constexpr int THREADS = WGS * 128;
     constexpr int WM = BM / WGS;              // positions per warpgroup
@@ -125,6 +127,7 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     };
 
     const int first = blockIdx.x, step = gridDim.x;
+    pdl_wait();   // common.cuh: from here on the earlier kernels' outputs (x, residual) are visible
 #pragma unroll
     for (int s = 0; s < STAGES - 2; ++s) {   // the filter joins the first group
         if (s < my_tiles) load_patch(s, first + s * step);

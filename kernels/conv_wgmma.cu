@@ -221,7 +221,9 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
            int N, int H, int W, int C, int K, int P, int Q, int R, int S, int stride, int pad,
            int ldw, int num_k_tiles, int k_tiles_per_split, int relu, const half_bits *__restrict__ shortcut_x,
            int shortcut_h, int shortcut_w, int shortcut_c, int shortcut_stride, int main_k_tiles) {
-    pdl_begin_prefetch_filter(w, BN, K, ldw, num_k_tiles, k_tiles_per_split, false);   // common.cuh
+    // common.cuh: the filter slice into L2, no trigger (after the main loop) and no wait yet: the index
+    // arithmetic below reads no memory another kernel writes, so it overlaps the kernel before this one.
+    pdl_begin_prefetch_filter(w, BN, K, ldw, num_k_tiles, k_tiles_per_split, false, false);
     constexpr int THREADS = WGS * 128;
     constexpr int WM = BM / WGS;              // rows per warpgroup
     constexpr int MB = WM / 64;               // m64 blocks per warpgroup
@@ -272,6 +274,7 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
 #pragma unroll
         for (int j = 0; j < NACC; ++j) acc[mb][j] = 0.f;
 
+    pdl_wait();   // common.cuh: from here on the earlier kernels' outputs (x, shortcut_x, residual) are visible
 #pragma unroll
     for (int s = 0; s < STAGES - 2; ++s) {
         if (s < nkt) load_tile(s, kt_begin + s);

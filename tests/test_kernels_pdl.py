@@ -51,6 +51,18 @@ def test_every_kernel_waits_for_the_previous_one_before_anything_else():
     later = {k for k, call in calls.items() if call.startswith("pdl_wait(") or call.endswith(", false)")}
     assert later == {"conv_wgmma", "conv3x3_patch_wgmma", "stem_pool_wgmma"}, later
     assert all("pdl_trigger();" in bodies[k] for k in later)
+    # the two that wait later as well (wait_now false): index arithmetic and copies of their weights first,
+    # then pdl_wait() before anything that touches another kernel's output (lambdas are only defined there)
+    waiting_later = {k for k, call in calls.items() if call.endswith("false, false)")}
+    assert waiting_later == {"conv_wgmma", "conv3x3_patch_wgmma"}, waiting_later
+    for kernel in waiting_later:
+        before, wait, _ = bodies[kernel].partition("pdl_wait();")
+        assert wait, f"{kernel}: no pdl_wait() after a prefetch that does not wait"
+        before = re.sub(r"auto \w+ = \[&\]\(.*?\n    \};", "", before, flags=re.S)   # lambda definitions
+        code = re.sub(r"//.*", "", before)
+        touched = set(re.findall(r"(?<![.\w])(x|y|residual|shortcut_x|partial)\b", code))   # not blockIdx.x
+        assert not touched, f"{kernel} uses {touched} before its pdl_wait()"
+        assert not re.search(r"\bload_\w+\(", code), f"{kernel} loads a tile before its pdl_wait()"
     for header in KERNEL_DIR.glob("*.cuh"):   # kernels live in the .cu files only
         assert "__global__" not in header.read_text(), header.name
 
