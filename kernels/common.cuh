@@ -135,9 +135,11 @@ __device__ __forceinline__ void mma_16816(float *d, const unsigned int *a, const
 //   griddepcontrol.wait  waits until the kernels this one depends on have
 //     completed and their writes are visible (returns at once when the kernel
 //     was launched without the attribute).
-// Every kernel waits before its first global access, so each kernel still
-// sees every earlier kernel complete (by induction along the stream): the
-// order of reads and writes is that of a plain launch. Where each block
+// Every kernel waits before its first access to memory another kernel writes
+// (the activations; only its own weights, which no kernel writes, may be read
+// or prefetched before: pdl_begin_prefetch_l2), so each kernel still sees
+// every earlier kernel complete (by induction along the stream): the order of
+// reads and writes is that of a plain launch. Where each block
 // triggers: at its start (pdl_begin, pdl_begin_prefetch_l2 with trigger_now)
 // in the element-wise kernels, the head and the mma.sync convolutions; after
 // its main loop (pdl_trigger, before the epilogue) in the sm_90a kernels the
