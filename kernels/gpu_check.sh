@@ -83,8 +83,9 @@ if [[ $what == bench || $what == all || $what == full || $what == tuned ]]; then
 fi
 if [[ ( $what == full && -z $NO_NCU ) || $what == profile ]]; then
   # the second round of profile_layers' launches (the first is the warm-up); clocks left alone
+  per_round=$(python3 -c "from fusedresnet.harness.profile_layers import LAUNCHES_PER_ROUND as n; print(n)")
   ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-      --section WarpStateStats --section SchedulerStats --section LaunchStats --section SourceCounters -k regex:"stem|conv" --launch-skip 5 --launch-count 5 \
+      --section WarpStateStats --section SchedulerStats --section LaunchStats --section SourceCounters -k regex:"stem|conv" --launch-skip $per_round --launch-count $per_round \
       --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor_op_.*cycles_active.avg.pct_of_peak_sustained_active,regex:l1tex__data_bank_conflicts_pipe_lsu_mem_shared.*sum" \
       python3 -m fusedresnet.harness.profile_layers > "$OUT/ncu.txt" 2>&1
   echo "ncu exit $? after $(( $(date +%s) - t0 ))s"
