@@ -41,6 +41,11 @@
 //   wgmma.fence; 4*MB wgmma.mma_async on stage i; wgmma.commit_group
 //   wgmma.wait_group 1    the wgmma of tile i-1 are done (tile i may run on)
 // After the loop wgmma.wait_group 0, then the epilogue.
+// With three stages the distance is 2 instead (AHEAD in the code): the refill
+// goes into the stage of tile i-1 and each k-tile ends with wgmma.wait_group
+// 0, trading the wgmma overlap for one more tile in flight. Measured on the
+// H100 (NOTES.md outcome 30): the 3-stage tiles 4-14% faster that way, the 4-
+// and 6-stage tiles 11-25% slower.
 //
 // FUSED SHORTCUT. k-tiles from main_k_tiles on (to num_k_tiles) are a
 // downsampling block's 1x1 projection of shortcut_x (loaders.cuh explains it);
@@ -274,25 +279,29 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
 #pragma unroll
         for (int j = 0; j < NACC; ++j) acc[mb][j] = 0.f;
 
+    // Prefetch distance (header, PIPELINE): 2 with three stages, the refill after all of tile i-1's wgmma;
+    // else STAGES - 2, with one k-tile of wgmma in flight across the refill.
+    constexpr int AHEAD = STAGES == 3 ? STAGES - 1 : STAGES - 2;
     pdl_wait();   // common.cuh: from here on the earlier kernels' outputs (x, shortcut_x, residual) are visible
 #pragma unroll
-    for (int s = 0; s < STAGES - 2; ++s) {
+    for (int s = 0; s < AHEAD; ++s) {
         if (s < nkt) load_tile(s, kt_begin + s);
         cp_async_commit();
     }
 
     for (int i = 0; i < nkt; ++i) {
-        cp_async_wait<STAGES - 3>();
+        cp_async_wait<AHEAD - 1>();   // tile i landed: all but the newest AHEAD - 1 groups are complete
         fence_proxy_async_shared();
         __syncthreads();
         fence_proxy_async_shared();
-        const int next = i + STAGES - 2;
+        const int next = i + AHEAD;   // into the stage of tile i - (STAGES - AHEAD), whose wgmma are done
         if (next < nkt) load_tile(next % STAGES, kt_begin + next);
         cp_async_commit();
 
         const unsigned int sA = smem_addr(smem + (i % STAGES) * STAGE_HALFS);
         wgmma_ktile<BN, MB, WM>(acc, sA, sA + A_HALFS * 2, wg);
-        wgmma_wait<1>();
+        if constexpr (AHEAD == STAGES - 1) wgmma_wait<0>();
+        else wgmma_wait<1>();
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
     }
