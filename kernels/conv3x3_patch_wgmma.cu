@@ -51,11 +51,14 @@
 //   cp.async the patch of tile i+STAGES-2 into the stage tile i-2 used
 //   zero acc; wgmma.fence; 36*MB wgmma on patch i; commit
 //   wgmma.wait_group 1    tile i-1's wgmma are done ...
-//   epilogue of tile i-1 from the other accumulator set  ... while tile i's run.
+//   epilogue of tile i-1 from the other accumulator set  ... while tile i's run
+//   output rows and residual loads of tile i (registers; used by its epilogue
+//                         one tile later)
 // The loop is written so that one commit group, into the same set, is in
 // flight on every path into its header (the code says why).
 // The epilogue is epilogue.cuh's (bias from registers, residual, ReLU, fp16
-// NHWC), rows at padding positions dropped.
+// NHWC), rows at padding positions dropped; its residual loads are issued a
+// tile ahead (epilogue_load_residual_rows / epilogue_store_rows).
 
 #include "common.cuh"
 #include "epilogue.cuh"
@@ -170,25 +173,49 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
         wgmma_commit();
     };
 
-    // The epilogue of tile `tile` from acc (wgmma accumulator layout: conv_wgmma.cu's header).
+    // This thread's output rows of a tile (per m64 block, fragment rows g and g+8: y's element offset of
+    // channel 0, false at padding positions) and their residual values. With one m64 block per warpgroup
+    // they are fetched ONE TILE AHEAD, right after the previous tile's epilogue: the residual of a large
+    // batch comes from HBM, and loaded in the epilogue its latency (~1 us under load) stood between a
+    // tile's epilogue and the next tile's wgmma (NOTES.md, outcome 31). With two m64 blocks the 32 more
+    // registers spill (ptxas 13.0: 224-232 bytes of stack), so those tiles fetch block by block in the
+    // epilogue.
+    constexpr bool ROWS_AHEAD = MB == 1;
+    u64 out_row[MB][2];
+    bool out_valid[MB][2];
+    half2_bits res[MB][2][BN / 8];
+    const int k0 = n0 + 2 * t4;
+    const bool add_residual = residual != nullptr;
+    auto fetch_block_rows = [&](int tile, int mb) {
+#pragma unroll
+        for (int half_row = 0; half_row < 2; ++half_row) {
+            const int o = tile * BM + wg * WM + mb * 64 + warp_in_wg * 16 + g + half_row * 8;
+            int rem, ox;
+            const int img = by_plane.divmod(rem, o);
+            const int oy = by_pw.divmod(ox, rem);
+            out_valid[mb][half_row] = img < N && oy < H && ox < W;
+            out_row[mb][half_row] = ((u64)(img * H + oy) * W + ox) * K;
+        }
+        epilogue_load_residual_rows<BN / 8>(res[mb], out_row[mb], out_valid[mb], k0, K, residual);
+    };
+    auto fetch_rows = [&](int tile) {
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) fetch_block_rows(tile, mb);
+    };
+
+    // The epilogue of tile `tile` from acc (wgmma accumulator layout: conv_wgmma.cu's header), its rows
+    // fetched before (ROWS_AHEAD) or here; the block's channels n0 .. n0+63 never cross K (no check).
+    const auto bias_pair = [&](int j) { return float_pair(bias_lo[j], bias_hi[j]); };
     auto epilogue = [&](const float (&acc)[MB][NACC], int tile) {
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) {
-#pragma unroll
-            for (int half_row = 0; half_row < 2; ++half_row) {
-                const int o = tile * BM + wg * WM + mb * 64 + warp_in_wg * 16 + g + half_row * 8;
-                int rem, ox;
-                const int img = by_plane.divmod(rem, o);
-                const int oy = by_pw.divmod(ox, rem);
-                if (img >= N || oy >= H || ox >= W) continue;
-                const u64 row = ((u64)(img * H + oy) * W + ox) * K;
-#pragma unroll
-                for (int j = 0; j < BN / 8; ++j) {
-                    const int k = n0 + j * 8 + 2 * t4;
-                    epilogue_pair_biased(acc[mb][4 * j + half_row * 2] + bias_lo[j],
-                                         acc[mb][4 * j + half_row * 2 + 1] + bias_hi[j], row + k, residual, y, relu);
-                }
-            }
+            if constexpr (!ROWS_AHEAD) fetch_block_rows(tile, mb);
+            if (add_residual)
+                epilogue_store_rows<BN / 8, true, false>(acc[mb], bias_pair, res[mb], out_row[mb], out_valid[mb], k0,
+                                                         K, y, relu);
+            else
+                epilogue_store_rows<BN / 8, false, false>(acc[mb], bias_pair, res[mb], out_row[mb], out_valid[mb],
+                                                          k0, K, y, relu);
         }
     };
 
@@ -204,12 +231,14 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
         cp_async_commit();
         mma_tile(acc, i);
     };
-    // Tile i's wgmma done (the one group issued after them may run on): its epilogue from acc.
+    // Tile i's wgmma done (the one group issued after them may run on): its epilogue from acc, then the
+    // rows of tile i + 1 (whose wgmma are in flight).
     auto finish_tile = [&](float (&acc)[MB][NACC], int i) {
         wgmma_wait<1>();
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
         epilogue(acc, first + i * step);
+        if constexpr (ROWS_AHEAD) fetch_rows(first + (i + 1) * step);
     };
     auto finish_last_tile = [&](float (&acc)[MB][NACC], int i) {
         wgmma_wait<0>();
@@ -223,6 +252,7 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     // header has the same accumulators in flight.
     float acc0[MB][NACC], acc1[MB][NACC];
     if (my_tiles == 0) return;
+    if constexpr (ROWS_AHEAD) fetch_rows(first);   // tile 0's residual loads run under its patch loads and wgmma
     start_tile(acc1, 0);
     int i = 1;
     for (; i + 1 < my_tiles; i += 2) {

@@ -33,36 +33,57 @@ __device__ __forceinline__ void epilogue_pair_biased(float v0, float v1, u64 off
 
 // Both fragment rows of one m16 block (rows g and g+8: offsets row[0], row[1] of their channel 0, each
 // written only where valid[h]) over NJ column pairs k = k0 + 8j, k0 + 8j + 1 (those with k < K), from
-// the accumulators acc[4j + 2h], acc[4j + 2h + 1] plus bias_pair(j) (the two bias values). The
-// residual loads of both rows are issued before the first use: one wait on memory per m16 block,
-// not one per fragment row (the residual of a large batch comes from HBM, about a microsecond away
-// under load). It holds 2 * NJ more registers than pair by pair (conv_wgmma.cu says where it pays).
-template <int NJ, typename BiasPair>
-__device__ __forceinline__ void epilogue_rows(const float *acc, BiasPair bias_pair, const u64 (&row)[2],
-                                              const bool (&valid)[2], int k0, int K,
-                                              const half_bits *__restrict__ residual, half_bits *__restrict__ y,
-                                              int relu) {
-    half2_bits res[2][NJ];
+// the accumulators acc[4j + 2h], acc[4j + 2h + 1] plus bias_pair(j) (the two bias values), in two
+// steps: epilogue_load_residual_rows issues the residual loads of both rows (zeros without a
+// residual), epilogue_store_rows adds them (ADD_RESIDUAL) and stores (CHECK_K: skips the pairs with
+// k >= K; a caller whose tile never crosses K passes false). epilogue_rows does both at once: one wait on
+// memory per m16 block, not one per fragment row (the residual of a large batch comes from HBM, about a
+// microsecond away under load); it holds 2 * NJ more registers than pair by pair (conv_wgmma.cu says
+// where it pays). conv3x3_patch_wgmma issues the loads one tile ahead of the stores.
+template <int NJ>
+__device__ __forceinline__ void epilogue_load_residual_rows(half2_bits (&res)[2][NJ], const u64 (&row)[2],
+                                                            const bool (&valid)[2], int k0, int K,
+                                                            const half_bits *__restrict__ residual) {
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int j = 0; j < NJ; ++j)
             res[h][j] = residual != nullptr && valid[h] && k0 + 8 * j < K
                 ? *reinterpret_cast<const half2_bits *>(residual + row[h] + k0 + 8 * j) : 0u;
+}
+
+template <int NJ, bool ADD_RESIDUAL, bool CHECK_K, typename BiasPair>
+__device__ __forceinline__ void epilogue_store_rows(const float *acc, BiasPair bias_pair,
+                                                    const half2_bits (&res)[2][NJ], const u64 (&row)[2],
+                                                    const bool (&valid)[2], int k0, int K,
+                                                    half_bits *__restrict__ y, int relu) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         if (!valid[h]) continue;
 #pragma unroll
         for (int j = 0; j < NJ; ++j) {
-            if (k0 + 8 * j >= K) continue;
+            if (CHECK_K && k0 + 8 * j >= K) continue;
             const float2 b = bias_pair(j);
-            float r0, r1;
-            unpack_half2(res[h][j], r0, r1);
-            float v0 = acc[4 * j + 2 * h] + b.x + r0, v1 = acc[4 * j + 2 * h + 1] + b.y + r1;
+            float v0 = acc[4 * j + 2 * h] + b.x, v1 = acc[4 * j + 2 * h + 1] + b.y;
+            if constexpr (ADD_RESIDUAL) {
+                float r0, r1;
+                unpack_half2(res[h][j], r0, r1);
+                v0 += r0; v1 += r1;
+            }
             if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
             *reinterpret_cast<half2_bits *>(y + row[h] + k0 + 8 * j) = pack_half2(v0, v1);
         }
     }
+}
+
+template <int NJ, typename BiasPair>
+__device__ __forceinline__ void epilogue_rows(const float *acc, BiasPair bias_pair, const u64 (&row)[2],
+                                              const bool (&valid)[2], int k0, int K,
+                                              const half_bits *__restrict__ residual, half_bits *__restrict__ y,
+                                              int relu) {
+    half2_bits res[2][NJ];
+    epilogue_load_residual_rows<NJ>(res, row, valid, k0, K, residual);
+    epilogue_store_rows<NJ, true, true>(acc, bias_pair, res, row, valid, k0, K, y, relu);   // zeros without one
 }
 
 // The same from the raw sums: adds bias[k], bias[k+1] first.
