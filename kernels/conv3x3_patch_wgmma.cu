@@ -48,8 +48,8 @@
 // tile's epilogue):
 //   cp.async.wait_group; fence.proxy.async; __syncthreads   patch i landed,
 //                         and every warpgroup is past tile i-2's wgmma
-//   cp.async the patch of tile i+STAGES-2 into the stage tile i-2 used
 //   zero acc; wgmma.fence; 36*MB wgmma on patch i; commit
+//   cp.async the patch of tile i+STAGES-2 into the stage tile i-2 used
 //   wgmma.wait_group 1    tile i-1's wgmma are done ...
 //   epilogue of tile i-1 from the other accumulator set  ... while tile i's run
 //   output rows and residual loads of tile i (registers; used by its epilogue
@@ -219,17 +219,17 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
         }
     };
 
-    // Tile i: wait for its patch, refill the stage of tile i-2 (done: every warpgroup is past tile i-2's
-    // wgmma), issue its wgmma into acc.
+    // Tile i: wait for its patch, issue its wgmma into acc, refill the stage of tile i-2 (done: every
+    // warpgroup is past tile i-2's wgmma).
     auto start_tile = [&](float (&acc)[MB][NACC], int i) {
         cp_async_wait<STAGES - 3>();
         fence_proxy_async_shared();
         __syncthreads();
         fence_proxy_async_shared();
-        const int next = i + STAGES - 2;
+        mma_tile(acc, i);
+        const int next = i + STAGES - 2;   // after the wgmma are issued: the loads' arithmetic runs under them
         if (next < my_tiles) load_patch(next % STAGES, first + next * step);
         cp_async_commit();
-        mma_tile(acc, i);
     };
     // Tile i's wgmma done (the one group issued after them may run on): its epilogue from acc, then the
     // rows of tile i + 1 (whose wgmma are in flight).

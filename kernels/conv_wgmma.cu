@@ -37,8 +37,9 @@
 //   fence.proxy.async     ... and is ordered before async-proxy (wgmma) reads
 //   __syncthreads         every thread's copies of tile i are done; every
 //                         warpgroup has retired the wgmma of tile i-2
-//   cp.async tile i+STAGES-2 into the stage tile i-2 used
 //   wgmma.fence; 4*MB wgmma.mma_async on stage i; wgmma.commit_group
+//   cp.async tile i+STAGES-2 into the stage tile i-2 used (its address
+//                         arithmetic runs under the wgmma just issued)
 //   wgmma.wait_group 1    the wgmma of tile i-1 are done (tile i may run on)
 // After the loop wgmma.wait_group 0, then the epilogue.
 // With three stages the distance is 2 instead (AHEAD in the code): the refill
@@ -294,12 +295,12 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
         fence_proxy_async_shared();
         __syncthreads();
         fence_proxy_async_shared();
+        const unsigned int sA = smem_addr(smem + (i % STAGES) * STAGE_HALFS);
+        wgmma_ktile<BN, MB, WM>(acc, sA, sA + A_HALFS * 2, wg);
+        // The refill after the wgmma are issued: its ~100 instructions per thread run under them.
         const int next = i + AHEAD;   // into the stage of tile i - (STAGES - AHEAD), whose wgmma are done
         if (next < nkt) load_tile(next % STAGES, kt_begin + next);
         cp_async_commit();
-
-        const unsigned int sA = smem_addr(smem + (i % STAGES) * STAGE_HALFS);
-        wgmma_ktile<BN, MB, WM>(acc, sA, sA + A_HALFS * 2, wg);
         if constexpr (AHEAD == STAGES - 1) wgmma_wait<0>();
         else wgmma_wait<1>();
 #pragma unroll
