@@ -99,6 +99,16 @@ __device__ __forceinline__ unsigned int smem_addr(const void *p) {
     return (unsigned int)__cvta_generic_to_shared(p);
 }
 
+// A 16-byte read-only global load issued where it stands: asm volatile keeps it before the barriers
+// that follow (ptxas sank a plain load of a __restrict__ pointer past a cluster barrier to its use).
+// For loads a kernel issues early on purpose, from memory no thread of this kernel writes.
+__device__ __forceinline__ vec16 ld_global_nc_16_early(const void *p) {
+    vec16 v;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
 // 16-byte asynchronous global->shared copy. src_bytes = 0 writes 16 zero bytes
 // without reading global memory: that is how the implicit-GEMM loader pads.
 __device__ __forceinline__ void cp_async_16(unsigned int dst, const void *src, int src_bytes) {

@@ -175,8 +175,8 @@ __host__ __device__ constexpr int wgmma_min_blocks(int bm, int bn, int stages) {
 // its ring, which every warpgroup has drained: the wgmma_wait<0> and cp_async_wait<0> before the
 // barrier), then after a cluster barrier block `rank` reduces items rank, rank + slices, ... of
 // the tile's BM x BN/8 groups of 8 channels (slices in order 0, 1, ...: the sum splitk_epilogue forms)
-// and stores them with epilogue.cuh's epilogue_store8. The last cluster barrier keeps every block's
-// shared memory alive until the others have read it.
+// and stores them with epilogue.cuh's epilogue_store8_loaded. The last cluster barrier keeps every
+// block's shared memory alive until the others have read it.
 template <int BM, int BN, int MB, int WM, int THREADS>
 __device__ __forceinline__ void wgmma_cluster_splitk_epilogue(const float (&acc)[MB][BN / 2], half_bits *smem,
                                                               int m0, int n0, int wg, int warp_in_wg, int lane,
@@ -198,16 +198,30 @@ __device__ __forceinline__ void wgmma_cluster_splitk_epilogue(const float (&acc)
                 *reinterpret_cast<float2 *>(stage + row * LD + 8 * j + 2 * t4)
                     = float_pair(acc[mb][4 * j + half_row * 2], acc[mb][4 * j + half_row * 2 + 1]);
         }
-    cluster_sync();   // every slice of the tile staged and visible to the cluster
+    // An item's bias and residual (zeros without one) are loaded before its slices are read, and the first
+    // item's before the cluster barrier (they depend on no other block): their latency (L2) runs under
+    // the barrier and the distributed-shared-memory reads instead of after them.
     const int slices = (int)cluster_num_blocks(), rank = (int)cluster_block_rank();
+    const int first_item = rank * THREADS + tid;
+    vec16 b0 = {0u, 0u, 0u, 0u}, b1 = b0, res = b0;   // bias values as bits (common.cuh's early load)
+    auto item_operands = [&](int item) {
+        const int row = item / GROUPS, group = item - row * GROUPS;
+        const int m = m0 + row, k = n0 + 8 * group;
+        if (m >= M || k >= K) return;
+        b0 = ld_global_nc_16_early(bias + k);
+        b1 = ld_global_nc_16_early(bias + k + 4);
+        if (residual != nullptr) res = ld_global_nc_16_early(residual + (u64)m * K + k);
+    };
+    if (first_item < BM * GROUPS) item_operands(first_item);
+    cluster_sync();   // every slice of the tile staged and visible to the cluster
     const unsigned int stage_addr = smem_addr(stage);
-    for (int item = rank * THREADS + tid; item < BM * GROUPS; item += slices * THREADS) {
+    for (int item = first_item; item < BM * GROUPS; item += slices * THREADS) {
         const int row = item / GROUPS, group = item - row * GROUPS;
         const int m = m0 + row, k = n0 + 8 * group;
         if (m >= M || k >= K) continue;
-        const float4 b0 = *reinterpret_cast<const float4 *>(bias + k);
-        const float4 b1 = *reinterpret_cast<const float4 *>(bias + k + 4);
-        float v[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+        if (item != first_item) item_operands(item);
+        float v[8] = {__uint_as_float(b0.x), __uint_as_float(b0.y), __uint_as_float(b0.z), __uint_as_float(b0.w),
+                      __uint_as_float(b1.x), __uint_as_float(b1.y), __uint_as_float(b1.z), __uint_as_float(b1.w)};
         const unsigned int local = stage_addr + (row * LD + 8 * group) * 4;
         for (int s = 0; s < slices; ++s) {
             const unsigned int remote = cluster_map_shared(local, s);
@@ -215,7 +229,7 @@ __device__ __forceinline__ void wgmma_cluster_splitk_epilogue(const float (&acc)
             v[0] += lo.x; v[1] += lo.y; v[2] += lo.z; v[3] += lo.w;
             v[4] += hi.x; v[5] += hi.y; v[6] += hi.z; v[7] += hi.w;
         }
-        epilogue_store8(v, (u64)m * K + k, residual, y, relu);
+        epilogue_store8_loaded(v, res, residual != nullptr, (u64)m * K + k, y, relu);
     }
     cluster_sync();   // no block exits while its staged slice may still be read
 }

@@ -110,11 +110,11 @@ __device__ __forceinline__ void epilogue_pair_or_partial(float v0, float v1, int
 }
 
 // 8 channels at `off` (a multiple of 8): v already holds acc + bias; adds the
-// residual, applies ReLU and stores 16 bytes.
-__device__ __forceinline__ void epilogue_store8(float (&v)[8], u64 off, const half_bits *__restrict__ residual,
-                                                half_bits *__restrict__ y, int relu) {
-    if (residual != nullptr) {
-        const vec16 r = *reinterpret_cast<const vec16 *>(residual + off);
+// residual r (loaded by the caller: wgmma_cluster_splitk_epilogue issues it
+// early) when add_residual, applies ReLU and stores 16 bytes.
+__device__ __forceinline__ void epilogue_store8_loaded(float (&v)[8], const vec16 &r, bool add_residual, u64 off,
+                                                       half_bits *__restrict__ y, int relu) {
+    if (add_residual) {
         float lo, hi;
         unpack_half2(r.x, lo, hi); v[0] += lo; v[1] += hi;
         unpack_half2(r.y, lo, hi); v[2] += lo; v[3] += hi;
@@ -129,5 +129,13 @@ __device__ __forceinline__ void epilogue_store8(float (&v)[8], u64 off, const ha
     out.x = pack_half2(v[0], v[1]); out.y = pack_half2(v[2], v[3]);
     out.z = pack_half2(v[4], v[5]); out.w = pack_half2(v[6], v[7]);
     *reinterpret_cast<vec16 *>(y + off) = out;
+}
+
+// The same with the residual (if any) loaded here.
+__device__ __forceinline__ void epilogue_store8(float (&v)[8], u64 off, const half_bits *__restrict__ residual,
+                                                half_bits *__restrict__ y, int relu) {
+    vec16 r = {0u, 0u, 0u, 0u};
+    if (residual != nullptr) r = *reinterpret_cast<const vec16 *>(residual + off);
+    epilogue_store8_loaded(v, r, residual != nullptr, off, y, relu);
 }
 #endif  // FUSEDRESNET_EPILOGUE_CUH
