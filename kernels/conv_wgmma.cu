@@ -294,8 +294,8 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
 #pragma unroll
         for (int j = 0; j < NACC; ++j) acc[mb][j] = 0.f;
 
-    // Prefetch distance (header, PIPELINE): 2 with three stages, the refill after all of tile i-1's wgmma;
-    // else STAGES - 2, with one k-tile of wgmma in flight across the refill.
+    // Prefetch distance (header, PIPELINE): 2 with three stages (tile i-1's wgmma retired before k-tile
+    // i, only tile i's in flight across the refill); else STAGES - 2 (tiles i-1 and i in flight).
     constexpr int AHEAD = STAGES == 3 ? STAGES - 1 : STAGES - 2;
     pdl_wait();   // common.cuh: from here on the earlier kernels' outputs (x, shortcut_x, residual) are visible
 #pragma unroll

@@ -39,7 +39,8 @@ __device__ __forceinline__ void epilogue_pair_biased(float v0, float v1, u64 off
 // k >= K; a caller whose tile never crosses K passes false). epilogue_rows does both at once: one wait on
 // memory per m16 block, not one per fragment row (the residual of a large batch comes from HBM, about a
 // microsecond away under load); it holds 2 * NJ more registers than pair by pair (conv_wgmma.cu says
-// where it pays). conv3x3_patch_wgmma issues the loads one tile ahead of the stores.
+// where it pays). conv3x3_patch_wgmma issues the loads one tile ahead of the stores (its tiles with
+// one m64 block per warpgroup).
 template <int NJ>
 __device__ __forceinline__ void epilogue_load_residual_rows(half2_bits (&res)[2][NJ], const u64 (&row)[2],
                                                             const bool (&valid)[2], int k0, int K,
