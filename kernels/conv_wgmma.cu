@@ -204,22 +204,22 @@ __device__ __forceinline__ void wgmma_cluster_splitk_epilogue(const float (&acc)
     const int slices = (int)cluster_num_blocks(), rank = (int)cluster_block_rank();
     const int first_item = rank * THREADS + tid;
     vec16 b0 = {0u, 0u, 0u, 0u}, b1 = b0, res = b0;   // bias values as bits (common.cuh's early load)
-    auto item_operands = [&](int item) {
-        const int row = item / GROUPS, group = item - row * GROUPS;
-        const int m = m0 + row, k = n0 + 8 * group;
-        if (m >= M || k >= K) return;
+    auto item_operands = [&](int m, int k) {   // output row m, channels k .. k+7 (inside M x K)
         b0 = ld_global_nc_16_early(bias + k);
         b1 = ld_global_nc_16_early(bias + k + 4);
         if (residual != nullptr) res = ld_global_nc_16_early(residual + (u64)m * K + k);
     };
-    if (first_item < BM * GROUPS) item_operands(first_item);
+    {
+        const int row = first_item / GROUPS, group = first_item - row * GROUPS;
+        if (first_item < BM * GROUPS && m0 + row < M && n0 + 8 * group < K) item_operands(m0 + row, n0 + 8 * group);
+    }
     cluster_sync();   // every slice of the tile staged and visible to the cluster
     const unsigned int stage_addr = smem_addr(stage);
     for (int item = first_item; item < BM * GROUPS; item += slices * THREADS) {
         const int row = item / GROUPS, group = item - row * GROUPS;
         const int m = m0 + row, k = n0 + 8 * group;
         if (m >= M || k >= K) continue;
-        if (item != first_item) item_operands(item);
+        if (item != first_item) item_operands(m, k);
         float v[8] = {__uint_as_float(b0.x), __uint_as_float(b0.y), __uint_as_float(b0.z), __uint_as_float(b0.w),
                       __uint_as_float(b1.x), __uint_as_float(b1.y), __uint_as_float(b1.z), __uint_as_float(b1.w)};
         const unsigned int local = stage_addr + (row * LD + 8 * group) * 4;

@@ -18,7 +18,7 @@
 #include "common.cuh"
 
 // Channels k, k+1 of the element at offset `off` (= m*K + k) of y / residual, v0 and v1 with the bias
-// already added (conv3x3_patch_wgmma keeps its bias values in registers).
+// already added (epilogue_pair adds it).
 __device__ __forceinline__ void epilogue_pair_biased(float v0, float v1, u64 off,
                                                      const half_bits *__restrict__ residual,
                                                      half_bits *__restrict__ y, int relu) {
