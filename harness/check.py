@@ -60,8 +60,7 @@ from ..kernels.configs import (
     PATCH_WGMMA_TILES,
     SHORTCUT_FUSION_MIN_BATCH,
     WGMMA_ARCH,
-    WGMMA_CLUSTER_TILES,
-    WGMMA_TILES,
+    WGMMA_CONV_TILES,
     ConvPlan,
     make_plan,
     patch_applies,
@@ -69,6 +68,7 @@ from ..kernels.configs import (
     path_arch,
     plan_key,
     reduces_in_cluster,
+    runs_persistent,
     shortcut_applies,
     tile_family,
     untuned_plan,
@@ -329,9 +329,15 @@ class Checker:
                         self.conv_case(spec, n_img, h, w, plan, " (forced)")
                     forced = make_plan(tile, 1, 2 * 17 * 45, spec.out_channels, k_tiles, 2, 17, 45)
                     self.conv_case(spec, 2, 17, 45, forced, " (forced, odd size)")
-            wgmma_tiles = WGMMA_TILES + WGMMA_CLUSTER_TILES if path_arch(self.lib.path) == WGMMA_ARCH else ()
+            wgmma_tiles = WGMMA_CONV_TILES if path_arch(self.lib.path) == WGMMA_ARCH else ()
             for tile in CONV_TILES + wgmma_tiles:
                 if spec.shortcut is not None and not shortcut_applies(tile):
+                    continue
+                if runs_persistent(tile):   # "wp": 5 blocks (8-9 tiles each, the ring across them), then all
+                    tiles = make_plan(tile, 1, m, spec.out_channels, k_tiles).grid[0]
+                    for blocks in (min(5, tiles), tiles):
+                        plan = ConvPlan(tile, 1, k_tiles, (blocks, 1, 1))
+                        self.conv_case(spec, 7, h, w, plan, f" (forced, {blocks} blocks)", shortcut_hw)
                     continue
                 # a "wc" tile's cluster of slices: 3 (k-tiles not a multiple at most shapes) and the most
                 for splits in (3, CLUSTER_SPLITK_MAX) if reduces_in_cluster(tile) else (1, 4):

@@ -205,6 +205,8 @@ class WgmmaConfig:
     cluster_splitk: the split-K slices of a tile run as one thread-block cluster and add up their partial
     sums through distributed shared memory, then apply the epilogue (conv_wgmma.cu, v3): no fp32
     workspace, no splitk_epilogue launch; at most CLUSTER_SPLITK_MAX slices. Labels "wc...".
+    persistent: conv_wgmma's PERSISTENT loop: at most blocks_per_sm blocks per SM, each running tiles
+    blockIdx.x, + gridDim.x, ... with its cp.async ring going on across them; no split-K. Labels "wp...".
     """
 
     bm: int
@@ -216,6 +218,7 @@ class WgmmaConfig:
     measured: bool = False    # efficiency calibrated on a GPU run: only these are untuned (cost-model) choices
     warp_specialized: bool = False
     cluster_splitk: bool = False
+    persistent: bool = False
 
     @property
     def threads(self) -> int:
@@ -230,12 +233,14 @@ class WgmmaConfig:
     def name_expression(self) -> str:
         if self.cluster_splitk:   # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = true
             return f"conv_wgmma<{self.bm},{self.bn},{self.warpgroups},{self.stages},false,true>"
+        if self.persistent:       # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = false, PERSISTENT = true
+            return f"conv_wgmma<{self.bm},{self.bn},{self.warpgroups},{self.stages},false,false,true>"
         kernel = "conv_wgmma_ws" if self.warp_specialized else "conv_wgmma"
         return f"{kernel}<{self.bm},{self.bn},{self.warpgroups},{self.stages}>"
 
     @property
     def label(self) -> str:
-        kind = "ws" if self.warp_specialized else "wc" if self.cluster_splitk else "wg"
+        kind = "ws" if self.warp_specialized else "wc" if self.cluster_splitk else "wp" if self.persistent else "wg"
         return f"{kind}{self.bm}x{self.bn}g{self.warpgroups}s{self.stages}"
 
 
@@ -283,6 +288,14 @@ WGMMA_TILES = (
 CLUSTER_SPLITK_MAX = 8   # slices per cluster: the portable cluster size (a launch limit, not compiled in)
 WGMMA_CLUSTER_TILES = tuple(replace(t, cluster_splitk=True, measured=False) for t in WGMMA_TILES
                             if not t.warp_specialized)
+# conv_wgmma tiles again as persistent blocks (NOTES.md outcome 32): for the convolutions with few k-tiles
+# per tile (layer2.0's stride-2 3x3 conv, K = 9 x 64), where each block's prologue and ring fill weighed
+# on a short k-loop. Only the tuner chooses them (not `measured`), without split-K.
+WGMMA_PERSISTENT_TILES = tuple(replace(t, persistent=True, measured=False) for t in WGMMA_TILES
+                               if not t.warp_specialized and (t.bm, t.bn, t.stages) in
+                               ((128, 128, 3), (128, 128, 4), (64, 128, 3), (256, 128, 4)))
+# Every conv_wgmma / conv_wgmma_ws instantiation's tile: what the sm_90a module compiles and the tuner times.
+WGMMA_CONV_TILES = WGMMA_TILES + WGMMA_CLUSTER_TILES + WGMMA_PERSISTENT_TILES
 
 
 @dataclass(frozen=True)
@@ -491,6 +504,12 @@ def reduces_in_cluster(tile) -> bool:
     return isinstance(tile, WgmmaConfig) and tile.cluster_splitk
 
 
+def runs_persistent(tile) -> bool:
+    """Whether the tile's blocks are persistent (a "wp" tile): its plan's grid.x is the blocks wanted, at
+    most its tiles; the launch caps it at blocks_per_sm per SM."""
+    return isinstance(tile, WgmmaConfig) and tile.persistent
+
+
 def splitk_in_workspace(tile):
     """The tile itself, or for a "wc" tile (split-K reduced in a cluster) its "wg" twin, whose slices go
     through the fp32 workspace and splitk_epilogue: the same sums in the same order."""
@@ -518,7 +537,7 @@ def nvrtc_options(arch: str) -> tuple[str, ...]:
 
 def name_expressions(arch: str | None = None) -> list[str]:
     """Every kernel instantiation the launcher uses on `arch` (the wgmma ones only on sm_90a)."""
-    wgmma_tiles = WGMMA_TILES + WGMMA_CLUSTER_TILES
+    wgmma_tiles = WGMMA_CONV_TILES
     wgmma = ([t.name_expression for t in wgmma_tiles + PATCH_WGMMA_TILES] + list(STEM_POOL_WGMMA_KERNELS.values())
              + [shortcut_name_expression(t) for t in wgmma_tiles if shortcut_applies(t)]
              if wgmma_arch(arch) else [])
@@ -600,7 +619,7 @@ def plan_key(n: int, h: int, w: int, c: int, k: int, r: int, stride: int, shortc
 
 
 def tile_by_label(label: str):
-    return next((t for t in CONV_TILES + PATCH_TILES + WGMMA_TILES + WGMMA_CLUSTER_TILES + PATCH_WGMMA_TILES
+    return next((t for t in CONV_TILES + PATCH_TILES + WGMMA_CONV_TILES + PATCH_WGMMA_TILES
                  if t.label == label), None)
 
 
@@ -612,9 +631,11 @@ def conv_tiles(path: str) -> tuple:
 
 def shortcut_applies(tile) -> bool:
     """Whether the tile's kernel has the fused shortcut (kernels/loaders.cuh): the implicit-GEMM kernels
-    conv_implicit_gemm (fp16 NHWC) and conv_wgmma; not the patch kernels nor conv_wgmma_ws."""
+    conv_implicit_gemm (fp16 NHWC) and conv_wgmma; not the patch kernels, conv_wgmma_ws nor the persistent
+    "wp" tiles (ptxas 13.0: the 128x128 s3 one spilled 24 bytes at its 128-register cap with the second
+    loader; the fused-shortcut convs have 19-41 k-tiles per tile, where persistence matters least)."""
     return ((isinstance(tile, TileConfig) and tile.mode == 0)
-            or (isinstance(tile, WgmmaConfig) and not tile.warp_specialized))
+            or (isinstance(tile, WgmmaConfig) and not tile.warp_specialized and not tile.persistent))
 
 
 def shortcut_name_expression(tile) -> str:
@@ -728,6 +749,10 @@ def make_plan(tile, splits: int, m: int, k: int, k_tiles: int, n: int = 0, p: in
         return ConvPlan(tile, 1, k_tiles, (tiles, k // tile.bn, 1))
     if isinstance(tile, PatchWgmmaConfig):   # grid.x: the tiles; the launch caps it at one block per SM
         return ConvPlan(tile, 1, k_tiles, (patch_wgmma_tiles(tile, n, p, q), k // tile.bn, 1))
+    if runs_persistent(tile):   # grid.x: every tile (the launch caps the blocks at blocks_per_sm per SM)
+        if splits != 1:
+            raise ValueError(f"{tile.label} runs whole tiles: no split-K, got {splits}")
+        return ConvPlan(tile, 1, k_tiles, (math.ceil(m / tile.bm) * math.ceil(k / tile.bn), 1, 1))
     per = math.ceil(k_tiles / splits)
     real = math.ceil(k_tiles / per)
     return ConvPlan(tile, real, per, (math.ceil(m / tile.bm), math.ceil(k / tile.bn), real))

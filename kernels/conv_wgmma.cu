@@ -37,9 +37,8 @@
 //   fence.proxy.async     ... and is ordered before async-proxy (wgmma) reads
 //   __syncthreads         every thread's copies of tile i are done; every
 //                         warpgroup has retired the wgmma of tile i-2
+//   cp.async tile i+STAGES-2 into the stage tile i-2 used
 //   wgmma.fence; 4*MB wgmma.mma_async on stage i; wgmma.commit_group
-//   cp.async tile i+STAGES-2 into the stage tile i-2 used (its address
-//                         arithmetic runs under the wgmma just issued)
 //   wgmma.wait_group 1    the wgmma of tile i-1 are done (tile i may run on)
 // After the loop wgmma.wait_group 0, then the epilogue.
 // With three stages the distance is 2 instead (AHEAD in the code): the refill
@@ -76,6 +75,8 @@
 //       applies the epilogue (wgmma_cluster_splitk_epilogue). The main loop is
 //       the plain kernel's; the workspace and the splitk_epilogue kernel (one
 //       more launch per split convolution) are gone.
+//   v4  PERSISTENT (configs: the "wp" tiles): blocks_per_sm blocks per SM run
+//       tile after tile with one ring (conv_wgmma_persistent_tiles, below).
 
 #include "common.cuh"
 #include "epilogue.cuh"
@@ -234,7 +235,82 @@ __device__ __forceinline__ void wgmma_cluster_splitk_epilogue(const float (&acc)
     cluster_sync();   // no block exits while its staged slice may still be read
 }
 
-template <int BM, int BN, int WGS, int STAGES, bool SHORTCUT = false, bool CLUSTER_SPLITK = false>
+// One k-tile of conv_wgmma's cp.async ring (header, PIPELINE): wait for k-tile i's copies, make them
+// visible to the wgmma (fence, barrier, fence), `refill` the stage AHEAD k-tiles on (it commits one
+// cp.async group, empty or not), then the k-tile's wgmma and the wait the prefetch distance allows.
+template <int BM, int BN, int MB, int WM, int STAGES, int AHEAD, class Refill>
+__device__ __forceinline__ void wgmma_ring_ktile(float (&acc)[MB][BN / 2], half_bits *smem, int i, int wg,
+                                                 Refill &&refill) {
+    constexpr int A_HALFS = BM * BK, STAGE_HALFS = (BM + BN) * BK;
+    cp_async_wait<AHEAD - 1>();   // k-tile i landed: all but the newest AHEAD - 1 groups are complete
+    fence_proxy_async_shared();
+    __syncthreads();
+    fence_proxy_async_shared();
+    refill();   // into the stage of k-tile i - (STAGES - AHEAD), whose wgmma are done
+    const unsigned int sA = smem_addr(smem + (i % STAGES) * STAGE_HALFS);
+    wgmma_ktile<BN, MB, WM>(acc, sA, sA + A_HALFS * 2, wg);
+    if constexpr (AHEAD == STAGES - 1) wgmma_wait<0>();
+    else wgmma_wait<1>();
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<BN / 2>(acc[mb]);
+}
+
+// PERSISTENT (configs: the "wp" tiles): gridDim.x blocks, at most blocks_per_sm per SM, run the tiles
+// t = blockIdx.x, + gridDim.x, ... of the M x K output (t -> output channels (t % n_tiles) * BN, rows
+// (t / n_tiles) * BM: neighbouring blocks share their A rows), each over all num_k_tiles (no split-K).
+// The k-loop runs on across tiles: the ring's global k-tile counter i picks the stage, and the loader,
+// AHEAD k-tiles in front, moves to the block's next tile (its igemm_a_rows state, set_loader_rows) while
+// the last k-tiles of the current one still run. So the next tile's first k-tiles are in flight during
+// the epilogue, which reads only registers and global memory (the ring stays the loader's), and a tile
+// starts without the prologue and the ring fill a non-persistent block pays: with K = 9 x 64 (layer2.0's
+// stride-2 conv) those are about a third of a 128x128 tile's time (NOTES.md outcome 32).
+template <int BM, int BN, int MB, int WM, int STAGES, int AHEAD, class LoadTile, class SetLoaderRows>
+__device__ __forceinline__ void conv_wgmma_persistent_tiles(float (&acc)[MB][BN / 2], half_bits *smem,
+                                                            LoadTile &load_tile_at, SetLoaderRows set_loader_rows,
+                                                            int wg, int warp_in_wg, int lane, int M, int K,
+                                                            int num_k_tiles, const float *__restrict__ bias,
+                                                            const half_bits *__restrict__ residual,
+                                                            half_bits *__restrict__ y, int relu) {
+    const int n_tiles = (K + BN - 1) / BN, tiles = ((M + BM - 1) / BM) * n_tiles;
+    // The loader's position: tile load_t, its k-tile load_kt, its output channels load_n0. (The caller
+    // has waited for the previous kernel: pdl_wait.)
+    int load_t = blockIdx.x, load_kt = 0, load_n0 = (load_t % n_tiles) * BN;
+    set_loader_rows((load_t / n_tiles) * BM);
+    auto load_next = [&](int stage) {   // the loader's k-tile into `stage` (nothing past the last tile), then on
+        if (load_t < tiles) load_tile_at(stage, load_kt, load_n0);
+        cp_async_commit();
+        if (++load_kt == num_k_tiles) {
+            load_kt = 0;
+            load_t += gridDim.x;
+            if (load_t < tiles) {
+                load_n0 = (load_t % n_tiles) * BN;
+                set_loader_rows((load_t / n_tiles) * BM);
+            }
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < AHEAD; ++s) load_next(s);
+    int i = 0;   // the ring's k-tile counter, across tiles
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        for (int kt = 0; kt < num_k_tiles; ++kt, ++i)
+            wgmma_ring_ktile<BM, BN, MB, WM, STAGES, AHEAD>(acc, smem, i, wg,
+                                                            [&] { load_next((i + AHEAD) % STAGES); });
+        wgmma_wait<0>();
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<BN / 2>(acc[mb]);
+        if (t + (int)gridDim.x >= tiles) pdl_trigger();   // the block's last tile: the next kernel may launch
+        wgmma_epilogue<BN, MB, WM>(acc, (t / n_tiles) * BM, (t % n_tiles) * BN, wg, warp_in_wg, lane, M, K, bias,
+                                   residual, y, nullptr, relu);
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+            for (int j = 0; j < BN / 2; ++j) acc[mb][j] = 0.f;
+    }
+    cp_async_wait<0>();   // only empty groups remain: no copy outlives the block
+}
+
+template <int BM, int BN, int WGS, int STAGES, bool SHORTCUT = false, bool CLUSTER_SPLITK = false,
+          bool PERSISTENT = false>
 __global__ void __launch_bounds__(WGS * 128, wgmma_min_blocks(BM, BN, STAGES))
 conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
            const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
@@ -243,7 +319,10 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
            int shortcut_h, int shortcut_w, int shortcut_c, int shortcut_stride, int main_k_tiles) {
     // common.cuh: the filter slice into L2, no trigger (after the main loop) and no wait yet: the index
     // arithmetic below reads no memory another kernel writes, so it overlaps the kernel before this one.
-    pdl_begin_prefetch_filter(w, BN, K, ldw, num_k_tiles, k_tiles_per_split, false, false);
+    // (PERSISTENT: grid (blocks, 1, 1), k_tiles_per_split = num_k_tiles, and every block may run every
+    // output-channel tile, so the slice is the whole filter: bn = K.)
+    pdl_begin_prefetch_filter(w, PERSISTENT ? K : BN, K, ldw, num_k_tiles, k_tiles_per_split, false, false);
+    static_assert(!(PERSISTENT && CLUSTER_SPLITK), "a persistent block runs whole tiles (no split-K)");
     constexpr int THREADS = WGS * 128;
     constexpr int WM = BM / WGS;              // rows per warpgroup
     constexpr int MB = WM / 64;               // m64 blocks per warpgroup
@@ -276,16 +355,19 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
     igemm_a_rows<A_ITERS, ROW_STEP>(a_base, a_ih, a_iw, m0, tid, M, H, W, C, P, Q, stride, pad);
     const fast_divmod by_ctiles(C / BK), by_s(S);   // k-tile -> tap, channels (loaders.cuh)
 
-    auto load_tile = [&](int stage, int kt) {
+    auto load_tile_at = [&](int stage, int kt, int tile_n0) {
         half_bits *sA = smem + stage * STAGE_HALFS;
         half_bits *sB = sA + A_HALFS;
-        igemm_load_b<B_ITERS, ROW_STEP>(sB, w, n0, K, ldw, kt, tid, chunk);
+        igemm_load_b<B_ITERS, ROW_STEP>(sB, w, tile_n0, K, ldw, kt, tid, chunk);
         if (!SHORTCUT || kt < main_k_tiles)
             igemm_load_a<A_ITERS, ROW_STEP>(sA, x, a_base, a_ih, a_iw, kt, by_ctiles, by_s, H, W, C, tid, chunk);
         else if constexpr (SHORTCUT)   // the fused shortcut's k-tiles (loaders.cuh)
             igemm_load_a_shortcut<A_ITERS, ROW_STEP>(sA, shortcut_x, a_base, a_ih, a_iw, kt - main_k_tiles,
                                                      1.f / (H * W * C), pad, shortcut_h, shortcut_w, shortcut_c,
                                                      shortcut_stride, tid, chunk);
+    };
+    auto load_tile = [&](int stage, int kt) {   // the block's own tile (not PERSISTENT)
+        load_tile_at(stage, kt, n0);
     };
 
     float acc[MB][NACC];
@@ -297,6 +379,15 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
     // Prefetch distance (header, PIPELINE): 2 with three stages (tile i-1's wgmma retired before k-tile
     // i, only tile i's in flight across the refill); else STAGES - 2 (tiles i-1 and i in flight).
     constexpr int AHEAD = STAGES == 3 ? STAGES - 1 : STAGES - 2;
+    if constexpr (PERSISTENT) {
+        pdl_wait();   // common.cuh: from here on the earlier kernels' outputs (x, residual) are visible
+        conv_wgmma_persistent_tiles<BM, BN, MB, WM, STAGES, AHEAD>(
+            acc, smem, load_tile_at, [&](int tile_m0) {
+                igemm_a_rows<A_ITERS, ROW_STEP>(a_base, a_ih, a_iw, tile_m0, tid, M, H, W, C, P, Q, stride, pad);
+            },
+            wg, warp_in_wg, lane, M, K, num_k_tiles, bias, residual, y, relu);
+        return;
+    }
     pdl_wait();   // common.cuh: from here on the earlier kernels' outputs (x, shortcut_x, residual) are visible
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) {
@@ -304,22 +395,12 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
         cp_async_commit();
     }
 
-    for (int i = 0; i < nkt; ++i) {
-        cp_async_wait<AHEAD - 1>();   // tile i landed: all but the newest AHEAD - 1 groups are complete
-        fence_proxy_async_shared();
-        __syncthreads();
-        fence_proxy_async_shared();
-        const unsigned int sA = smem_addr(smem + (i % STAGES) * STAGE_HALFS);
-        wgmma_ktile<BN, MB, WM>(acc, sA, sA + A_HALFS * 2, wg);
-        // The refill after the wgmma are issued: its ~100 instructions per thread run under them.
-        const int next = i + AHEAD;   // into the stage of tile i - (STAGES - AHEAD), whose wgmma are done
-        if (next < nkt) load_tile(next % STAGES, kt_begin + next);
-        cp_async_commit();
-        if constexpr (AHEAD == STAGES - 1) wgmma_wait<0>();
-        else wgmma_wait<1>();
-#pragma unroll
-        for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
-    }
+    for (int i = 0; i < nkt; ++i)
+        wgmma_ring_ktile<BM, BN, MB, WM, STAGES, AHEAD>(acc, smem, i, wg, [&] {
+            const int next = i + AHEAD;
+            if (next < nkt) load_tile(next % STAGES, kt_begin + next);
+            cp_async_commit();
+        });
     wgmma_wait<0>();
 #pragma unroll
     for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);

@@ -65,8 +65,7 @@ from .configs import (
     STEM_WGMMA_TILE_H,
     STEM_WGMMA_TILE_W,
     WGMMA_ARCH,
-    WGMMA_CLUSTER_TILES,
-    WGMMA_TILES,
+    WGMMA_CONV_TILES,
     ConvPlan,
     PatchConfig,
     PatchWgmmaConfig,
@@ -83,6 +82,7 @@ from .configs import (
     pdl_choice,
     plan_default,
     plan_key,
+    runs_persistent,
     shortcut_applies,
     shortcut_name_expression,
     source_text,
@@ -173,7 +173,7 @@ class KernelLibrary:
                                                name_expressions(WGMMA_ARCH))
                 self.module = cp.RawModule(path=str(cubin))
                 get = lambda name: self.module.get_function(lowered[name])   # noqa: E731
-                tiles += WGMMA_TILES + WGMMA_CLUSTER_TILES + PATCH_WGMMA_TILES
+                tiles += WGMMA_CONV_TILES + PATCH_WGMMA_TILES
             else:
                 self.module = cp.RawModule(code=source_text(), options=COMPILE_OPTIONS,
                                            name_expressions=name_expressions())
@@ -421,7 +421,12 @@ class KernelLibrary:
         else:
             args = (_ptr(x), _ptr(weight), _ptr(bias), _ptr(residual), _ptr(y), _ptr(partial), _ptr(in_scale),
                     _ptr(in_shift)) + tail
-        self._launch(kernel, plan.grid, tile.threads, args, tile.smem_bytes, cluster_z)
+        grid = plan.grid
+        if runs_persistent(tile):   # persistent blocks: at most blocks_per_sm per SM, each running tiles on
+            if plan.splits != 1:
+                raise ValueError(f"{tile.label} runs whole tiles: no split-K, got {plan.splits}")
+            grid = (max(1, min(plan.grid[0], self.sms * tile.blocks_per_sm)), 1, 1)
+        self._launch(kernel, grid, tile.threads, args, tile.smem_bytes, cluster_z)
         if partial is not None:
             m = n * p * q
             self._launch(self.splitk_epilogue, (_blocks(m * (k // 8), EW_THREADS),), EW_THREADS,

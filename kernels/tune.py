@@ -28,14 +28,14 @@ from .configs import (
     CONV_TILES,
     PATCH_TILES,
     PATCH_WGMMA_TILES,
-    WGMMA_CLUSTER_TILES,
-    WGMMA_TILES,
+    WGMMA_CONV_TILES,
     ConvPlan,
     make_plan,
     patch_applies,
     patch_wgmma_applies,
     plan_key,
     reduces_in_cluster,
+    runs_persistent,
     shortcut_applies,
     tile_family,
     untuned_plan,
@@ -87,9 +87,11 @@ def candidates(m: int, k: int, k_tiles: int, sms: int, patch=None, families=("mm
         for tile in PATCH_WGMMA_TILES if "wgmma" in families else ():
             if patch_wgmma_applies(tile, c, k, r, stride, pad, q):   # stride 1: input width = q
                 yield make_plan(tile, 1, m, k, k_tiles, n, p, q)
-    tiles = (CONV_TILES if "mma" in families else ()) + (WGMMA_TILES + WGMMA_CLUSTER_TILES
-                                                         if "wgmma" in families else ())
+    tiles = (CONV_TILES if "mma" in families else ()) + (WGMMA_CONV_TILES if "wgmma" in families else ())
     for tile in tiles if not shortcut else filter(shortcut_applies, tiles):
+        if runs_persistent(tile):   # "wp": whole tiles only
+            yield make_plan(tile, 1, m, k, k_tiles)
+            continue
         tiles_mn = math.ceil(m / tile.bm) * math.ceil(k / tile.bn)
         cluster = reduces_in_cluster(tile)   # "wc": 2 .. CLUSTER_SPLITK_MAX slices only
         seen = set()

@@ -32,6 +32,7 @@ from fusedresnet.kernels.configs import (
     STEM_WGMMA_THREADS,
     WGMMA_ARCH,
     WGMMA_CLUSTER_TILES,
+    WGMMA_CONV_TILES,
     WGMMA_HEADERS,
     WGMMA_SOURCES,
     WGMMA_TILES,
@@ -100,20 +101,22 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
     # 65536 registers per SM. (An L2 prefetch added to the prologue once took the s3 128x128 tile from 124
     # to 132 registers: one block per SM instead of two, layer2 at batch 128 1.5x slower.)
     if arch == WGMMA_ARCH:
-        by_args = {(t.bm, t.bn, t.warpgroups, t.stages, t.warp_specialized, t.cluster_splitk): t
-                   for t in WGMMA_TILES + WGMMA_CLUSTER_TILES}
+        by_args = {(t.bm, t.bn, t.warpgroups, t.stages, t.warp_specialized, t.cluster_splitk, t.persistent): t
+                   for t in WGMMA_CONV_TILES}
         seen = 0
         for block in report.split("Function properties for ")[1:]:
-            # conv_wgmma<BM, BN, WGS, STAGES[, SHORTCUT[, CLUSTER_SPLITK]]> (Lb1: true)
-            match = re.match(r"_Z1[03](conv_wgmma(?:_ws)?)ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E(?:Lb[01]E(Lb1E)?)?",
-                             block)
+            # conv_wgmma<BM, BN, WGS, STAGES, SHORTCUT, CLUSTER_SPLITK, PERSISTENT> (Lb1: true);
+            # conv_wgmma_ws<BM, BN, WGS, STAGES>
+            match = re.match(r"_Z1[03](conv_wgmma(?:_ws)?)ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E"
+                             r"(?:Lb[01]ELb([01])ELb([01])E)?", block)
             if match:
                 args = tuple(int(v) for v in match.groups()[1:5])
-                tile = by_args[args + (match.group(1) == "conv_wgmma_ws", match.group(6) is not None)]
+                tile = by_args[args + (match.group(1) == "conv_wgmma_ws", match.group(6) == "1",
+                                       match.group(7) == "1")]
                 registers = int(re.search(r"Used (\d+) registers", block).group(1))
                 assert registers * tile.threads * tile.blocks_per_sm <= 65536, (tile.label, registers)
                 seen += 1
-        tiles = WGMMA_TILES + WGMMA_CLUSTER_TILES   # and each one's fused-shortcut instantiation
+        tiles = WGMMA_CONV_TILES   # and each one's fused-shortcut instantiation
         assert seen == len(tiles) + sum(map(shortcut_applies, tiles))
     # ptxas serialises wgmma (and says so, C7515/C7520) when the accumulators are touched while in flight.
     assert "Potential Performance Loss" not in report, report
@@ -250,6 +253,37 @@ def test_cluster_splitk_tiles_are_the_plain_tiles_again_and_their_staged_tile_fi
     # a half-warp's float2 stores: rows g = 0..3 at words g * (BN + pad) + 2 t4, BN a multiple of 32
     assert GEOMETRY["CLUSTER_STAGE_PAD"] % 32 in (8, 24)
     assert CLUSTER_SPLITK_MAX == 8   # the portable cluster size: no non-portable attribute needed
+
+
+def test_persistent_tiles_are_plain_tiles_that_run_whole_tiles_from_a_capped_grid():
+    """conv_wgmma's PERSISTENT instantiations ("wp" labels): plain tiles again (shape, shared memory, blocks
+    per SM), sm_90a only, never an untuned choice; a plan runs every tile unsplit (grid.x: the tiles, split-K
+    refused), no fused shortcut."""
+    from fusedresnet.kernels.configs import (
+        WGMMA_PERSISTENT_TILES,
+        conv_tiles,
+        make_plan,
+        runs_persistent,
+        tile_by_label,
+    )
+    assert 2 <= len(WGMMA_PERSISTENT_TILES) <= 6
+    plain = {t.label: t for t in WGMMA_TILES}
+    wgmma_90a, names_90 = set(name_expressions(WGMMA_ARCH)), set(name_expressions("sm_90"))
+    for t in WGMMA_PERSISTENT_TILES:
+        twin = plain["wg" + t.label.removeprefix("wp")]
+        assert runs_persistent(t) and not runs_persistent(twin) and tile_by_label(t.label) is t
+        assert (t.bm, t.bn, t.warpgroups, t.stages, t.smem_bytes, t.blocks_per_sm, t.threads) == (
+            twin.bm, twin.bn, twin.warpgroups, twin.stages, twin.smem_bytes, twin.blocks_per_sm, twin.threads)
+        assert t.name_expression == f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},false,false,true>"
+        assert not shortcut_applies(t) and shortcut_applies(twin)
+        assert t.name_expression in wgmma_90a and t.name_expression not in names_90
+        assert t not in conv_tiles("wgmma") + conv_tiles("mixed")
+        # layer2.0's stride-2 conv at batch 128: M = 128 * 28 * 28, K = 128, 9 k-tiles
+        plan = make_plan(t, 1, 100352, 128, 9)
+        assert plan.grid == (-(-100352 // t.bm) * -(-128 // t.bn), 1, 1) and plan.splits == 1
+        assert plan.k_tiles_per_split == 9 and plan.workspace_floats(100352 * 128) == 0
+        with pytest.raises(ValueError, match="no split-K"):
+            make_plan(t, 2, 100352, 128, 9)
 
 
 def test_every_wgmma_tile_fits_its_blocks_per_sm_and_the_launch_bounds_ask_for_them():
