@@ -147,17 +147,14 @@ def _find_nvrtc():
     return None
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_kernels_compile_under_nvrtc_like_the_engine(arch):
-    """The exact compile of the engine for `arch`: NVRTC, the launcher's options, every name expression lowered.
-
-    mma path: what CuPy's RawModule hands NVRTC (our options, -ftz=true, the architecture);
-    sm_90a: what nvrtc_build.compile_cubin hands it (the same list).
-    """
+def _nvrtc_compile(arch: str) -> dict | None:
+    """NVRTC's compile of the engine's translation unit for `arch`, exactly as the launcher asks for it:
+    the result code, the log, which name expressions were lowered, the cubin's size and the PTX.
+    None when no libnvrtc is here."""
     import ctypes
     nvrtc = _find_nvrtc()
     if nvrtc is None:
-        pytest.skip("libnvrtc not found (CUDA toolkit or the nvidia-cuda-nvrtc wheel)")
+        return None
     program = ctypes.c_void_p()
     created = nvrtc.nvrtcCreateProgram(ctypes.byref(program), source_text(arch).encode(), b"fusedresnet.cu", 0,
                                        None, None)
@@ -171,20 +168,48 @@ def test_kernels_compile_under_nvrtc_like_the_engine(arch):
     nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
     log = ctypes.create_string_buffer(size.value)
     nvrtc.nvrtcGetProgramLog(program, log)
-    assert result == 0, log.value.decode()
-    assert "warning" not in log.value.decode(), log.value.decode()
-    for name in names:
-        lowered = ctypes.c_char_p()
-        assert nvrtc.nvrtcGetLoweredName(program, name.encode(), ctypes.byref(lowered)) == 0, name
-    cubin_size = ctypes.c_size_t()
-    assert nvrtc.nvrtcGetCUBINSize(program, ctypes.byref(cubin_size)) == 0 and cubin_size.value > 0
-    # Programmatic dependent launch (common.cuh pdl_begin): every kernel of a cc >= 9.0 module waits for
-    # the kernels before it (griddepcontrol.wait, once per kernel, inlined); none of an sm_8x module does.
-    ptx_size = ctypes.c_size_t()
+    compiled = {"result": result, "log": log.value.decode(), "names": names}
+    if result != 0:
+        return compiled
+    lowered = ctypes.c_char_p()
+    compiled["not_lowered"] = [name for name in names
+                               if nvrtc.nvrtcGetLoweredName(program, name.encode(), ctypes.byref(lowered)) != 0]
+    cubin_size, ptx_size = ctypes.c_size_t(), ctypes.c_size_t()
+    compiled["cubin_size"] = cubin_size.value if nvrtc.nvrtcGetCUBINSize(program, ctypes.byref(cubin_size)) == 0 \
+        else 0
     assert nvrtc.nvrtcGetPTXSize(program, ctypes.byref(ptx_size)) == 0
     ptx = ctypes.create_string_buffer(ptx_size.value)
     assert nvrtc.nvrtcGetPTX(program, ptx) == 0
-    ptx = ptx.value.decode()
+    compiled["ptx"] = ptx.value.decode()
+    return compiled
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_kernels_compile_under_nvrtc_like_the_engine(arch):
+    """The exact compile of the engine for `arch`: NVRTC, the launcher's options, every name expression lowered.
+
+    mma path: what CuPy's RawModule hands NVRTC (our options, -ftz=true, the architecture);
+    sm_90a: what nvrtc_build.compile_cubin hands it (the same list).
+    NVRTC runs in a process of its own: should it crash (abort, segfault), this test fails and says so,
+    and the rest of the suite goes on.
+    """
+    import concurrent.futures
+    import multiprocessing
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            compiled = pool.submit(_nvrtc_compile, arch).result()
+        except concurrent.futures.process.BrokenProcessPool as crash:
+            pytest.fail(f"NVRTC's process died compiling the engine for {arch}: {crash}")
+    if compiled is None:
+        pytest.skip("libnvrtc not found (CUDA toolkit or the nvidia-cuda-nvrtc wheel)")
+    names, log = compiled["names"], compiled["log"]
+    assert compiled["result"] == 0, log
+    assert "warning" not in log, log
+    assert not compiled["not_lowered"], compiled["not_lowered"]
+    assert compiled["cubin_size"] > 0
+    # Programmatic dependent launch (common.cuh pdl_begin): every kernel of a cc >= 9.0 module waits for
+    # the kernels before it (griddepcontrol.wait, once per kernel, inlined); none of an sm_8x module does.
+    ptx = compiled["ptx"]
     entries = len(re.findall(r"^\.(?:visible|weak) \.entry ", ptx, re.M))
     assert entries == len(names)
     pdl = int(arch.removeprefix("sm_").rstrip("a")) >= 90
