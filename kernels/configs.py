@@ -575,6 +575,11 @@ class ConvPlan:
     k_tiles_per_split: int
     grid: tuple[int, int, int]
 
+    def __post_init__(self):
+        # every plan, the tuned ones and those the check harness builds by hand, before any launch
+        if runs_persistent(self.tile) and self.splits != 1:
+            raise ValueError(f"{self.tile.label} runs whole tiles: no split-K, got {self.splits}")
+
     @property
     def cluster_splitk(self) -> bool:
         """Its split-K slices are reduced in a thread-block cluster (a "wc" tile), not through the workspace."""
@@ -750,9 +755,7 @@ def make_plan(tile, splits: int, m: int, k: int, k_tiles: int, n: int = 0, p: in
     if isinstance(tile, PatchWgmmaConfig):   # grid.x: the tiles; the launch caps it at one block per SM
         return ConvPlan(tile, 1, k_tiles, (patch_wgmma_tiles(tile, n, p, q), k // tile.bn, 1))
     if runs_persistent(tile):   # grid.x: every tile (the launch caps the blocks at blocks_per_sm per SM)
-        if splits != 1:
-            raise ValueError(f"{tile.label} runs whole tiles: no split-K, got {splits}")
-        return ConvPlan(tile, 1, k_tiles, (math.ceil(m / tile.bm) * math.ceil(k / tile.bn), 1, 1))
+        return ConvPlan(tile, splits, k_tiles, (math.ceil(m / tile.bm) * math.ceil(k / tile.bn), 1, 1))
     per = math.ceil(k_tiles / splits)
     real = math.ceil(k_tiles / per)
     return ConvPlan(tile, real, per, (math.ceil(m / tile.bm), math.ceil(k / tile.bn), real))

@@ -423,8 +423,6 @@ class KernelLibrary:
                     _ptr(in_shift)) + tail
         grid = plan.grid
         if runs_persistent(tile):   # persistent blocks: at most blocks_per_sm per SM, each running tiles on
-            if plan.splits != 1:
-                raise ValueError(f"{tile.label} runs whole tiles: no split-K, got {plan.splits}")
             grid = (max(1, min(plan.grid[0], self.sms * tile.blocks_per_sm)), 1, 1)
         self._launch(kernel, grid, tile.threads, args, tile.smem_bytes, cluster_z)
         if partial is not None:

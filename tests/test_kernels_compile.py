@@ -286,6 +286,7 @@ def test_persistent_tiles_are_plain_tiles_that_run_whole_tiles_from_a_capped_gri
     refused), no fused shortcut."""
     from fusedresnet.kernels.configs import (
         WGMMA_PERSISTENT_TILES,
+        ConvPlan,
         conv_tiles,
         make_plan,
         runs_persistent,
@@ -309,6 +310,8 @@ def test_persistent_tiles_are_plain_tiles_that_run_whole_tiles_from_a_capped_gri
         assert plan.k_tiles_per_split == 9 and plan.workspace_floats(100352 * 128) == 0
         with pytest.raises(ValueError, match="no split-K"):
             make_plan(t, 2, 100352, 128, 9)
+        with pytest.raises(ValueError, match="no split-K"):   # a plan built by hand (the check harness's)
+            ConvPlan(t, 2, 5, plan.grid)
 
 
 def test_every_wgmma_tile_fits_its_blocks_per_sm_and_the_launch_bounds_ask_for_them():
