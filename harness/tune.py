@@ -4,7 +4,9 @@
 
 Runs `fusedresnet.kernels.tune.tune_conv` (every tile x split-K of both kernel
 families, CUDA-graph timed) for each convolution shape of ResNet-18 at 224x224
-and each batch bucket the engine captures graphs for, and writes the table that
+and each batch bucket the engine captures graphs for (a shape that both a
+stage's conv1 and its residual-adding conv2 have: timed with each epilogue and
+ranked by the mean, `tune_shared_key`), and writes the table that
 `KernelLibrary.plan` consults (kernels/tuned_plans.json): per plan key the
 overall winner (the mixed path's plan) and each family's own winner (the paths
 forced by FUSEDRESNET_CONV_PATH=mma|wgmma). The overall winners are then
@@ -19,6 +21,7 @@ what it chose (* = changed by the refinement).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import sys
 import time
@@ -30,7 +33,7 @@ from ..backend.folding import fold_resnet18
 from ..backend.resnet import DEFAULT_SEED, build_resnet18
 from ..kernels.configs import CONV_PATHS, MIXED, WGMMA_ARCH, path_arch, plan_key, tile_family
 from ..kernels.launch import library
-from ..kernels.tune import entry, tune_conv
+from ..kernels.tune import entry, tune_shared_key
 from .bench import bench_custom
 from .check import layer_shapes
 
@@ -58,18 +61,19 @@ def main(argv=None):
     for n in [int(b) for b in args.batches.split(",")]:
         sums = dict.fromkeys(("best", "default", *families), 0.0)
         chosen = []
-        seen = set()
         shortlist, first_layer = {}, {}
+        # The network's convolutions by plan key (first use first), each key with the epilogues of its uses.
+        uses_by_key = {}
         for spec, h, w, shortcut_hw in layer_shapes(batch=n):
             shortcut = (*shortcut_hw, spec.shortcut.in_channels, spec.shortcut.stride) if shortcut_hw else None
             key = plan_key(n, h, w, spec.in_channels, spec.out_channels, spec.kernel, spec.stride,
                            shortcut[2] if shortcut else 0)
-            if key in seen:
-                continue
-            seen.add(key)
-            rows, model_ms = tune_conv(lib, families, n, h, w, spec.in_channels, spec.out_channels, spec.kernel,
-                                       spec.stride, spec.padding, spec.relu, spec.adds_residual, shortcut)
-            timed += len(rows)
+            uses = uses_by_key.setdefault(key, ((spec, h, w), collections.Counter()))[1]
+            uses[spec.relu, spec.adds_residual, shortcut] += 1
+        for key, ((spec, h, w), uses) in uses_by_key.items():
+            rows, model_ms = tune_shared_key(lib, families, n, h, w, spec.in_channels, spec.out_channels,
+                                             spec.kernel, spec.stride, spec.padding, uses)
+            timed += len(rows) * len(uses)
             best_ms, best = rows[0]
             by_family = {}
             for family in families:

@@ -122,6 +122,27 @@ def tune_conv(lib, families, n, h, w, c, k, r, stride, pad, relu=True, residual=
         return _time_candidates(lib, families, n, h, w, c, k, r, stride, pad, relu, residual, shortcut)
 
 
+def tune_shared_key(lib, families, n, h, w, c, k, r, stride, pad, uses: dict):
+    """`tune_conv` for every convolution that shares one plan key (`plan_key`: the shape, not the epilogue),
+    as [(ms, plan)] fastest first and the untuned default's ms, each the mean over the convolutions.
+
+    `uses` maps (relu, residual, shortcut) to how many of the network's convolutions with this key have
+    that epilogue: a stage's conv1 and conv2 have the same shape, and only conv2 adds the residual, which
+    changes what is fastest (layer1 at batch 128, 2026-11-23 18:23 UTC: pwg256g2s3 the fastest without
+    the residual, 0.0761 ms against pwg128g2s4's 0.0776, but 0.095 ms with it against 0.086).
+    """
+    total = sum(uses.values())
+    mean, plans, model_ms = {}, {}, 0.0
+    for (relu, residual, shortcut), count in uses.items():
+        rows, default_ms = tune_conv(lib, families, n, h, w, c, k, r, stride, pad, relu, residual, shortcut)
+        model_ms += default_ms * count / total
+        for ms, plan in rows:
+            label = (plan.tile.label, plan.splits)
+            mean[label] = mean.get(label, 0.0) + ms * count / total
+            plans.setdefault(label, plan)
+    return sorted(((ms, plans[label]) for label, ms in mean.items()), key=lambda t: t[0]), model_ms
+
+
 def _time_candidates(lib, families, n, h, w, c, k, r, stride, pad, relu, residual, shortcut):
     p, q = conv_out_size(h, r, stride, pad), conv_out_size(w, r, stride, pad)
     shortcut_c = shortcut[2] if shortcut else 0

@@ -89,3 +89,20 @@ def test_conv_path_is_mixed_on_compute_capability_9_and_each_family_can_be_force
     assert not forced.plan(3, 56, 56, 64, 64, 3, 3, 1, 1).tile.label.startswith("pwg")
     assert all(t.name_expression in mixed.kernels for t in PATCH_WGMMA_TILES)
     assert not any(t.name_expression in forced.kernels for t in PATCH_WGMMA_TILES)
+
+
+def test_a_plan_key_shared_by_conv1_and_conv2_is_ranked_on_both_epilogues(checker):
+    """The tuner's ranking of a shape that a stage's conv1 and its residual-adding conv2 share: every
+    candidate of either epilogue, once, fastest first by the mean of the two."""
+    from fusedresnet.kernels.configs import CONV_PATHS, WGMMA_ARCH, path_arch
+    from fusedresnet.kernels.tune import tune_conv, tune_shared_key
+    lib = checker.lib
+    families = CONV_PATHS if path_arch(lib.path) == WGMMA_ARCH else ("mma",)
+    shape = (2, 28, 28, 128, 128, 3, 1, 1)   # layer2's stride-1 convolutions at batch 2
+    alone, _ = tune_conv(lib, families, *shape, True, False, None)
+    rows, model_ms = tune_shared_key(lib, families, *shape, {(True, False, None): 1, (True, True, None): 1})
+    labels = [(plan.tile.label, plan.splits) for _, plan in rows]
+    assert sorted(labels) == sorted((plan.tile.label, plan.splits) for _, plan in alone)
+    assert len(set(labels)) == len(labels)
+    times = [ms for ms, _ in rows]
+    assert times == sorted(times) and times[0] > 0 and model_ms >= times[0]
