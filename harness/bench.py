@@ -26,9 +26,11 @@
     TorchScript fp32, fp16 channels-last and fp16 channels-last + CUDA graph.
 (d) A bar plot of latency and throughput, custom against the baselines.
 
-The tensor-core peak is measured before (a) and again after (b), with the
+The tensor-core peak is measured after (a) and again after (b), with the
 GPU's clocks, power and throttle reasons at each point (nvidia-smi): a GPU
 that another process shares or that throttles shows up as two peaks apart.
+Not before (a): timed right after the cuBLAS product, batch 1 read 7-9%
+slower (kernels/NOTES.md outcome 17).
 
 On compute capability 9.0 (the mixed path: each conv on the family its plan
 names) (a) and (b) are also measured with the engine forced to one family
@@ -287,7 +289,8 @@ def plot(rows, path: Path, device: str):
 def markdown(result: dict) -> str:
     lines = ["# Fused CUDA engine benchmark", "",
              f"- device: {result['device']}", f"- date: {result['date']}", f"- command: `{result['command']}`",
-             f"- measured tensor-core peak (cuBLAS fp16 8192^3, best of the runs before and after the timings: "
+             "- measured tensor-core peak (cuBLAS fp16 8192^3, best of the runs after the whole-network and the "
+             f"per-layer timings: "
              f"{', '.join(f'{v:.0f}' for v in result.get('peak_tflops_runs', []))}): "
              f"{result['peak_tflops']:.0f} TFLOP/s",
              "- GPU state (nvidia-smi: SM clock MHz, max, power W, temperature C, throttle reasons, compute "
@@ -386,7 +389,6 @@ def main(argv=None):
           + (f" (and forced {', '.join(forced)} for comparison)" if forced else ""), flush=True)
     batches = [int(b) for b in args.batches.split(",")]
     states = {"start": gpu_state()}
-    peaks = [tensor_core_peak_tflops()]
     rows = []
     # One untimed pass of each engine at the first batch: in one run the first graph timed in the process
     # (batch 1, right after the cuBLAS peak) came out 14% slower than twelve fresh captures of the same
@@ -407,6 +409,9 @@ def main(argv=None):
         rows.append(row)
         torch.cuda.empty_cache()
     states["after_whole_network"] = gpu_state()
+    # The cuBLAS peak after the whole-network timings, not before: timed right after it, batch 1 read
+    # 0.158 ms where the same engine read 0.140-0.145 in a process without it (kernels/NOTES.md outcome 17).
+    peaks = [tensor_core_peak_tflops()]
     features = []
     which = [] if args.skip_baselines else ["ts_fp32", "ts_fp16", "graph_fp16"]
     for batch in [int(b) for b in args.features_batches.split(",") if b]:
@@ -472,7 +477,8 @@ def main(argv=None):
     for r in fusion:
         print(f"fused shortcut {r['block']} N={r['N']}: conv2 + residual {r['conv2_residual_ms']:.4f} ms, "
               f"+ fused projection {r['conv2_fused_shortcut_ms']:.4f} (+{r['fused_shortcut_cost_ms']:.4f})")
-    print(f"peak TFLOP/s before/after: {', '.join(f'{v:.0f}' for v in peaks)}; gpu state: {json.dumps(states)}")
+    print(f"peak TFLOP/s after the network / the layers: {', '.join(f'{v:.0f}' for v in peaks)}; "
+          f"gpu state: {json.dumps(states)}")
     for r in layers:   # the target: batch-128 3x3 convs at >= 50% of the measured peak
         if r["N"] == 128 and r["R"] == 3 and r["path"] == engine.lib.path:
             print(f"3x3 N=128 {r['path']:>5} {r['layer']:<16} {r['tile']:<22} {r['ms']:.4f} ms "

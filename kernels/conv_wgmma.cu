@@ -259,6 +259,51 @@ __device__ __forceinline__ void wgmma_ring_ktile(float (&acc)[MB][BN / 2], half_
     for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<BN / 2>(acc[mb]);
 }
 
+// Where a persistent block's loader is (both persistent loops below): tile t (blockIdx.x, + gridDim.x,
+// ...), its k-tile kt and output channels n0. next() moves one k-tile on, past a tile's last to the
+// block's next tile, whose A rows set_loader_rows sets up (its igemm_a_rows state).
+template <int BM, int BN, class SetLoaderRows>
+struct PersistentLoaderWalk {
+    SetLoaderRows &set_loader_rows;
+    const int n_tiles, tiles, num_k_tiles;
+    int t = blockIdx.x, kt = 0, n0;
+    __device__ __forceinline__ PersistentLoaderWalk(SetLoaderRows &set_rows, int n_tiles_, int tiles_,
+                                                    int num_k_tiles_)
+        : set_loader_rows(set_rows), n_tiles(n_tiles_), tiles(tiles_), num_k_tiles(num_k_tiles_),
+          n0((t % n_tiles_) * BN) {
+        set_loader_rows((t / n_tiles) * BM);
+    }
+    __device__ __forceinline__ bool has_tile() const { return t < tiles; }   // false past the block's last tile
+    __device__ __forceinline__ void next() {
+        if (++kt == num_k_tiles) {
+            kt = 0;
+            t += gridDim.x;
+            if (t < tiles) {
+                n0 = (t % n_tiles) * BN;
+                set_loader_rows((t / n_tiles) * BM);
+            }
+        }
+    }
+};
+
+// A persistent block's tile t once its wgmma are retired: the dependent kernel's trigger after the block's
+// last tile, the epilogue (registers and global memory only: the ring stays the loader's), and the
+// accumulators zeroed for the next tile.
+template <int BM, int BN, int MB, int WM>
+__device__ __forceinline__ void persistent_tile_epilogue(float (&acc)[MB][BN / 2], int t, int n_tiles, int tiles,
+                                                         int wg, int warp_in_wg, int lane, int M, int K,
+                                                         const float *__restrict__ bias,
+                                                         const half_bits *__restrict__ residual,
+                                                         half_bits *__restrict__ y, int relu) {
+    if (t + (int)gridDim.x >= tiles) pdl_trigger();   // the block's last tile: the next kernel may launch
+    wgmma_epilogue<BN, MB, WM>(acc, (t / n_tiles) * BM, (t % n_tiles) * BN, wg, warp_in_wg, lane, M, K, bias,
+                               residual, y, nullptr, relu);
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+        for (int j = 0; j < BN / 2; ++j) acc[mb][j] = 0.f;
+}
+
 // PERSISTENT (configs: the "wp" tiles): gridDim.x blocks, at most blocks_per_sm per SM, run the tiles
 // t = blockIdx.x, + gridDim.x, ... of the M x K output (t -> output channels (t % n_tiles) * BN, rows
 // (t / n_tiles) * BM: neighbouring blocks share their A rows), each over all num_k_tiles (no split-K).
@@ -276,21 +321,12 @@ __device__ __forceinline__ void conv_wgmma_persistent_tiles(float (&acc)[MB][BN 
                                                             const half_bits *__restrict__ residual,
                                                             half_bits *__restrict__ y, int relu) {
     const int n_tiles = (K + BN - 1) / BN, tiles = ((M + BM - 1) / BM) * n_tiles;
-    // The loader's position: tile load_t, its k-tile load_kt, its output channels load_n0. (The caller
-    // has waited for the previous kernel: pdl_wait.)
-    int load_t = blockIdx.x, load_kt = 0, load_n0 = (load_t % n_tiles) * BN;
-    set_loader_rows((load_t / n_tiles) * BM);
+    // (The caller has waited for the previous kernel: pdl_wait.)
+    PersistentLoaderWalk<BM, BN, SetLoaderRows> loader(set_loader_rows, n_tiles, tiles, num_k_tiles);
     auto load_next = [&](int stage) {   // the loader's k-tile into `stage` (nothing past the last tile), then on
-        if (load_t < tiles) load_tile_at(stage, load_kt, load_n0);
+        if (loader.has_tile()) load_tile_at(stage, loader.kt, loader.n0);
         cp_async_commit();
-        if (++load_kt == num_k_tiles) {
-            load_kt = 0;
-            load_t += gridDim.x;
-            if (load_t < tiles) {
-                load_n0 = (load_t % n_tiles) * BN;
-                set_loader_rows((load_t / n_tiles) * BM);
-            }
-        }
+        loader.next();
     };
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) load_next(s);
@@ -302,15 +338,31 @@ __device__ __forceinline__ void conv_wgmma_persistent_tiles(float (&acc)[MB][BN 
         wgmma_wait<0>();
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<BN / 2>(acc[mb]);
-        if (t + (int)gridDim.x >= tiles) pdl_trigger();   // the block's last tile: the next kernel may launch
-        wgmma_epilogue<BN, MB, WM>(acc, (t / n_tiles) * BM, (t % n_tiles) * BN, wg, warp_in_wg, lane, M, K, bias,
-                                   residual, y, nullptr, relu);
-#pragma unroll
-        for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-            for (int j = 0; j < BN / 2; ++j) acc[mb][j] = 0.f;
+        persistent_tile_epilogue<BM, BN, MB, WM>(acc, t, n_tiles, tiles, wg, warp_in_wg, lane, M, K, bias, residual,
+                                                 y, relu);
     }
     cp_async_wait<0>();   // only empty groups remain: no copy outlives the block
+}
+
+// The mbarrier ring's barriers (MBARRIER_RING, below): full[STAGES] right after the ring, then
+// empty[STAGES], 8 bytes each (conv_wgmma_ws's layout); mbarrier_ring_init sets their counts (full: every
+// thread's copies, empty: every warp's release) and makes them visible to the block.
+template <int BM, int BN, int STAGES>
+__device__ __forceinline__ unsigned int mbarrier_ring_full(half_bits *smem) {
+    return smem_addr(smem) + STAGES * (BM + BN) * BK * 2;
+}
+template <int BM, int BN, int STAGES, int THREADS>
+__device__ __forceinline__ void mbarrier_ring_init(half_bits *smem, int tid) {
+    const unsigned int full_bar = mbarrier_ring_full<BM, BN, STAGES>(smem), empty_bar = full_bar + STAGES * 8;
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbarrier_init(full_bar + s * 8, THREADS);
+            mbarrier_init(empty_bar + s * 8, THREADS / 32);
+        }
+        fence_mbarrier_init();
+    }
+    __syncthreads();   // the barriers initialised before any thread arrives or waits (the only block barrier)
 }
 
 // MBARRIER_RING (configs: the "wm" tiles): conv_wgmma_persistent_tiles with the per-k-tile __syncthreads
@@ -330,45 +382,27 @@ __device__ __forceinline__ void conv_wgmma_persistent_tiles(float (&acc)[MB][BN 
 // waits of the first pass over the ring ask for parity 1, the phase before a fresh barrier's first, which
 // counts as completed (PTX ISA, mbarrier.try_wait.parity; CUTLASS's producer pipeline state starts so).
 // The loader stops at the block's last tile, so every copy issued is waited for before the block exits.
-template <int BM, int BN, int MB, int WM, int STAGES, int THREADS, class LoadTile, class SetLoaderRows>
+template <int BM, int BN, int MB, int WM, int STAGES, class LoadTile, class SetLoaderRows>
 __device__ __forceinline__ void conv_wgmma_persistent_tiles_mbarrier(
-    float (&acc)[MB][BN / 2], half_bits *smem, LoadTile &load_tile_at, SetLoaderRows set_loader_rows, int tid,
-    int wg, int warp_in_wg, int lane, int M, int K, int num_k_tiles, const float *__restrict__ bias,
+    float (&acc)[MB][BN / 2], half_bits *smem, LoadTile &load_tile_at, SetLoaderRows set_loader_rows, int wg,
+    int warp_in_wg, int lane, int M, int K, int num_k_tiles, const float *__restrict__ bias,
     const half_bits *__restrict__ residual, half_bits *__restrict__ y, int relu) {
     constexpr int A_HALFS = BM * BK, STAGE_HALFS = (BM + BN) * BK;
     constexpr int AHEAD = STAGES - 1;   // k-tiles the loader runs ahead of the wgmma
     const unsigned int ring = smem_addr(smem);
-    const unsigned int full_bar = ring + STAGES * STAGE_HALFS * 2, empty_bar = full_bar + STAGES * 8;
-    if (tid == 0) {
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(full_bar + s * 8, THREADS);
-            mbarrier_init(empty_bar + s * 8, THREADS / 32);
-        }
-        fence_mbarrier_init();
-    }
-    __syncthreads();   // the barriers initialised before any thread arrives or waits (the only block barrier)
-    pdl_wait();        // common.cuh: from here on the earlier kernels' outputs (x, residual) are visible
-
+    const unsigned int full_bar = mbarrier_ring_full<BM, BN, STAGES>(smem), empty_bar = full_bar + STAGES * 8;
+    // (The caller has initialised the barriers, mbarrier_ring_init, and waited for the previous kernel.)
     const int n_tiles = (K + BN - 1) / BN, tiles = ((M + BM - 1) / BM) * n_tiles;
-    // The loader's position: tile load_t, its k-tile load_kt, output channels load_n0; the ring stage it
-    // fills next and the parity of that stage's use.
-    int load_t = blockIdx.x, load_kt = 0, load_n0 = (load_t % n_tiles) * BN, load_stage = 0, load_phase = 0;
-    set_loader_rows((load_t / n_tiles) * BM);
+    // The loader's position, and the ring stage it fills next with the parity of that stage's use.
+    PersistentLoaderWalk<BM, BN, SetLoaderRows> loader(set_loader_rows, n_tiles, tiles, num_k_tiles);
+    int load_stage = 0, load_phase = 0;
     auto load_next = [&] {
-        if (load_t >= tiles) return;   // past the block's last tile: no copies, no arrival
+        if (!loader.has_tile()) return;   // past the block's last tile: no copies, no arrival
         mbarrier_wait_parity(empty_bar + load_stage * 8, load_phase ^ 1);   // the stage's last k-tile released
-        load_tile_at(load_stage, load_kt, load_n0);
+        load_tile_at(load_stage, loader.kt, loader.n0);
         cp_async_mbarrier_arrive_noinc(full_bar + load_stage * 8);
         if (++load_stage == STAGES) { load_stage = 0; load_phase ^= 1; }
-        if (++load_kt == num_k_tiles) {
-            load_kt = 0;
-            load_t += gridDim.x;
-            if (load_t < tiles) {
-                load_n0 = (load_t % n_tiles) * BN;
-                set_loader_rows((load_t / n_tiles) * BM);
-            }
-        }
+        loader.next();
     };
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) load_next();
@@ -392,13 +426,8 @@ __device__ __forceinline__ void conv_wgmma_persistent_tiles_mbarrier(
         for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<BN / 2>(acc[mb]);
         if (lane == 0) mbarrier_arrive(empty_bar + held * 8);
         held = -1;
-        if (t + (int)gridDim.x >= tiles) pdl_trigger();   // the block's last tile: the next kernel may launch
-        wgmma_epilogue<BN, MB, WM>(acc, (t / n_tiles) * BM, (t % n_tiles) * BN, wg, warp_in_wg, lane, M, K, bias,
-                                   residual, y, nullptr, relu);
-#pragma unroll
-        for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-            for (int j = 0; j < BN / 2; ++j) acc[mb][j] = 0.f;
+        persistent_tile_epilogue<BM, BN, MB, WM>(acc, t, n_tiles, tiles, wg, warp_in_wg, lane, M, K, bias, residual,
+                                                 y, relu);
     }
 }
 
@@ -476,12 +505,14 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
     // Prefetch distance (header, PIPELINE): 2 with three stages (tile i-1's wgmma retired before k-tile
     // i, only tile i's in flight across the refill); else STAGES - 2 (tiles i-1 and i in flight).
     constexpr int AHEAD = STAGES == 3 ? STAGES - 1 : STAGES - 2;
-    if constexpr (MBARRIER_RING) {   // (waits for the previous kernel itself, after initialising its barriers)
-        conv_wgmma_persistent_tiles_mbarrier<BM, BN, MB, WM, STAGES, THREADS>(
+    if constexpr (MBARRIER_RING) {
+        mbarrier_ring_init<BM, BN, STAGES, THREADS>(smem, tid);   // (reads no memory another kernel writes)
+        pdl_wait();   // common.cuh: from here on the earlier kernels' outputs (x, residual) are visible
+        conv_wgmma_persistent_tiles_mbarrier<BM, BN, MB, WM, STAGES>(
             acc, smem, load_tile_at, [&](int tile_m0) {
                 igemm_a_rows<A_ITERS, ROW_STEP>(a_base, a_ih, a_iw, tile_m0, tid, M, H, W, C, P, Q, stride, pad);
             },
-            tid, wg, warp_in_wg, lane, M, K, num_k_tiles, bias, residual, y, relu);
+            wg, warp_in_wg, lane, M, K, num_k_tiles, bias, residual, y, relu);
         return;
     } else if constexpr (PERSISTENT) {
         pdl_wait();   // common.cuh: from here on the earlier kernels' outputs (x, residual) are visible
