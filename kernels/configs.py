@@ -207,8 +207,6 @@ class WgmmaConfig:
     workspace, no splitk_epilogue launch; at most CLUSTER_SPLITK_MAX slices. Labels "wc...".
     persistent: conv_wgmma's PERSISTENT loop: at most blocks_per_sm blocks per SM, each running tiles
     blockIdx.x, + gridDim.x, ... with its cp.async ring going on across them; no split-K. Labels "wp...".
-    mbarrier_ring: the persistent loop with per-stage full / empty mbarriers instead of the per-k-tile
-    __syncthreads, every thread loading (conv_wgmma.cu, v5). Labels "wm...".
     """
 
     bm: int
@@ -221,11 +219,6 @@ class WgmmaConfig:
     warp_specialized: bool = False
     cluster_splitk: bool = False
     persistent: bool = False
-    mbarrier_ring: bool = False
-
-    def __post_init__(self):
-        if self.mbarrier_ring and not self.persistent:
-            raise ValueError("the mbarrier ring is the persistent loop's (conv_wgmma.cu v5): persistent=True")
 
     @property
     def threads(self) -> int:
@@ -233,24 +226,21 @@ class WgmmaConfig:
 
     @property
     def smem_bytes(self) -> int:
-        # the ring, and conv_wgmma_ws's and the mbarrier ring's barriers after it
-        return smem_bytes("wgmma_ws" if self.warp_specialized or self.mbarrier_ring else "wgmma", BM=self.bm,
-                          BN=self.bn, STAGES=self.stages)
+        return smem_bytes("wgmma_ws" if self.warp_specialized else "wgmma", BM=self.bm, BN=self.bn,
+                          STAGES=self.stages)
 
     @property
     def name_expression(self) -> str:
         if self.cluster_splitk:   # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = true
             return f"conv_wgmma<{self.bm},{self.bn},{self.warpgroups},{self.stages},false,true>"
         if self.persistent:       # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = false, PERSISTENT = true
-            ring = ",true" if self.mbarrier_ring else ""   # MBARRIER_RING
-            return f"conv_wgmma<{self.bm},{self.bn},{self.warpgroups},{self.stages},false,false,true{ring}>"
+            return f"conv_wgmma<{self.bm},{self.bn},{self.warpgroups},{self.stages},false,false,true>"
         kernel = "conv_wgmma_ws" if self.warp_specialized else "conv_wgmma"
         return f"{kernel}<{self.bm},{self.bn},{self.warpgroups},{self.stages}>"
 
     @property
     def label(self) -> str:
-        kind = ("ws" if self.warp_specialized else "wc" if self.cluster_splitk else "wm" if self.mbarrier_ring
-                else "wp" if self.persistent else "wg")
+        kind = "ws" if self.warp_specialized else "wc" if self.cluster_splitk else "wp" if self.persistent else "wg"
         return f"{kind}{self.bm}x{self.bn}g{self.warpgroups}s{self.stages}"
 
 
@@ -304,12 +294,8 @@ WGMMA_CLUSTER_TILES = tuple(replace(t, cluster_splitk=True, measured=False) for 
 WGMMA_PERSISTENT_TILES = tuple(replace(t, persistent=True, measured=False) for t in WGMMA_TILES
                                if not t.warp_specialized and (t.bm, t.bn, t.stages) in
                                ((128, 128, 3), (128, 128, 4), (64, 128, 3), (256, 128, 4)))
-# The persistent two-warpgroup 128-row tiles again with the mbarrier ring (v5): the per-k-tile __syncthreads was the
-# largest stall left in layer2.0's stride-2 conv on wp128x128g2s3 (NOTES.md "Next", v22). Tuner only.
-WGMMA_MBARRIER_TILES = tuple(replace(t, mbarrier_ring=True) for t in WGMMA_PERSISTENT_TILES
-                             if (t.bm, t.warpgroups) == (128, 2))
 # Every conv_wgmma / conv_wgmma_ws instantiation's tile: what the sm_90a module compiles and the tuner times.
-WGMMA_CONV_TILES = WGMMA_TILES + WGMMA_CLUSTER_TILES + WGMMA_PERSISTENT_TILES + WGMMA_MBARRIER_TILES
+WGMMA_CONV_TILES = WGMMA_TILES + WGMMA_CLUSTER_TILES + WGMMA_PERSISTENT_TILES
 
 
 @dataclass(frozen=True)

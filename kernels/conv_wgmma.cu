@@ -77,10 +77,6 @@
 //       more launch per split convolution) are gone.
 //   v4  PERSISTENT (configs: the "wp" tiles): blocks_per_sm blocks per SM run
 //       tile after tile with one ring (conv_wgmma_persistent_tiles, below).
-//   v5  MBARRIER_RING (configs: the "wm" tiles): the persistent loop with per-stage
-//       full / empty mbarriers instead of the per-k-tile __syncthreads, every
-//       thread loading, the wgmma issued before the loads
-//       (conv_wgmma_persistent_tiles_mbarrier, below).
 
 #include "common.cuh"
 #include "epilogue.cuh"
@@ -259,51 +255,6 @@ __device__ __forceinline__ void wgmma_ring_ktile(float (&acc)[MB][BN / 2], half_
     for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<BN / 2>(acc[mb]);
 }
 
-// Where a persistent block's loader is (both persistent loops below): tile t (blockIdx.x, + gridDim.x,
-// ...), its k-tile kt and output channels n0. next() moves one k-tile on, past a tile's last to the
-// block's next tile, whose A rows set_loader_rows sets up (its igemm_a_rows state).
-template <int BM, int BN, class SetLoaderRows>
-struct PersistentLoaderWalk {
-    SetLoaderRows &set_loader_rows;
-    const int n_tiles, tiles, num_k_tiles;
-    int t = blockIdx.x, kt = 0, n0;
-    __device__ __forceinline__ PersistentLoaderWalk(SetLoaderRows &set_rows, int n_tiles_, int tiles_,
-                                                    int num_k_tiles_)
-        : set_loader_rows(set_rows), n_tiles(n_tiles_), tiles(tiles_), num_k_tiles(num_k_tiles_),
-          n0((t % n_tiles_) * BN) {
-        set_loader_rows((t / n_tiles) * BM);
-    }
-    __device__ __forceinline__ bool has_tile() const { return t < tiles; }   // false past the block's last tile
-    __device__ __forceinline__ void next() {
-        if (++kt == num_k_tiles) {
-            kt = 0;
-            t += gridDim.x;
-            if (t < tiles) {
-                n0 = (t % n_tiles) * BN;
-                set_loader_rows((t / n_tiles) * BM);
-            }
-        }
-    }
-};
-
-// A persistent block's tile t once its wgmma are retired: the dependent kernel's trigger after the block's
-// last tile, the epilogue (registers and global memory only: the ring stays the loader's), and the
-// accumulators zeroed for the next tile.
-template <int BM, int BN, int MB, int WM>
-__device__ __forceinline__ void persistent_tile_epilogue(float (&acc)[MB][BN / 2], int t, int n_tiles, int tiles,
-                                                         int wg, int warp_in_wg, int lane, int M, int K,
-                                                         const float *__restrict__ bias,
-                                                         const half_bits *__restrict__ residual,
-                                                         half_bits *__restrict__ y, int relu) {
-    if (t + (int)gridDim.x >= tiles) pdl_trigger();   // the block's last tile: the next kernel may launch
-    wgmma_epilogue<BN, MB, WM>(acc, (t / n_tiles) * BM, (t % n_tiles) * BN, wg, warp_in_wg, lane, M, K, bias,
-                               residual, y, nullptr, relu);
-#pragma unroll
-    for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-        for (int j = 0; j < BN / 2; ++j) acc[mb][j] = 0.f;
-}
-
 // PERSISTENT (configs: the "wp" tiles): gridDim.x blocks, at most blocks_per_sm per SM, run the tiles
 // t = blockIdx.x, + gridDim.x, ... of the M x K output (t -> output channels (t % n_tiles) * BN, rows
 // (t / n_tiles) * BM: neighbouring blocks share their A rows), each over all num_k_tiles (no split-K).
@@ -321,12 +272,21 @@ __device__ __forceinline__ void conv_wgmma_persistent_tiles(float (&acc)[MB][BN 
                                                             const half_bits *__restrict__ residual,
                                                             half_bits *__restrict__ y, int relu) {
     const int n_tiles = (K + BN - 1) / BN, tiles = ((M + BM - 1) / BM) * n_tiles;
-    // (The caller has waited for the previous kernel: pdl_wait.)
-    PersistentLoaderWalk<BM, BN, SetLoaderRows> loader(set_loader_rows, n_tiles, tiles, num_k_tiles);
+    // The loader's position: tile load_t, its k-tile load_kt, its output channels load_n0. (The caller
+    // has waited for the previous kernel: pdl_wait.)
+    int load_t = blockIdx.x, load_kt = 0, load_n0 = (load_t % n_tiles) * BN;
+    set_loader_rows((load_t / n_tiles) * BM);
     auto load_next = [&](int stage) {   // the loader's k-tile into `stage` (nothing past the last tile), then on
-        if (loader.has_tile()) load_tile_at(stage, loader.kt, loader.n0);
+        if (load_t < tiles) load_tile_at(stage, load_kt, load_n0);
         cp_async_commit();
-        loader.next();
+        if (++load_kt == num_k_tiles) {
+            load_kt = 0;
+            load_t += gridDim.x;
+            if (load_t < tiles) {
+                load_n0 = (load_t % n_tiles) * BN;
+                set_loader_rows((load_t / n_tiles) * BM);
+            }
+        }
     };
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) load_next(s);
@@ -338,101 +298,19 @@ __device__ __forceinline__ void conv_wgmma_persistent_tiles(float (&acc)[MB][BN 
         wgmma_wait<0>();
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<BN / 2>(acc[mb]);
-        persistent_tile_epilogue<BM, BN, MB, WM>(acc, t, n_tiles, tiles, wg, warp_in_wg, lane, M, K, bias, residual,
-                                                 y, relu);
+        if (t + (int)gridDim.x >= tiles) pdl_trigger();   // the block's last tile: the next kernel may launch
+        wgmma_epilogue<BN, MB, WM>(acc, (t / n_tiles) * BM, (t % n_tiles) * BN, wg, warp_in_wg, lane, M, K, bias,
+                                   residual, y, nullptr, relu);
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+            for (int j = 0; j < BN / 2; ++j) acc[mb][j] = 0.f;
     }
     cp_async_wait<0>();   // only empty groups remain: no copy outlives the block
 }
 
-// The mbarrier ring's barriers (MBARRIER_RING, below): full[STAGES] right after the ring, then
-// empty[STAGES], 8 bytes each (conv_wgmma_ws's layout); mbarrier_ring_init sets their counts (full: every
-// thread's copies, empty: every warp's release) and makes them visible to the block.
-template <int BM, int BN, int STAGES>
-__device__ __forceinline__ unsigned int mbarrier_ring_full(half_bits *smem) {
-    return smem_addr(smem) + STAGES * (BM + BN) * BK * 2;
-}
-template <int BM, int BN, int STAGES, int THREADS>
-__device__ __forceinline__ void mbarrier_ring_init(half_bits *smem, int tid) {
-    const unsigned int full_bar = mbarrier_ring_full<BM, BN, STAGES>(smem), empty_bar = full_bar + STAGES * 8;
-    if (tid == 0) {
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(full_bar + s * 8, THREADS);
-            mbarrier_init(empty_bar + s * 8, THREADS / 32);
-        }
-        fence_mbarrier_init();
-    }
-    __syncthreads();   // the barriers initialised before any thread arrives or waits (the only block barrier)
-}
-
-// MBARRIER_RING (configs: the "wm" tiles): conv_wgmma_persistent_tiles with the per-k-tile __syncthreads
-// replaced by a full and an empty mbarrier per stage (after the ring), as conv_wgmma_ws has them, but with
-// every thread still loading (conv_wgmma_ws's 128 producer threads could not issue the cp.async fast
-// enough: NOTES.md outcome 11). Per k-tile i of the ring (stage s = i % STAGES, its use n = i / STAGES):
-//   wait full[s], parity n & 1     every thread's copies of k-tile i have landed (each thread's
-//                                  cp.async.mbarrier.arrive.noinc after its copies: count THREADS)
-//   fence.proxy.async; the k-tile's wgmma, committed
-//   wgmma.wait_group 1             k-tile i - 1's wgmma are done: lane 0 of each warp arrives on its
-//                                  stage's empty barrier (count THREADS / 32)
-//   the loader's k-tile i + STAGES - 1, into the stage of k-tile i - 1: each thread waits for that
-//                                  stage's empty phase (every warp past k-tile i - 1), then copies
-// So the wgmma are issued before the loads (the tensor cores start on k-tile i while the copies of k-tile
-// i + STAGES - 1 are issued), one k-tile of wgmma stays in flight across the loads, and no warp waits for
-// the others' copies to be issued, only for their wgmma to be done with the stage it refills. The empty
-// waits of the first pass over the ring ask for parity 1, the phase before a fresh barrier's first, which
-// counts as completed (PTX ISA, mbarrier.try_wait.parity; CUTLASS's producer pipeline state starts so).
-// The loader stops at the block's last tile, so every copy issued is waited for before the block exits.
-template <int BM, int BN, int MB, int WM, int STAGES, class LoadTile, class SetLoaderRows>
-__device__ __forceinline__ void conv_wgmma_persistent_tiles_mbarrier(
-    float (&acc)[MB][BN / 2], half_bits *smem, LoadTile &load_tile_at, SetLoaderRows set_loader_rows, int wg,
-    int warp_in_wg, int lane, int M, int K, int num_k_tiles, const float *__restrict__ bias,
-    const half_bits *__restrict__ residual, half_bits *__restrict__ y, int relu) {
-    constexpr int A_HALFS = BM * BK, STAGE_HALFS = (BM + BN) * BK;
-    constexpr int AHEAD = STAGES - 1;   // k-tiles the loader runs ahead of the wgmma
-    const unsigned int ring = smem_addr(smem);
-    const unsigned int full_bar = mbarrier_ring_full<BM, BN, STAGES>(smem), empty_bar = full_bar + STAGES * 8;
-    // (The caller has initialised the barriers, mbarrier_ring_init, and waited for the previous kernel.)
-    const int n_tiles = (K + BN - 1) / BN, tiles = ((M + BM - 1) / BM) * n_tiles;
-    // The loader's position, and the ring stage it fills next with the parity of that stage's use.
-    PersistentLoaderWalk<BM, BN, SetLoaderRows> loader(set_loader_rows, n_tiles, tiles, num_k_tiles);
-    int load_stage = 0, load_phase = 0;
-    auto load_next = [&] {
-        if (!loader.has_tile()) return;   // past the block's last tile: no copies, no arrival
-        mbarrier_wait_parity(empty_bar + load_stage * 8, load_phase ^ 1);   // the stage's last k-tile released
-        load_tile_at(load_stage, loader.kt, loader.n0);
-        cp_async_mbarrier_arrive_noinc(full_bar + load_stage * 8);
-        if (++load_stage == STAGES) { load_stage = 0; load_phase ^= 1; }
-        loader.next();
-    };
-#pragma unroll
-    for (int s = 0; s < AHEAD; ++s) load_next();
-    int stage = 0, phase = 0, held = -1;   // the wgmma's stage and parity; the stage of the k-tile in flight
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-        for (int kt = 0; kt < num_k_tiles; ++kt) {
-            mbarrier_wait_parity(full_bar + stage * 8, phase);
-            fence_proxy_async_shared();   // the cp.async writes (generic proxy) before the wgmma reads (async proxy)
-            const unsigned int sA = ring + stage * STAGE_HALFS * 2;
-            wgmma_ktile<BN, MB, WM>(acc, sA, sA + A_HALFS * 2, wg);
-            wgmma_wait<1>();   // the previous k-tile's wgmma are done: release its stage
-#pragma unroll
-            for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<BN / 2>(acc[mb]);
-            if (held >= 0 && lane == 0) mbarrier_arrive(empty_bar + held * 8);
-            held = stage;
-            if (++stage == STAGES) { stage = 0; phase ^= 1; }
-            load_next();
-        }
-        wgmma_wait<0>();
-#pragma unroll
-        for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<BN / 2>(acc[mb]);
-        if (lane == 0) mbarrier_arrive(empty_bar + held * 8);
-        held = -1;
-        persistent_tile_epilogue<BM, BN, MB, WM>(acc, t, n_tiles, tiles, wg, warp_in_wg, lane, M, K, bias, residual,
-                                                 y, relu);
-    }
-}
-
 template <int BM, int BN, int WGS, int STAGES, bool SHORTCUT = false, bool CLUSTER_SPLITK = false,
-          bool PERSISTENT = false, bool MBARRIER_RING = false>
+          bool PERSISTENT = false>
 __global__ void __launch_bounds__(WGS * 128, wgmma_min_blocks(BM, BN, STAGES))
 conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
            const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
@@ -445,7 +323,6 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
     // output-channel tile, so the slice is the whole filter: bn = K.)
     pdl_begin_prefetch_filter(w, PERSISTENT ? K : BN, K, ldw, num_k_tiles, k_tiles_per_split, false, false);
     static_assert(!(PERSISTENT && CLUSTER_SPLITK), "a persistent block runs whole tiles (no split-K)");
-    static_assert(!MBARRIER_RING || PERSISTENT, "the mbarrier ring is the persistent loop's (v5)");
     constexpr int THREADS = WGS * 128;
     constexpr int WM = BM / WGS;              // rows per warpgroup
     constexpr int MB = WM / 64;               // m64 blocks per warpgroup
@@ -461,9 +338,6 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
     // descriptors); the launch allocates WGMMA_SMEM_ALIGN bytes more than the ring.
     static_assert(WGMMA_SMEM_ALIGN == 1024 && STAGES * STAGE_HALFS * 2 + WGMMA_SMEM_ALIGN
                   <= wgmma_smem_bytes(BM, BN, STAGES), "smem layout");
-    // MBARRIER_RING: a full and an empty mbarrier per stage after the ring (conv_wgmma_ws's allocation).
-    static_assert(!MBARRIER_RING || STAGES * STAGE_HALFS * 2 + WGMMA_SMEM_ALIGN + STAGES * 16
-                  <= wgmma_ws_smem_bytes(BM, BN, STAGES), "smem layout (mbarrier ring)");
     extern __shared__ vec16 smem_vec[];
     half_bits *smem = wgmma_aligned_smem(smem_vec);
 
@@ -505,16 +379,7 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
     // Prefetch distance (header, PIPELINE): 2 with three stages (tile i-1's wgmma retired before k-tile
     // i, only tile i's in flight across the refill); else STAGES - 2 (tiles i-1 and i in flight).
     constexpr int AHEAD = STAGES == 3 ? STAGES - 1 : STAGES - 2;
-    if constexpr (MBARRIER_RING) {
-        mbarrier_ring_init<BM, BN, STAGES, THREADS>(smem, tid);   // (reads no memory another kernel writes)
-        pdl_wait();   // common.cuh: from here on the earlier kernels' outputs (x, residual) are visible
-        conv_wgmma_persistent_tiles_mbarrier<BM, BN, MB, WM, STAGES>(
-            acc, smem, load_tile_at, [&](int tile_m0) {
-                igemm_a_rows<A_ITERS, ROW_STEP>(a_base, a_ih, a_iw, tile_m0, tid, M, H, W, C, P, Q, stride, pad);
-            },
-            wg, warp_in_wg, lane, M, K, num_k_tiles, bias, residual, y, relu);
-        return;
-    } else if constexpr (PERSISTENT) {
+    if constexpr (PERSISTENT) {
         pdl_wait();   // common.cuh: from here on the earlier kernels' outputs (x, residual) are visible
         conv_wgmma_persistent_tiles<BM, BN, MB, WM, STAGES, AHEAD>(
             acc, smem, load_tile_at, [&](int tile_m0) {

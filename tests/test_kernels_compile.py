@@ -101,18 +101,18 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
     # 65536 registers per SM. (An L2 prefetch added to the prologue once took the s3 128x128 tile from 124
     # to 132 registers: one block per SM instead of two, layer2 at batch 128 1.5x slower.)
     if arch == WGMMA_ARCH:
-        by_args = {(t.bm, t.bn, t.warpgroups, t.stages, t.warp_specialized, t.cluster_splitk, t.persistent,
-                    t.mbarrier_ring): t for t in WGMMA_CONV_TILES}
+        by_args = {(t.bm, t.bn, t.warpgroups, t.stages, t.warp_specialized, t.cluster_splitk, t.persistent): t
+                   for t in WGMMA_CONV_TILES}
         seen = 0
         for block in report.split("Function properties for ")[1:]:
-            # conv_wgmma<BM, BN, WGS, STAGES, SHORTCUT, CLUSTER_SPLITK, PERSISTENT[, MBARRIER_RING]> (Lb1: true);
+            # conv_wgmma<BM, BN, WGS, STAGES, SHORTCUT, CLUSTER_SPLITK, PERSISTENT> (Lb1: true);
             # conv_wgmma_ws<BM, BN, WGS, STAGES>
             match = re.match(r"_Z1[03](conv_wgmma(?:_ws)?)ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E"
-                             r"(?:Lb[01]ELb([01])ELb([01])E(?:Lb([01])E)?)?", block)
+                             r"(?:Lb[01]ELb([01])ELb([01])E)?", block)
             if match:
                 args = tuple(int(v) for v in match.groups()[1:5])
                 tile = by_args[args + (match.group(1) == "conv_wgmma_ws", match.group(6) == "1",
-                                       match.group(7) == "1", match.group(8) == "1")]
+                                       match.group(7) == "1")]
                 registers = int(re.search(r"Used (\d+) registers", block).group(1))
                 assert registers * tile.threads * tile.blocks_per_sm <= 65536, (tile.label, registers)
                 seen += 1
@@ -312,37 +312,6 @@ def test_persistent_tiles_are_plain_tiles_that_run_whole_tiles_from_a_capped_gri
             make_plan(t, 2, 100352, 128, 9)
         with pytest.raises(ValueError, match="no split-K"):   # a plan built by hand (the check harness's)
             ConvPlan(t, 2, 5, plan.grid)
-
-
-def test_mbarrier_ring_tiles_are_persistent_tiles_with_their_barriers_after_the_ring():
-    """conv_wgmma's MBARRIER_RING instantiations ("wm" labels, v5): the persistent 128-row tiles again, with a
-    full and an empty mbarrier (8 bytes each) per stage after the ring, still fitting the blocks per SM of
-    their twins; sm_90a only, tuner only; no mbarrier ring without the persistent loop."""
-    from fusedresnet.kernels.configs import (
-        GEOMETRY,
-        WGMMA_MBARRIER_TILES,
-        WGMMA_PERSISTENT_TILES,
-        WgmmaConfig,
-        conv_tiles,
-        make_plan,
-        runs_persistent,
-        tile_by_label,
-    )
-    sm, reserved = GEOMETRY["SM_SMEM_BYTES"], GEOMETRY["SM_BLOCK_RESERVED_SMEM"]
-    persistent = {t.label: t for t in WGMMA_PERSISTENT_TILES}
-    wgmma_90a, names_90 = set(name_expressions(WGMMA_ARCH)), set(name_expressions("sm_90"))
-    assert {t.label for t in WGMMA_MBARRIER_TILES} == {"wm128x128g2s3", "wm128x128g2s4"}
-    for t in WGMMA_MBARRIER_TILES:
-        twin = persistent["wp" + t.label.removeprefix("wm")]
-        assert runs_persistent(t) and tile_by_label(t.label) is t
-        assert t.smem_bytes == twin.smem_bytes + 16 * t.stages   # full[STAGES], empty[STAGES] after the ring
-        assert t.blocks_per_sm == twin.blocks_per_sm and t.blocks_per_sm * (t.smem_bytes + reserved) <= sm
-        assert t.name_expression == f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},false,false,true,true>"
-        assert t.name_expression in wgmma_90a and t.name_expression not in names_90
-        assert not shortcut_applies(t) and t not in conv_tiles("wgmma") + conv_tiles("mixed")
-        assert make_plan(t, 1, 100352, 128, 9).grid == make_plan(twin, 1, 100352, 128, 9).grid
-    with pytest.raises(ValueError, match="persistent"):
-        WgmmaConfig(128, 128, 2, 3, blocks_per_sm=2, mbarrier_ring=True)
 
 
 def test_every_wgmma_tile_fits_its_blocks_per_sm_and_the_launch_bounds_ask_for_them():
