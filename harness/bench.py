@@ -29,7 +29,7 @@
 The tensor-core peak is measured after (a) and again after (b), with the
 GPU's clocks, power and throttle reasons at each point (nvidia-smi): a GPU
 that another process shares or that throttles shows up as two peaks apart.
-Not before (a): timed right after the cuBLAS product, batch 1 read 7-9%
+Not before (a): timed right after the cuBLAS products, batch 1 read 7-10%
 slower (kernels/NOTES.md outcome 17).
 
 On compute capability 9.0 (the mixed path: each conv on the family its plan
@@ -410,7 +410,7 @@ def main(argv=None):
         torch.cuda.empty_cache()
     states["after_whole_network"] = gpu_state()
     # The cuBLAS peak after the whole-network timings, not before: timed right after it, batch 1 read
-    # 0.158 ms where the same engine read 0.140-0.145 in a process without it (kernels/NOTES.md outcome 17).
+    # 0.158-0.162 ms where the same table read 0.146-0.147 with the peak after (kernels/NOTES.md outcome 17).
     peaks = [tensor_core_peak_tflops()]
     features = []
     which = [] if args.skip_baselines else ["ts_fp32", "ts_fp16", "graph_fp16"]

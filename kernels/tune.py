@@ -128,11 +128,14 @@ def tune_shared_key(lib, families, n, h, w, c, k, r, stride, pad, uses: dict):
 
     `uses` maps (relu, residual, shortcut) to how many of the network's convolutions with this key have
     that epilogue: a stage's conv1 and conv2 have the same shape, and only conv2 adds the residual, which
-    changes what is fastest (layer1 at batch 128, 2026-11-23 18:23 UTC: pwg256g2s3 the fastest without
-    the residual, 0.0761 ms against pwg128g2s4's 0.0776, but 0.095 ms with it against 0.086).
+    changes what is fastest (layer1 at batch 128 on the H100: in the tune of 2026-11-23 18:23 UTC
+    pwg256g2s3 was the fastest without the residual, 0.0761 ms against pwg128g2s4's 0.0776; with it, the
+    bench's per-layer table read 0.095 ms on pwg256g2s3 in that run and 0.086 on pwg128g2s4 in the run
+    before). Only candidates timed for every epilogue are ranked.
     """
     total = sum(uses.values())
-    mean, plans, model_ms = {}, {}, 0.0
+    mean, plans, timed = {}, {}, {}
+    model_ms = 0.0
     for (relu, residual, shortcut), count in uses.items():
         rows, default_ms = tune_conv(lib, families, n, h, w, c, k, r, stride, pad, relu, residual, shortcut)
         model_ms += default_ms * count / total
@@ -140,7 +143,9 @@ def tune_shared_key(lib, families, n, h, w, c, k, r, stride, pad, uses: dict):
             label = (plan.tile.label, plan.splits)
             mean[label] = mean.get(label, 0.0) + ms * count / total
             plans.setdefault(label, plan)
-    return sorted(((ms, plans[label]) for label, ms in mean.items()), key=lambda t: t[0]), model_ms
+            timed[label] = timed.get(label, 0) + 1
+    ranked = [(ms, plans[label]) for label, ms in mean.items() if timed[label] == len(uses)]
+    return sorted(ranked, key=lambda t: t[0]), model_ms
 
 
 def _time_candidates(lib, families, n, h, w, c, k, r, stride, pad, relu, residual, shortcut):
