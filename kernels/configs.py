@@ -81,6 +81,7 @@ GEOMETRY = {
     "WGMMA_SMEM_ALIGN": 1024,  # conv_wgmma aligns its ring to the 128B-swizzle atom: allocated on top
     "PATCH_WGMMA_BN": 64,      # conv3x3_patch_wgmma: output channels per block = input channels (= BK)
     "CLUSTER_STAGE_PAD": 8,    # conv_wgmma, split-K in a cluster: staged fp32 rows of BN + 8 floats (no conflicts)
+    "TMA_PRODUCER_THREADS": 32,   # conv_wgmma_tma: one warp beside the consumer warpgroups (one thread issues)
     "SM_SMEM_BYTES": 228 * 1024,        # shared memory per SM (H100, H200) ...
     "SM_BLOCK_RESERVED_SMEM": 1024,     # ... of which the driver reserves this much per resident block
 }
@@ -125,6 +126,7 @@ def smem_bytes(name: str, **args: int) -> int:
 WGMMA_ONLY_GEOMETRY = ("SW_PH", "SW_PW", "SW_M", "SW_IN_ROW", "SW_RAW_ROW", "SW_THREADS", "SW_BLOCKS_PER_SM",
                        "STEM_WGMMA_SMEM_BYTES", "SM_SMEM_BYTES", "SM_BLOCK_RESERVED_SMEM", "PATCH_WGMMA_BN",
                        "patch_wgmma_rows(BM, W)", "patch_wgmma_smem_bytes(BM, STAGES, W)", "CLUSTER_STAGE_PAD",
+                       "TMA_PRODUCER_THREADS",
                        "cluster_stage_bytes(BM, BN)")
 
 
@@ -207,6 +209,9 @@ class WgmmaConfig:
     workspace, no splitk_epilogue launch; at most CLUSTER_SPLITK_MAX slices. Labels "wc...".
     persistent: conv_wgmma's PERSISTENT loop: at most blocks_per_sm blocks per SM, each running tiles
     blockIdx.x, + gridDim.x, ... with its cp.async ring going on across them; no split-K. Labels "wp...".
+    tma: conv_wgmma_tma (conv_wgmma.cu, v6): the persistent walk with every operand tile loaded by the
+    TMA, issued by one thread of a producer warp, on conv_wgmma_ws's mbarrier ring. Always persistent;
+    needs cuda.bindings (the tensor maps, and their launch). Labels "wt...".
     """
 
     bm: int
@@ -219,18 +224,27 @@ class WgmmaConfig:
     warp_specialized: bool = False
     cluster_splitk: bool = False
     persistent: bool = False
+    tma: bool = False
+
+    def __post_init__(self):
+        if self.tma and not self.persistent:
+            raise ValueError("the TMA tiles are persistent")
 
     @property
     def threads(self) -> int:
+        if self.tma:
+            return self.warpgroups * 128 + GEOMETRY["TMA_PRODUCER_THREADS"]
         return (self.warpgroups + self.warp_specialized) * 128
 
     @property
-    def smem_bytes(self) -> int:
-        return smem_bytes("wgmma_ws" if self.warp_specialized else "wgmma", BM=self.bm, BN=self.bn,
+    def smem_bytes(self) -> int:   # conv_wgmma_tma: the ring and the mbarriers of conv_wgmma_ws
+        return smem_bytes("wgmma_ws" if self.warp_specialized or self.tma else "wgmma", BM=self.bm, BN=self.bn,
                           STAGES=self.stages)
 
     @property
     def name_expression(self) -> str:
+        if self.tma:
+            return f"conv_wgmma_tma<{self.bm},{self.bn},{self.warpgroups},{self.stages}>"
         if self.cluster_splitk:   # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = true
             return f"conv_wgmma<{self.bm},{self.bn},{self.warpgroups},{self.stages},false,true>"
         if self.persistent:       # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = false, PERSISTENT = true
@@ -240,7 +254,8 @@ class WgmmaConfig:
 
     @property
     def label(self) -> str:
-        kind = "ws" if self.warp_specialized else "wc" if self.cluster_splitk else "wp" if self.persistent else "wg"
+        kind = ("ws" if self.warp_specialized else "wc" if self.cluster_splitk else "wt" if self.tma
+                else "wp" if self.persistent else "wg")
         return f"{kind}{self.bm}x{self.bn}g{self.warpgroups}s{self.stages}"
 
 
@@ -294,8 +309,19 @@ WGMMA_CLUSTER_TILES = tuple(replace(t, cluster_splitk=True, measured=False) for 
 WGMMA_PERSISTENT_TILES = tuple(replace(t, persistent=True, measured=False) for t in WGMMA_TILES
                                if not t.warp_specialized and (t.bm, t.bn, t.stages) in
                                ((128, 128, 3), (128, 128, 4), (64, 128, 3), (256, 128, 4)))
-# Every conv_wgmma / conv_wgmma_ws instantiation's tile: what the sm_90a module compiles and the tuner times.
-WGMMA_CONV_TILES = WGMMA_TILES + WGMMA_CLUSTER_TILES + WGMMA_PERSISTENT_TILES
+# conv_wgmma_tma (v6, NOTES.md outcome 36): the persistent tiles with TMA loads. The 128x128 s3 and 64x128
+# s3 rings fit two blocks per SM (each block's epilogue under the other's main loop), s4 and s6 one,
+# deeper; 256x128: 48 KB per k-tile. Only the tuner chooses them (not `measured`).
+WGMMA_TMA_TILES = (
+    WgmmaConfig(128, 128, 2, 3, blocks_per_sm=2, persistent=True, tma=True),   # 97 KB
+    WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True),   # 129 KB
+    WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, persistent=True, tma=True),   # 193 KB
+    WgmmaConfig(64, 128, 1, 4, blocks_per_sm=2, persistent=True, tma=True),    # 97 KB
+    WgmmaConfig(256, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True),   # 193 KB
+)
+# Every conv_wgmma / conv_wgmma_ws / conv_wgmma_tma instantiation's tile: what the sm_90a module compiles and
+# the tuner times.
+WGMMA_CONV_TILES = WGMMA_TILES + WGMMA_CLUSTER_TILES + WGMMA_PERSISTENT_TILES + WGMMA_TMA_TILES
 
 
 @dataclass(frozen=True)
@@ -490,8 +516,9 @@ def has_cuda_bindings() -> bool:
 
 
 def cluster_launch_choice(wgmma_module: bool) -> tuple[bool, str]:
-    """(the "wc" tiles can launch, why): thread-block clusters need the sm_90a module and cuLaunchKernelEx
-    from cuda.bindings. Without, a tuned "wc" plan runs on its "wg" twin (`splitk_in_workspace`)."""
+    """(the "wc" and "wt" tiles can launch, why): thread-block clusters and tensor maps need the sm_90a module
+    and cuda.bindings (cuLaunchKernelEx, cuTensorMapEncode*). Without, a tuned "wc" or "wt" plan runs on its
+    twin (`without_cuda_bindings`)."""
     if not wgmma_module:
         return False, "no sm_90a module (compute capability 9.0 only)"
     if not has_cuda_bindings():
@@ -510,10 +537,22 @@ def runs_persistent(tile) -> bool:
     return isinstance(tile, WgmmaConfig) and tile.persistent
 
 
-def splitk_in_workspace(tile):
-    """The tile itself, or for a "wc" tile (split-K reduced in a cluster) its "wg" twin, whose slices go
-    through the fp32 workspace and splitk_epilogue: the same sums in the same order."""
-    return tile_by_label("wg" + tile.label.removeprefix("wc")) if reduces_in_cluster(tile) else tile
+def loads_by_tma(tile) -> bool:
+    """Whether the tile loads its operands with the TMA (a "wt" tile: tensor maps, launched through
+    cuda.bindings)."""
+    return isinstance(tile, WgmmaConfig) and tile.tma
+
+
+def without_cuda_bindings(tile):
+    """The tile itself, or the twin that runs without cuda.bindings: for a "wc" tile (split-K reduced in a
+    cluster) its "wg" twin, whose slices go through the fp32 workspace and splitk_epilogue (the same sums in
+    the same order); for a "wt" tile (TMA loads) its "wp" twin where there is one, else its "wg" twin."""
+    if reduces_in_cluster(tile):
+        return tile_by_label("wg" + tile.label.removeprefix("wc"))
+    if loads_by_tma(tile):
+        shape = tile.label.removeprefix("wt")
+        return tile_by_label("wp" + shape) or tile_by_label("wg" + shape)
+    return tile
 
 
 def path_arch(path: str) -> str | None:

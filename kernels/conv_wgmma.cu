@@ -546,3 +546,125 @@ conv_wgmma_ws(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
     // Pair by pair: the 384-thread launch caps the registers at 168, and batched residual loads spill.
     wgmma_epilogue<BN, MB, WM, false>(acc, m0, n0, wg, warp_in_wg, lane, M, K, bias, residual, y, partial, relu);
 }
+
+
+// ---- v6: TMA loads (conv_wgmma_tma) -------------------------------------------
+//
+// The persistent tile walk of the "wp" tiles and conv_wgmma_ws's full / empty mbarrier ring, with
+// every operand tile loaded by the TMA (wgmma.cuh) instead of cp.async from every thread (configs:
+// the "wt" tiles). Why: layer2.0.conv1 (stride 2, 9 k-tiles per tile) waits on its operand loads
+// (NOTES.md outcomes 33 and 34), and each k-tile of a 128x128 block was 2048 16-byte cp.async with
+// their im2col address arithmetic, spread over all its threads.
+//   warpgroups 0 .. WGS-1  consumers: rows as in conv_wgmma, wgmma and the epilogue only;
+//   warp 4 * WGS           producer, one thread: per k-tile one im2col load of the BM x 64 A tile
+//                          (tap (r, s) as the im2col offsets, 64 channels from c0) and one tiled load
+//                          of the BN x 64 filter tile, both onto full[stage] with their byte count.
+// Tiles t = blockIdx.x, + gridDim.x, ... as the "wp" tiles; the producer runs up to STAGES k-tiles
+// ahead of the consumers' releases, across tiles, so the next tile's loads are in flight during
+// the epilogue. full[s]: count 1 (the producer's arrive.expect_tx; the TMA's bytes complete the
+// phase); empty[s]: count 4 * WGS (lane 0 of each consumer warp, once its wgmma of the stage are
+// done: wait_group 1 after the next k-tile's wgmma, as conv_wgmma_ws). The A tile of the tile at
+// output row m0 = (image n, row p, column q) starts where that position's filter window does,
+// (q * stride - pad, p * stride - pad): the tensor map's element strides and bounding box (the
+// launcher) make the walk the implicit GEMM's rows in order; rows past M read zeros and are not
+// stored. No fused shortcut, no split-K. Tensor maps: kernels/launch.py (tma_maps).
+__host__ __device__ constexpr int wgmma_tma_min_blocks(int bm, int bn, int stages) {
+    return 2 * (wgmma_ws_smem_bytes(bm, bn, stages) + SM_BLOCK_RESERVED_SMEM) <= SM_SMEM_BYTES ? 2 : 1;
+}
+
+template <int BM, int BN, int WGS, int STAGES>
+__global__ void __launch_bounds__(WGS * 128 + TMA_PRODUCER_THREADS, wgmma_tma_min_blocks(BM, BN, STAGES))
+conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
+               const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
+               int N, int H, int W, int C, int K, int P, int Q, int R, int S, int stride, int pad,
+               int ldw, int num_k_tiles, int k_tiles_per_split, int relu, const half_bits *__restrict__ shortcut_x,
+               int shortcut_h, int shortcut_w, int shortcut_c, int shortcut_stride, int main_k_tiles,
+               const __grid_constant__ TmaDescriptor x_map, const __grid_constant__ TmaDescriptor w_map) {
+    pdl_begin_prefetch_filter(w, K, K, ldw, num_k_tiles, num_k_tiles, false, false);   // as PERSISTENT
+    constexpr int WM = BM / WGS;              // rows per consumer warpgroup
+    constexpr int MB = WM / 64;               // m64 blocks per consumer warpgroup
+    constexpr int NACC = BN / 2;
+    static_assert(WM % 64 == 0 && MB >= 1, "each warpgroup owns whole m64 blocks");
+    static_assert(STAGES >= 2, "a ring");
+    constexpr unsigned int A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;   // multiples of 1024
+    constexpr unsigned int RING_BYTES = STAGES * STAGE_BYTES;
+    static_assert(WGMMA_SMEM_ALIGN == 1024 && RING_BYTES + WGMMA_SMEM_ALIGN + 2 * STAGES * 8
+                  <= wgmma_ws_smem_bytes(BM, BN, STAGES), "smem layout");
+    extern __shared__ vec16 smem_vec[];
+    const unsigned int ring = smem_addr(wgmma_aligned_smem(smem_vec));
+    const unsigned int full_bar = ring + RING_BYTES, empty_bar = full_bar + STAGES * 8;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int M = N * P * Q;
+    const int n_tiles = (K + BN - 1) / BN, tiles = ((M + BM - 1) / BM) * n_tiles;
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbarrier_init(full_bar + s * 8, 1);
+            mbarrier_init(empty_bar + s * 8, WGS * 4);
+        }
+        fence_mbarrier_init();
+    }
+    __syncthreads();   // the only block-wide barrier: every thread sees initialised mbarriers
+    pdl_wait();        // common.cuh: from here on the earlier kernels' outputs (x, residual) are visible
+
+    if (warp == WGS * 4) {   // the producer warp: one thread issues every load
+        if (lane != 0) return;
+        tma_prefetch_descriptor(x_map);
+        tma_prefetch_descriptor(w_map);
+        const fast_divmod by_ctiles(C / BK), by_s(S), by_pq(P * Q), by_q(Q);
+        int stage = 0, phase = 0, i = 0;   // stage i % STAGES, parity of i / STAGES
+        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+            const int m0 = (t / n_tiles) * BM, n0 = (t % n_tiles) * BN;
+            int pq, q;
+            const int img = by_pq.divmod(pq, m0);
+            const int p = by_q.divmod(q, pq);
+            const int w0 = q * stride - pad, h0 = p * stride - pad;
+            for (int kt = 0; kt < num_k_tiles; ++kt, ++i) {
+                if (i >= STAGES) mbarrier_wait_parity(empty_bar + stage * 8, phase ^ 1);
+                int c_tile, s;
+                const int tap = by_ctiles.divmod(c_tile, kt);
+                const int r = by_s.divmod(s, tap);
+                const unsigned int bar = full_bar + stage * 8, sA = ring + stage * STAGE_BYTES;
+                mbarrier_arrive_expect_tx(bar, STAGE_BYTES);
+                tma_load_im2col_4d(sA, x_map, c_tile * BK, w0, h0, img, (unsigned short)s, (unsigned short)r, bar);
+                tma_load_2d(sA + A_BYTES, w_map, kt * BK, n0, bar);
+                if (++stage == STAGES) { stage = 0; phase ^= 1; }
+            }
+        }
+        return;
+    }
+
+    // Consumer warpgroups.
+    const int wg = warpgroup_index(), warp_in_wg = warp & 3;
+    float acc[MB][NACC];
+    int stage = 0, phase = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+            for (int j = 0; j < NACC; ++j) acc[mb][j] = 0.f;
+        int prev_stage = 0;
+        for (int kt = 0; kt < num_k_tiles; ++kt) {
+            mbarrier_wait_parity(full_bar + stage * 8, phase);
+            const unsigned int sA = ring + stage * STAGE_BYTES;
+            wgmma_ktile<BN, MB, WM>(acc, sA, sA + A_BYTES, wg);
+            wgmma_wait<1>();   // the wgmma of k-tile kt - 1 are done: release its stage
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
+            if (kt > 0 && lane == 0) mbarrier_arrive(empty_bar + prev_stage * 8);
+            prev_stage = stage;
+            if (++stage == STAGES) { stage = 0; phase ^= 1; }
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
+        if (lane == 0) mbarrier_arrive(empty_bar + prev_stage * 8);   // the tile's last stage
+        if (t + (int)gridDim.x >= tiles) pdl_trigger();   // the block's last tile: the next kernel may launch
+        // Batched residual loads only with one block per SM: two blocks of WGS * 128 + 32 threads leave
+        // ptxas 96 registers per thread, and the 128x128 tile spilled 200 bytes with them (nvcc 13.0).
+        constexpr bool BATCHED = MB == 1 && BN <= 128 && wgmma_tma_min_blocks(BM, BN, STAGES) == 1;
+        wgmma_epilogue<BN, MB, WM, BATCHED>(acc, (t / n_tiles) * BM, (t % n_tiles) * BN, wg, warp_in_wg, lane, M, K,
+                                            bias, residual, y, nullptr, relu);
+    }
+}

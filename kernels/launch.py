@@ -73,6 +73,7 @@ from .configs import (
     cluster_launch_choice,
     conv_path,
     load_tuned_plans,
+    loads_by_tma,
     make_plan,
     name_expressions,
     nvrtc_options,
@@ -86,8 +87,8 @@ from .configs import (
     shortcut_applies,
     shortcut_name_expression,
     source_text,
-    splitk_in_workspace,
     untuned_plan,
+    without_cuda_bindings,
 )
 
 
@@ -112,9 +113,50 @@ _C_TYPES = {np.uint64: ctypes.c_uint64, np.int32: ctypes.c_int32}
 
 
 def kernel_params(args: tuple) -> tuple[tuple, tuple]:
-    """The kernel arguments as cuda.bindings takes them: (values, C types), from the launchers' numpy scalars."""
-    types = tuple(_C_TYPES[type(a)] for a in args)
-    return tuple(int(a) for a in args), types
+    """The kernel arguments as cuda.bindings takes them: (values, C types), from the launchers' numpy scalars
+    (and the tensor maps of `tma_maps`, cuda.bindings objects that it passes by value: type None)."""
+    types = tuple(_C_TYPES.get(type(a)) for a in args)
+    return tuple(int(a) if t is not None else a for a, t in zip(args, types)), types
+
+
+@functools.lru_cache(maxsize=1024)
+def tma_maps(x_ptr: int, w_ptr: int, n: int, h: int, w: int, c: int, k: int, r: int, stride: int, pad: int,
+             ldw: int, bm: int, bn: int) -> tuple:
+    """conv_wgmma_tma's two tensor maps (CUtensorMap, cuTensorMapEncodeIm2col / Tiled from cuda.bindings)
+    for an r x r convolution of the fp16 NHWC input at x_ptr with the [k][ldw] filter at w_ptr:
+    - the input in im2col mode: dims {C, W, H, N}; per load `bm` output positions (pixelsPerColumn) of
+      BK channels (channelsPerPixel, one 128-byte swizzled row each); element strides (1, stride,
+      stride, 1); the bounding box of the filter window's start, from -pad (lower corner) to
+      pad - (r - 1) past the last pixel (upper corner), so that a row of the walk has
+      (w + 2 pad - r) / stride + 1 positions, the convolution's Q (CUTLASS's make_im2col_tma_copy_desc
+      derives its corners the same way);
+    - the filter tiled: dims {ldw, k}, a box of BK x bn (one k-tile of bn output channels).
+    Both in the 128-byte swizzle of conv_wgmma's tiles; pixels and rows outside the tensors read as zeros.
+    Encoded on the host, no GPU work: cached per pointer and shape, so a graph capture or a timing loop
+    encodes each once."""
+    from cuda.bindings import driver
+    fp16 = driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    no_interleave = driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE
+    swizzle = driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B
+    promotion = driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+    zeros = driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE
+
+    def u64(*values):
+        return [driver.cuuint64_t(v) for v in values]
+
+    def u32(*values):
+        return [driver.cuuint32_t(v) for v in values]
+
+    err, x_map = driver.cuTensorMapEncodeIm2col(
+        fp16, 4, x_ptr, u64(c, w, h, n), u64(c * 2, w * c * 2, h * w * c * 2), [-pad, -pad],
+        [pad - (r - 1), pad - (r - 1)], BK, bm, u32(1, stride, stride, 1), no_interleave, swizzle, promotion, zeros)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeIm2col (input {n}x{h}x{w}x{c}, {r}x{r}/{stride}, {bm} rows): {err.name}")
+    err, w_map = driver.cuTensorMapEncodeTiled(fp16, 2, w_ptr, u64(ldw, k), u64(ldw * 2), u32(BK, bn), u32(1, 1),
+                                               no_interleave, swizzle, promotion, zeros)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled (filter {k}x{ldw}, box {BK}x{bn}): {err.name}")
+    return x_map, w_map
 
 
 def _launch_plain(kernel, grid, threads: int, args: tuple, shared_mem: int):
@@ -211,15 +253,17 @@ class KernelLibrary:
             self.maxpool = get("maxpool_3x3s2")
             self.avgpool_fc_kernel = get(f"avgpool_fc<{HEAD_IMGS}>")
 
-    def _launch(self, kernel, grid, threads: int, args: tuple, shared_mem: int = 0, cluster_z: int = 0):
+    def _launch(self, kernel, grid, threads: int, args: tuple, shared_mem: int = 0, cluster_z: int = 0,
+                tensor_maps: bool = False):
         """Every kernel launch goes through here: `grid` blocks (x[, y[, z]]) of `threads` threads,
         `shared_mem` bytes of dynamic shared memory (the tile's `smem_bytes` / configs.SMEM_BYTES), on the
         current CuPy stream; programmatic dependent launch where `self.pdl` (and `launch_mode` allows);
-        clusters of (1, 1, cluster_z) blocks where cluster_z (`cluster_launch` says whether it can)."""
+        clusters of (1, 1, cluster_z) blocks where cluster_z; through cuda.bindings where `tensor_maps`
+        (args holding `tma_maps`' CUtensorMap objects; `cluster_launch` says whether both can)."""
         programmatic = getattr(self._mode, "programmatic", self.pdl)
-        if programmatic or cluster_z:
-            if cluster_z and not self.cluster_launch:
-                raise RuntimeError(f"cluster launches need compute capability 9.0 and cuda.bindings "
+        if programmatic or cluster_z or tensor_maps:
+            if (cluster_z or tensor_maps) and not self.cluster_launch:
+                raise RuntimeError(f"cluster launches and tensor maps need compute capability 9.0 and cuda.bindings "
                                    f"(pip install 'fusedresnet[gpu]'): {self.cluster_reason}")
             _launch_ex(kernel, grid, threads, args, shared_mem, programmatic, cluster_z)
         else:
@@ -246,7 +290,7 @@ class KernelLibrary:
         m, k_tiles = n * p * q, (r * s * c + shortcut_c) // BK
         tuned = self.tuned.get(plan_key(n, h, w, c, k, r, stride, shortcut_c)) if r == s else None
         if tuned is not None:
-            tile = tuned[0] if self.cluster_launch else splitk_in_workspace(tuned[0])
+            tile = tuned[0] if self.cluster_launch else without_cuda_bindings(tuned[0])
             return make_plan(tile, tuned[1], m, k, k_tiles, n, p, q)
         if r != s:
             return plan_default(m, k, k_tiles, r, self.sms, self.path)
@@ -424,7 +468,12 @@ class KernelLibrary:
         grid = plan.grid
         if runs_persistent(tile):   # persistent blocks: at most blocks_per_sm per SM, each running tiles on
             grid = (max(1, min(plan.grid[0], self.sms * tile.blocks_per_sm)), 1, 1)
-        self._launch(kernel, grid, tile.threads, args, tile.smem_bytes, cluster_z)
+        tma = loads_by_tma(tile)
+        if tma:   # conv_wgmma_tma: the input's and the filter's tensor maps after the common arguments
+            if shortcut is not None or r != s:
+                raise ValueError(f"{tile.label} runs square convolutions without a fused shortcut")
+            args += tma_maps(x.data.ptr, weight.data.ptr, n, h, w, c, k, r, stride, pad, ldw, tile.bm, tile.bn)
+        self._launch(kernel, grid, tile.threads, args, tile.smem_bytes, cluster_z, tma)
         if partial is not None:
             m = n * p * q
             self._launch(self.splitk_epilogue, (_blocks(m * (k // 8), EW_THREADS),), EW_THREADS,

@@ -125,6 +125,45 @@ __device__ __forceinline__ void mbarrier_wait_parity(unsigned int bar, unsigned 
                  "  @!done bra MBARRIER_WAIT;\n"
                  "}\n" :: "r"(bar), "r"(parity) : "memory");
 }
+// TMA, the Hopper tensor memory accelerator (PTX ISA, "cp.async.bulk.tensor"), for conv_wgmma_tma: one
+// thread asks for a whole tile, which lands in shared memory in the 128-byte swizzle and completes
+// `bytes` of an mbarrier's expected transaction count. The tensor map (CUtensorMap) that says how to
+// walk global memory is encoded on the host (cuTensorMapEncodeIm2col / Tiled, kernels/launch.py) and
+// passed by value as a __grid_constant__ kernel parameter; the instructions take its generic address.
+struct alignas(64) TmaDescriptor {
+    unsigned long long opaque[16];
+};
+__device__ __forceinline__ u64 tma_descriptor_addr(const TmaDescriptor &desc) {
+    return reinterpret_cast<u64>(&desc);
+}
+__device__ __forceinline__ void tma_prefetch_descriptor(const TmaDescriptor &desc) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"(tma_descriptor_addr(desc)) : "memory");
+}
+// This thread's arrival on `bar`, which also raises the phase's expected transaction count by `bytes`
+// (the tiles the TMA loads will deliver).
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(unsigned int bar, unsigned int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
+}
+// im2col mode over an NHWC tensor (the map's dims {C, W, H, N}): pixelsPerColumn consecutive output
+// positions from the one whose filter window starts at input (w, h) of image n (the map's element
+// strides are the convolution's; past a row's, an image's or the batch's end the walk goes on to the
+// next, and pixels outside the tensor read as zeros), each its channelsPerPixel channels from c at
+// filter offset (off_w, off_h) = (s, r).
+__device__ __forceinline__ void tma_load_im2col_4d(unsigned int dst, const TmaDescriptor &desc, int c, int w, int h,
+                                                   int n, unsigned short off_w, unsigned short off_h,
+                                                   unsigned int bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6], {%7, %8};\n"
+                 :: "r"(dst), "l"(tma_descriptor_addr(desc)), "r"(c), "r"(w), "r"(h), "r"(n), "r"(bar),
+                    "h"(off_w), "h"(off_h) : "memory");
+}
+// Tiled mode over a 2-D tensor: the box at (x0 innermost, x1); rows past the tensor read as zeros.
+__device__ __forceinline__ void tma_load_2d(unsigned int dst, const TmaDescriptor &desc, int x0, int x1,
+                                            unsigned int bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(dst), "l"(tma_descriptor_addr(desc)), "r"(x0), "r"(x1), "r"(bar) : "memory");
+}
 // Thread-block clusters (sm_90): the cluster barrier (release / acquire: this block's shared-memory
 // writes before it are visible to every block of the cluster after it), this block's rank and the
 // cluster's size, a shared-memory address of this block mapped to the same offset in block `rank`,

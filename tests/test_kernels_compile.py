@@ -36,6 +36,7 @@ from fusedresnet.kernels.configs import (
     WGMMA_HEADERS,
     WGMMA_SOURCES,
     WGMMA_TILES,
+    WgmmaConfig,
     name_expressions,
     nvrtc_options,
     shortcut_applies,
@@ -84,8 +85,8 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
     # The matrix kernels must keep their accumulators (and the wgmma stem its A fragments) in registers.
     checked = 0
     for block in report.split("Function properties for ")[1:]:
-        if block.startswith(("_Z18conv_implicit_gemm", "_Z10conv_wgmma", "_Z13conv_wgmma_ws", "_Z15stem_pool_wgmma",
-                             "_Z19conv3x3_patch_wgmma")):
+        if block.startswith(("_Z18conv_implicit_gemm", "_Z10conv_wgmma", "_Z13conv_wgmma_ws", "_Z14conv_wgmma_tma",
+                             "_Z15stem_pool_wgmma", "_Z19conv3x3_patch_wgmma")):
             assert " 0 bytes spill stores" in block, block
             checked += 1
         if block.startswith("_Z15stem_pool_wgmma"):   # its blocks per SM (the persistent grid) fit the registers
@@ -101,18 +102,19 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
     # 65536 registers per SM. (An L2 prefetch added to the prologue once took the s3 128x128 tile from 124
     # to 132 registers: one block per SM instead of two, layer2 at batch 128 1.5x slower.)
     if arch == WGMMA_ARCH:
-        by_args = {(t.bm, t.bn, t.warpgroups, t.stages, t.warp_specialized, t.cluster_splitk, t.persistent): t
+        by_args = {(t.bm, t.bn, t.warpgroups, t.stages, t.warp_specialized, t.cluster_splitk, t.persistent, t.tma): t
                    for t in WGMMA_CONV_TILES}
         seen = 0
         for block in report.split("Function properties for ")[1:]:
             # conv_wgmma<BM, BN, WGS, STAGES, SHORTCUT, CLUSTER_SPLITK, PERSISTENT> (Lb1: true);
-            # conv_wgmma_ws<BM, BN, WGS, STAGES>
-            match = re.match(r"_Z1[03](conv_wgmma(?:_ws)?)ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E"
+            # conv_wgmma_ws<BM, BN, WGS, STAGES>; conv_wgmma_tma<BM, BN, WGS, STAGES> (persistent)
+            match = re.match(r"_Z1[034](conv_wgmma(?:_ws|_tma)?)ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E"
                              r"(?:Lb[01]ELb([01])ELb([01])E)?", block)
             if match:
                 args = tuple(int(v) for v in match.groups()[1:5])
+                tma = match.group(1) == "conv_wgmma_tma"
                 tile = by_args[args + (match.group(1) == "conv_wgmma_ws", match.group(6) == "1",
-                                       match.group(7) == "1")]
+                                       match.group(7) == "1" or tma, tma)]
                 registers = int(re.search(r"Used (\d+) registers", block).group(1))
                 assert registers * tile.threads * tile.blocks_per_sm <= 65536, (tile.label, registers)
                 seen += 1
@@ -314,6 +316,44 @@ def test_persistent_tiles_are_plain_tiles_that_run_whole_tiles_from_a_capped_gri
             ConvPlan(t, 2, 5, plan.grid)
 
 
+def test_tma_tiles_are_persistent_sm_90a_tiles_with_a_producer_warp_and_a_twin_without_cuda_bindings():
+    """conv_wgmma_tma's instantiations ("wt" labels, v6): persistent (whole tiles from a capped grid), a
+    producer warp beside the consumer warpgroups, conv_wgmma_ws's ring and mbarriers in shared memory; sm_90a
+    only, never an untuned choice, no fused shortcut; without cuda.bindings a tuned one runs on its "wp" twin
+    (else its "wg" one) of the same shape."""
+    from fusedresnet.kernels.configs import (
+        GEOMETRY,
+        WGMMA_TMA_TILES,
+        conv_tiles,
+        loads_by_tma,
+        make_plan,
+        runs_persistent,
+        smem_bytes,
+        tile_by_label,
+        without_cuda_bindings,
+    )
+    assert 2 <= len(WGMMA_TMA_TILES) <= 6
+    wgmma_90a, names_90 = set(name_expressions(WGMMA_ARCH)), set(name_expressions("sm_90"))
+    labels = [t.label for t in WGMMA_TMA_TILES]
+    assert len(set(labels)) == len(labels)
+    for t in WGMMA_TMA_TILES:
+        assert t.label == f"wt{t.bm}x{t.bn}g{t.warpgroups}s{t.stages}" and tile_by_label(t.label) is t
+        assert loads_by_tma(t) and runs_persistent(t) and not shortcut_applies(t)
+        assert t.threads == t.warpgroups * 128 + 32 == t.warpgroups * 128 + GEOMETRY["TMA_PRODUCER_THREADS"]
+        # the ring of BM + BN rows of 128 bytes per stage, the 1024-byte alignment, two 8-byte barriers per stage
+        assert t.smem_bytes == t.stages * (t.bm + t.bn) * 128 + 1024 + t.stages * 16
+        assert t.smem_bytes == smem_bytes("wgmma_ws", BM=t.bm, BN=t.bn, STAGES=t.stages)
+        assert t.name_expression == f"conv_wgmma_tma<{t.bm},{t.bn},{t.warpgroups},{t.stages}>"
+        assert t.name_expression in wgmma_90a and t.name_expression not in names_90
+        assert t not in conv_tiles("wgmma") + conv_tiles("mixed")
+        twin = without_cuda_bindings(t)
+        assert not loads_by_tma(twin) and twin.label[2:] == t.label[2:] and twin.label[:2] in ("wp", "wg")
+        plan = make_plan(t, 1, 100352, 128, 9)   # layer2.0's stride-2 conv at batch 128
+        assert plan.grid == (-(-100352 // t.bm) * -(-128 // t.bn), 1, 1) and plan.splits == 1
+    with pytest.raises(ValueError, match="persistent"):
+        WgmmaConfig(128, 128, 2, 3, tma=True)
+
+
 def test_every_wgmma_tile_fits_its_blocks_per_sm_and_the_launch_bounds_ask_for_them():
     """configs' blocks_per_sm (the cost model's occupancy) fits an SM's shared memory for every wgmma tile,
     and conv_wgmma's launch bounds (wgmma_min_blocks: two wherever two rings fit) ask ptxas for the
@@ -327,6 +367,11 @@ def test_every_wgmma_tile_fits_its_blocks_per_sm_and_the_launch_bounds_ask_for_t
         if not t.warp_specialized:
             asks = 2 if 2 * (t.smem_bytes + reserved) <= sm else 1     # wgmma_min_blocks, restated
             assert asks == min(t.blocks_per_sm, 2), t.label
+    from fusedresnet.kernels.configs import WGMMA_TMA_TILES
+    assert "__launch_bounds__(WGS * 128 + TMA_PRODUCER_THREADS, wgmma_tma_min_blocks(BM, BN, STAGES))" in source
+    for t in WGMMA_TMA_TILES:   # wgmma_tma_min_blocks, restated: two wherever two rings and barriers fit
+        assert t.blocks_per_sm * (t.smem_bytes + reserved) <= sm, t.label
+        assert (2 if 2 * (t.smem_bytes + reserved) <= sm else 1) == t.blocks_per_sm, t.label
 
 
 def test_patch_wgmma_tiles_are_sm_90a_only_and_their_shared_memory_is_the_filter_and_the_patches():
@@ -510,11 +555,11 @@ def test_sass_diff_keeps_instruction_and_control_words_and_drops_only_addresses(
 
 def test_a_cluster_splitk_plan_needs_no_workspace_and_falls_back_to_its_workspace_twin():
     """A "wc" plan reduces its slices in the cluster: no fp32 workspace; without cluster launches
-    (`splitk_in_workspace`) it runs on the "wg" tile of the same shape, through the workspace."""
-    from fusedresnet.kernels.configs import make_plan, splitk_in_workspace
+    (`without_cuda_bindings`) it runs on the "wg" tile of the same shape, through the workspace."""
+    from fusedresnet.kernels.configs import make_plan, without_cuda_bindings
     outputs = 7 * 7 * 512
     for c in WGMMA_CLUSTER_TILES:
-        twin = splitk_in_workspace(c)
+        twin = without_cuda_bindings(c)
         assert twin in WGMMA_TILES and twin.label == "wg" + c.label.removeprefix("wc")
         assert (twin.bm, twin.bn, twin.warpgroups, twin.stages) == (c.bm, c.bn, c.warpgroups, c.stages)
         cluster_plan, twin_plan = make_plan(c, 4, 49, 512, 72), make_plan(twin, 4, 49, 512, 72)
@@ -523,4 +568,4 @@ def test_a_cluster_splitk_plan_needs_no_workspace_and_falls_back_to_its_workspac
         assert cluster_plan.workspace_floats(outputs) == 0 and twin_plan.workspace_floats(outputs) == 4 * outputs
         assert make_plan(twin, 1, 49, 512, 72).workspace_floats(outputs) == 0
     for t in WGMMA_TILES:
-        assert splitk_in_workspace(t) is t
+        assert without_cuda_bindings(t) is t
