@@ -334,8 +334,6 @@ class Checker:
                 if spec.shortcut is not None and not shortcut_applies(tile):
                     continue
                 if runs_persistent(tile):   # "wp": 5 blocks (8-9 tiles each, the ring across them), then all
-                    if not tile.fits_conv(spec.out_channels, k_tiles):   # "wr": the filter resident
-                        continue
                     tiles = make_plan(tile, 1, m, spec.out_channels, k_tiles).grid[0]
                     for blocks in (min(5, tiles), tiles):
                         plan = ConvPlan(tile, 1, k_tiles, (blocks, 1, 1))

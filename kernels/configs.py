@@ -94,10 +94,6 @@ SMEM_BYTES = {
     "wgmma_smem_bytes(BM, BN, STAGES)": "STAGES * (BM + BN) * BK * 2 + WGMMA_SMEM_ALIGN",
     # conv_wgmma_ws: the same ring, then a full and an empty mbarrier (8 bytes each) per stage
     "wgmma_ws_smem_bytes(BM, BN, STAGES)": "STAGES * (BM + BN) * BK * 2 + WGMMA_SMEM_ALIGN + STAGES * 16",
-    # conv_wgmma_tma with the filter resident: a ring of A tiles, the KT filter k-tiles, a full and an empty
-    # mbarrier per stage and the filter's
-    "wgmma_tma_resident_smem_bytes(BM, BN, STAGES, KT)": "(STAGES * BM + KT * BN) * BK * 2 + WGMMA_SMEM_ALIGN"
-                                                         " + STAGES * 16 + 8",
     "patch_smem_bytes(TH, TW, BN, STAGES)": "2 * (TH + 2) * (TW + 2) * BK * 2 + STAGES * BN * BK * 2",
     "STEM_SMEM_BYTES": "(STEM_TH * STEM_TW + STEM_K) * STEM_KG * 2 + (2 * STEM_TH + 5) * STEM_IN_ROW * 2",
     "STEM_POOL_SMEM_BYTES": "(SP_M + STEM_K) * STEM_KG * 2 + (2 * (2 * SP_PH + 1) + 5) * SP_IN_ROW * 2",
@@ -130,7 +126,7 @@ def smem_bytes(name: str, **args: int) -> int:
 WGMMA_ONLY_GEOMETRY = ("SW_PH", "SW_PW", "SW_M", "SW_IN_ROW", "SW_RAW_ROW", "SW_THREADS", "SW_BLOCKS_PER_SM",
                        "STEM_WGMMA_SMEM_BYTES", "SM_SMEM_BYTES", "SM_BLOCK_RESERVED_SMEM", "PATCH_WGMMA_BN",
                        "patch_wgmma_rows(BM, W)", "patch_wgmma_smem_bytes(BM, STAGES, W)", "CLUSTER_STAGE_PAD",
-                       "TMA_PRODUCER_THREADS", "wgmma_tma_resident_smem_bytes(BM, BN, STAGES, KT)",
+                       "TMA_PRODUCER_THREADS",
                        "cluster_stage_bytes(BM, BN)")
 
 
@@ -216,9 +212,6 @@ class WgmmaConfig:
     tma: conv_wgmma_tma (conv_wgmma.cu, v6): the persistent walk with every operand tile loaded by the
     TMA, issued by one thread of a producer warp, on conv_wgmma_ws's mbarrier ring. Always persistent;
     needs cuda.bindings (the tensor maps, and their launch). Labels "wt...".
-    resident_filter: conv_wgmma_tma's RESIDENT_FILTER: the whole filter in shared memory, loaded once per
-    block, the ring holding A tiles only; for K <= bn (`fits_conv`), one block per SM, its shared memory
-    sized per convolution (`smem_for`). Labels "wr...".
     """
 
     bm: int
@@ -232,13 +225,10 @@ class WgmmaConfig:
     cluster_splitk: bool = False
     persistent: bool = False
     tma: bool = False
-    resident_filter: bool = False
 
     def __post_init__(self):
         if self.tma and not self.persistent:
             raise ValueError("the TMA tiles are persistent")
-        if self.resident_filter and not self.tma:
-            raise ValueError("the resident filter is a TMA tile's")
 
     @property
     def threads(self) -> int:
@@ -248,27 +238,13 @@ class WgmmaConfig:
 
     @property
     def smem_bytes(self) -> int:   # conv_wgmma_tma: the ring and the mbarriers of conv_wgmma_ws
-        if self.resident_filter:   # the most any convolution may ask for (`smem_for`)
-            return MAX_BLOCK_SMEM_BYTES
         return smem_bytes("wgmma_ws" if self.warp_specialized or self.tma else "wgmma", BM=self.bm, BN=self.bn,
                           STAGES=self.stages)
-
-    def smem_for(self, k_tiles: int) -> int:
-        """The shared memory of one launch over k_tiles reduction tiles (the filter's, if resident)."""
-        if self.resident_filter:
-            return smem_bytes("wgmma_tma_resident", BM=self.bm, BN=self.bn, STAGES=self.stages, KT=k_tiles)
-        return self.smem_bytes
-
-    def fits_conv(self, k: int, k_tiles: int) -> bool:
-        """Whether it runs a convolution of k output channels and k_tiles reduction tiles (a "wr" tile: the
-        output channels in one tile, the filter and the ring in one block's shared memory)."""
-        return not self.resident_filter or (k <= self.bn and self.smem_for(k_tiles) <= MAX_BLOCK_SMEM_BYTES)
 
     @property
     def name_expression(self) -> str:
         if self.tma:
-            resident = ",true" if self.resident_filter else ""
-            return f"conv_wgmma_tma<{self.bm},{self.bn},{self.warpgroups},{self.stages}{resident}>"
+            return f"conv_wgmma_tma<{self.bm},{self.bn},{self.warpgroups},{self.stages}>"
         if self.cluster_splitk:   # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = true
             return f"conv_wgmma<{self.bm},{self.bn},{self.warpgroups},{self.stages},false,true>"
         if self.persistent:       # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = false, PERSISTENT = true
@@ -278,8 +254,8 @@ class WgmmaConfig:
 
     @property
     def label(self) -> str:
-        kind = ("ws" if self.warp_specialized else "wc" if self.cluster_splitk else "wr" if self.resident_filter
-                else "wt" if self.tma else "wp" if self.persistent else "wg")
+        kind = ("ws" if self.warp_specialized else "wc" if self.cluster_splitk else "wt" if self.tma
+                else "wp" if self.persistent else "wg")
         return f"{kind}{self.bm}x{self.bn}g{self.warpgroups}s{self.stages}"
 
 
@@ -342,9 +318,6 @@ WGMMA_TMA_TILES = (
     WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, persistent=True, tma=True),   # 193 KB
     WgmmaConfig(64, 128, 1, 4, blocks_per_sm=2, persistent=True, tma=True),    # 97 KB
     WgmmaConfig(256, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True),   # 193 KB
-    # the filter resident (K <= 128): layer2.0.conv1's 144 KB + 4 or 5 A tiles of 16 KB
-    WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True, resident_filter=True),   # 209 KB
-    WgmmaConfig(128, 128, 2, 5, blocks_per_sm=1, persistent=True, tma=True, resident_filter=True),   # 225 KB
 )
 # Every conv_wgmma / conv_wgmma_ws / conv_wgmma_tma instantiation's tile: what the sm_90a module compiles and
 # the tuner times.
@@ -573,15 +546,12 @@ def loads_by_tma(tile) -> bool:
 def without_cuda_bindings(tile):
     """The tile itself, or the twin that runs without cuda.bindings: for a "wc" tile (split-K reduced in a
     cluster) its "wg" twin, whose slices go through the fp32 workspace and splitk_epilogue (the same sums in
-    the same order); for a "wt" or "wr" tile (TMA loads) its "wp" twin where there is one, else its "wg" twin,
-    else the "wp" tile of its shape with the deepest ring."""
+    the same order); for a "wt" tile (TMA loads) its "wp" twin where there is one, else its "wg" twin."""
     if reduces_in_cluster(tile):
         return tile_by_label("wg" + tile.label.removeprefix("wc"))
-    if loads_by_tma(tile):   # the same shape and ring, else the same tile with the most stages
-        shape = tile.label[2:]
-        return tile_by_label("wp" + shape) or tile_by_label("wg" + shape) or max(
-            (t for t in WGMMA_PERSISTENT_TILES if (t.bm, t.bn, t.warpgroups) == (tile.bm, tile.bn, tile.warpgroups)),
-            key=lambda t: t.stages)
+    if loads_by_tma(tile):
+        shape = tile.label.removeprefix("wt")
+        return tile_by_label("wp" + shape) or tile_by_label("wg" + shape)
     return tile
 
 

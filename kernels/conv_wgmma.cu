@@ -568,43 +568,31 @@ conv_wgmma_ws(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
 // (q * stride - pad, p * stride - pad): the tensor map's element strides and bounding box (the
 // launcher) make the walk the implicit GEMM's rows in order; rows past M read zeros and are not
 // stored. No fused shortcut, no split-K. Tensor maps: kernels/launch.py (tma_maps).
-// RESIDENT_FILTER (configs: the "wr" tiles, for a conv whose output channels fit one tile, K <= BN):
-// the ring holds A tiles only, and the whole filter (num_k_tiles BN x 64 tiles) sits after it, loaded
-// once per block onto filter_bar before the wait on the previous kernel (no kernel writes it). Each
-// k-tile then draws 16 KB from L2 instead of 32 (a 128x128 tile); one block per SM (the filter alone
-// is 144 KB for layer2.0.conv1). Shared memory: configs.SMEM_BYTES wgmma_tma_resident_smem_bytes.
-__host__ __device__ constexpr int wgmma_tma_min_blocks(int bm, int bn, int stages, bool resident_filter) {
-    return !resident_filter && 2 * (wgmma_ws_smem_bytes(bm, bn, stages) + SM_BLOCK_RESERVED_SMEM) <= SM_SMEM_BYTES
-        ? 2 : 1;
+__host__ __device__ constexpr int wgmma_tma_min_blocks(int bm, int bn, int stages) {
+    return 2 * (wgmma_ws_smem_bytes(bm, bn, stages) + SM_BLOCK_RESERVED_SMEM) <= SM_SMEM_BYTES ? 2 : 1;
 }
 
-template <int BM, int BN, int WGS, int STAGES, bool RESIDENT_FILTER = false>
-__global__ void __launch_bounds__(WGS * 128 + TMA_PRODUCER_THREADS,
-                                  wgmma_tma_min_blocks(BM, BN, STAGES, RESIDENT_FILTER))
+template <int BM, int BN, int WGS, int STAGES>
+__global__ void __launch_bounds__(WGS * 128 + TMA_PRODUCER_THREADS, wgmma_tma_min_blocks(BM, BN, STAGES))
 conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
                const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
                int N, int H, int W, int C, int K, int P, int Q, int R, int S, int stride, int pad,
                int ldw, int num_k_tiles, int k_tiles_per_split, int relu, const half_bits *__restrict__ shortcut_x,
                int shortcut_h, int shortcut_w, int shortcut_c, int shortcut_stride, int main_k_tiles,
                const __grid_constant__ TmaDescriptor x_map, const __grid_constant__ TmaDescriptor w_map) {
-    if constexpr (!RESIDENT_FILTER)
-        pdl_begin_prefetch_filter(w, K, K, ldw, num_k_tiles, num_k_tiles, false, false);   // as PERSISTENT
+    pdl_begin_prefetch_filter(w, K, K, ldw, num_k_tiles, num_k_tiles, false, false);   // as PERSISTENT
     constexpr int WM = BM / WGS;              // rows per consumer warpgroup
     constexpr int MB = WM / 64;               // m64 blocks per consumer warpgroup
     constexpr int NACC = BN / 2;
     static_assert(WM % 64 == 0 && MB >= 1, "each warpgroup owns whole m64 blocks");
     static_assert(STAGES >= 2, "a ring");
-    constexpr unsigned int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;   // multiples of 1024
-    constexpr unsigned int STAGE_BYTES = RESIDENT_FILTER ? A_BYTES : A_BYTES + B_BYTES;
+    constexpr unsigned int A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;   // multiples of 1024
     constexpr unsigned int RING_BYTES = STAGES * STAGE_BYTES;
-    static_assert(WGMMA_SMEM_ALIGN == 1024 && (RESIDENT_FILTER || RING_BYTES + WGMMA_SMEM_ALIGN + 2 * STAGES * 8
-                  <= wgmma_ws_smem_bytes(BM, BN, STAGES)), "smem layout");
+    static_assert(WGMMA_SMEM_ALIGN == 1024 && RING_BYTES + WGMMA_SMEM_ALIGN + 2 * STAGES * 8
+                  <= wgmma_ws_smem_bytes(BM, BN, STAGES), "smem layout");
     extern __shared__ vec16 smem_vec[];
     const unsigned int ring = smem_addr(wgmma_aligned_smem(smem_vec));
-    // RESIDENT_FILTER: the filter's k-tiles after the ring (the launch sizes the shared memory for them)
-    const unsigned int filter = ring + RING_BYTES;
-    const unsigned int full_bar = filter + (RESIDENT_FILTER ? num_k_tiles * B_BYTES : 0u);
-    const unsigned int empty_bar = full_bar + STAGES * 8, filter_bar = empty_bar + STAGES * 8;
+    const unsigned int full_bar = ring + RING_BYTES, empty_bar = full_bar + STAGES * 8;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int M = N * P * Q;
@@ -615,14 +603,9 @@ conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w,
             mbarrier_init(full_bar + s * 8, 1);
             mbarrier_init(empty_bar + s * 8, WGS * 4);
         }
-        if (RESIDENT_FILTER) mbarrier_init(filter_bar, 1);
         fence_mbarrier_init();
     }
     __syncthreads();   // the only block-wide barrier: every thread sees initialised mbarriers
-    if (RESIDENT_FILTER && tid == WGS * 128) {   // the producer: the whole filter, before the wait
-        mbarrier_arrive_expect_tx(filter_bar, num_k_tiles * B_BYTES);
-        for (int kt = 0; kt < num_k_tiles; ++kt) tma_load_2d(filter + kt * B_BYTES, w_map, kt * BK, 0, filter_bar);
-    }
     pdl_wait();        // common.cuh: from here on the earlier kernels' outputs (x, residual) are visible
 
     if (warp == WGS * 4) {   // the producer warp: one thread issues every load
@@ -645,7 +628,7 @@ conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w,
                 const unsigned int bar = full_bar + stage * 8, sA = ring + stage * STAGE_BYTES;
                 mbarrier_arrive_expect_tx(bar, STAGE_BYTES);
                 tma_load_im2col_4d(sA, x_map, c_tile * BK, w0, h0, img, (unsigned short)s, (unsigned short)r, bar);
-                if (!RESIDENT_FILTER) tma_load_2d(sA + A_BYTES, w_map, kt * BK, n0, bar);
+                tma_load_2d(sA + A_BYTES, w_map, kt * BK, n0, bar);
                 if (++stage == STAGES) { stage = 0; phase ^= 1; }
             }
         }
@@ -656,7 +639,6 @@ conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w,
     const int wg = warpgroup_index(), warp_in_wg = warp & 3;
     float acc[MB][NACC];
     int stage = 0, phase = 0;
-    if (RESIDENT_FILTER) mbarrier_wait_parity(filter_bar, 0);
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb)
@@ -666,7 +648,7 @@ conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w,
         for (int kt = 0; kt < num_k_tiles; ++kt) {
             mbarrier_wait_parity(full_bar + stage * 8, phase);
             const unsigned int sA = ring + stage * STAGE_BYTES;
-            wgmma_ktile<BN, MB, WM>(acc, sA, RESIDENT_FILTER ? filter + kt * B_BYTES : sA + A_BYTES, wg);
+            wgmma_ktile<BN, MB, WM>(acc, sA, sA + A_BYTES, wg);
             wgmma_wait<1>();   // the wgmma of k-tile kt - 1 are done: release its stage
 #pragma unroll
             for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
@@ -681,7 +663,7 @@ conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w,
         if (t + (int)gridDim.x >= tiles) pdl_trigger();   // the block's last tile: the next kernel may launch
         // Batched residual loads only with one block per SM: two blocks of WGS * 128 + 32 threads leave
         // ptxas 96 registers per thread, and the 128x128 tile spilled 200 bytes with them (nvcc 13.0).
-        constexpr bool BATCHED = MB == 1 && BN <= 128 && wgmma_tma_min_blocks(BM, BN, STAGES, RESIDENT_FILTER) == 1;
+        constexpr bool BATCHED = MB == 1 && BN <= 128 && wgmma_tma_min_blocks(BM, BN, STAGES) == 1;
         wgmma_epilogue<BN, MB, WM, BATCHED>(acc, (t / n_tiles) * BM, (t % n_tiles) * BN, wg, warp_in_wg, lane, M, K,
                                             bias, residual, y, nullptr, relu);
     }

@@ -470,13 +470,10 @@ class KernelLibrary:
             grid = (max(1, min(plan.grid[0], self.sms * tile.blocks_per_sm)), 1, 1)
         tma = loads_by_tma(tile)
         if tma:   # conv_wgmma_tma: the input's and the filter's tensor maps after the common arguments
-            if shortcut is not None or r != s or not tile.fits_conv(k, k_tiles):
-                raise ValueError(f"{tile.label} runs square convolutions without a fused shortcut"
-                                 + (f" and K <= {tile.bn} with its filter in shared memory, got K={k}, "
-                                    f"{k_tiles} k-tiles" if tile.resident_filter else ""))
+            if shortcut is not None or r != s:
+                raise ValueError(f"{tile.label} runs square convolutions without a fused shortcut")
             args += tma_maps(x.data.ptr, weight.data.ptr, n, h, w, c, k, r, stride, pad, ldw, tile.bm, tile.bn)
-        self._launch(kernel, grid, tile.threads, args, tile.smem_for(k_tiles) if tma else tile.smem_bytes, cluster_z,
-                     tma)
+        self._launch(kernel, grid, tile.threads, args, tile.smem_bytes, cluster_z, tma)
         if partial is not None:
             m = n * p * q
             self._launch(self.splitk_epilogue, (_blocks(m * (k // 8), EW_THREADS),), EW_THREADS,

@@ -30,7 +30,6 @@ from .configs import (
     PATCH_WGMMA_TILES,
     WGMMA_CONV_TILES,
     ConvPlan,
-    WgmmaConfig,
     make_plan,
     patch_applies,
     patch_wgmma_applies,
@@ -90,9 +89,8 @@ def candidates(m: int, k: int, k_tiles: int, sms: int, patch=None, families=("mm
                 yield make_plan(tile, 1, m, k, k_tiles, n, p, q)
     tiles = (CONV_TILES if "mma" in families else ()) + (WGMMA_CONV_TILES if "wgmma" in families else ())
     for tile in tiles if not shortcut else filter(shortcut_applies, tiles):
-        if runs_persistent(tile):   # "wp", "wt", "wr": whole tiles only ("wr": where the filter fits)
-            if not isinstance(tile, WgmmaConfig) or tile.fits_conv(k, k_tiles):
-                yield make_plan(tile, 1, m, k, k_tiles)
+        if runs_persistent(tile):   # "wp": whole tiles only
+            yield make_plan(tile, 1, m, k, k_tiles)
             continue
         tiles_mn = math.ceil(m / tile.bm) * math.ceil(k / tile.bn)
         cluster = reduces_in_cluster(tile)   # "wc": 2 .. CLUSTER_SPLITK_MAX slices only

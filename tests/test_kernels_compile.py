@@ -102,20 +102,19 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
     # 65536 registers per SM. (An L2 prefetch added to the prologue once took the s3 128x128 tile from 124
     # to 132 registers: one block per SM instead of two, layer2 at batch 128 1.5x slower.)
     if arch == WGMMA_ARCH:
-        by_args = {(t.bm, t.bn, t.warpgroups, t.stages, t.warp_specialized, t.cluster_splitk, t.persistent, t.tma,
-                    t.resident_filter): t for t in WGMMA_CONV_TILES}
+        by_args = {(t.bm, t.bn, t.warpgroups, t.stages, t.warp_specialized, t.cluster_splitk, t.persistent, t.tma): t
+                   for t in WGMMA_CONV_TILES}
         seen = 0
         for block in report.split("Function properties for ")[1:]:
             # conv_wgmma<BM, BN, WGS, STAGES, SHORTCUT, CLUSTER_SPLITK, PERSISTENT> (Lb1: true);
             # conv_wgmma_ws<BM, BN, WGS, STAGES>; conv_wgmma_tma<BM, BN, WGS, STAGES> (persistent)
-            # conv_wgmma_tma<BM, BN, WGS, STAGES, RESIDENT_FILTER> (persistent)
             match = re.match(r"_Z1[034](conv_wgmma(?:_ws|_tma)?)ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E"
-                             r"(?:Lb[01]ELb([01])ELb([01])E|Lb([01])E)?", block)
+                             r"(?:Lb[01]ELb([01])ELb([01])E)?", block)
             if match:
                 args = tuple(int(v) for v in match.groups()[1:5])
                 tma = match.group(1) == "conv_wgmma_tma"
                 tile = by_args[args + (match.group(1) == "conv_wgmma_ws", match.group(6) == "1",
-                                       match.group(7) == "1" or tma, tma, match.group(8) == "1")]
+                                       match.group(7) == "1" or tma, tma)]
                 registers = int(re.search(r"Used (\d+) registers", block).group(1))
                 assert registers * tile.threads * tile.blocks_per_sm <= 65536, (tile.label, registers)
                 seen += 1
@@ -324,7 +323,6 @@ def test_tma_tiles_are_persistent_sm_90a_tiles_with_a_producer_warp_and_a_twin_w
     (else its "wg" one) of the same shape."""
     from fusedresnet.kernels.configs import (
         GEOMETRY,
-        MAX_BLOCK_SMEM_BYTES,
         WGMMA_TMA_TILES,
         conv_tiles,
         loads_by_tma,
@@ -334,30 +332,22 @@ def test_tma_tiles_are_persistent_sm_90a_tiles_with_a_producer_warp_and_a_twin_w
         tile_by_label,
         without_cuda_bindings,
     )
-    assert 2 <= len(WGMMA_TMA_TILES) <= 8
+    assert 2 <= len(WGMMA_TMA_TILES) <= 6
     wgmma_90a, names_90 = set(name_expressions(WGMMA_ARCH)), set(name_expressions("sm_90"))
     labels = [t.label for t in WGMMA_TMA_TILES]
     assert len(set(labels)) == len(labels)
     for t in WGMMA_TMA_TILES:
-        kind = "wr" if t.resident_filter else "wt"
-        assert t.label == f"{kind}{t.bm}x{t.bn}g{t.warpgroups}s{t.stages}" and tile_by_label(t.label) is t
+        assert t.label == f"wt{t.bm}x{t.bn}g{t.warpgroups}s{t.stages}" and tile_by_label(t.label) is t
         assert loads_by_tma(t) and runs_persistent(t) and not shortcut_applies(t)
         assert t.threads == t.warpgroups * 128 + 32 == t.warpgroups * 128 + GEOMETRY["TMA_PRODUCER_THREADS"]
-        twin = without_cuda_bindings(t)   # the same shape, the same ring where there is one
-        assert not loads_by_tma(twin) and twin.label[:2] in ("wp", "wg")
-        assert twin.label[2:] == t.label[2:] or (twin.persistent and twin.label[2:-1] == t.label[2:-1])
-        resident = ",true" if t.resident_filter else ""
-        assert t.name_expression == f"conv_wgmma_tma<{t.bm},{t.bn},{t.warpgroups},{t.stages}{resident}>"
-        if t.resident_filter:   # A tiles in the ring, the filter's 9 k-tiles (layer2.0.conv1), 2 barriers a stage + 1
-            assert t.blocks_per_sm == 1 and t.smem_bytes == MAX_BLOCK_SMEM_BYTES
-            assert t.smem_for(9) == (t.stages * t.bm + 9 * t.bn) * 128 + 1024 + t.stages * 16 + 8 <= t.smem_bytes
-            assert t.fits_conv(128, 9) and not t.fits_conv(256, 18) and not t.fits_conv(128, 36)
-            continue
         # the ring of BM + BN rows of 128 bytes per stage, the 1024-byte alignment, two 8-byte barriers per stage
-        assert t.smem_bytes == t.smem_for(36) == t.stages * (t.bm + t.bn) * 128 + 1024 + t.stages * 16
-        assert t.smem_bytes == smem_bytes("wgmma_ws", BM=t.bm, BN=t.bn, STAGES=t.stages) and t.fits_conv(512, 72)
+        assert t.smem_bytes == t.stages * (t.bm + t.bn) * 128 + 1024 + t.stages * 16
+        assert t.smem_bytes == smem_bytes("wgmma_ws", BM=t.bm, BN=t.bn, STAGES=t.stages)
+        assert t.name_expression == f"conv_wgmma_tma<{t.bm},{t.bn},{t.warpgroups},{t.stages}>"
         assert t.name_expression in wgmma_90a and t.name_expression not in names_90
         assert t not in conv_tiles("wgmma") + conv_tiles("mixed")
+        twin = without_cuda_bindings(t)
+        assert not loads_by_tma(twin) and twin.label[2:] == t.label[2:] and twin.label[:2] in ("wp", "wg")
         plan = make_plan(t, 1, 100352, 128, 9)   # layer2.0's stride-2 conv at batch 128
         assert plan.grid == (-(-100352 // t.bm) * -(-128 // t.bn), 1, 1) and plan.splits == 1
     with pytest.raises(ValueError, match="persistent"):
@@ -378,8 +368,7 @@ def test_every_wgmma_tile_fits_its_blocks_per_sm_and_the_launch_bounds_ask_for_t
             asks = 2 if 2 * (t.smem_bytes + reserved) <= sm else 1     # wgmma_min_blocks, restated
             assert asks == min(t.blocks_per_sm, 2), t.label
     from fusedresnet.kernels.configs import WGMMA_TMA_TILES
-    assert ("__launch_bounds__(WGS * 128 + TMA_PRODUCER_THREADS,\n"
-            "                                  wgmma_tma_min_blocks(BM, BN, STAGES, RESIDENT_FILTER))") in source
+    assert "__launch_bounds__(WGS * 128 + TMA_PRODUCER_THREADS, wgmma_tma_min_blocks(BM, BN, STAGES))" in source
     for t in WGMMA_TMA_TILES:   # wgmma_tma_min_blocks, restated: two wherever two rings and barriers fit
         assert t.blocks_per_sm * (t.smem_bytes + reserved) <= sm, t.label
         assert (2 if 2 * (t.smem_bytes + reserved) <= sm else 1) == t.blocks_per_sm, t.label
