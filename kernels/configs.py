@@ -324,9 +324,6 @@ WGMMA_TMA_TILES = (
     WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, persistent=True, tma=True),   # 193 KB
     WgmmaConfig(64, 128, 1, 4, blocks_per_sm=2, persistent=True, tma=True),    # 97 KB
     WgmmaConfig(256, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True),   # 193 KB
-    # ping-pong: each warpgroup a whole 128x128 tile (128 accumulators per thread), one block per SM
-    WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True, pingpong=True),   # 129 KB
-    WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, persistent=True, tma=True, pingpong=True),   # 193 KB
 )
 # Every conv_wgmma / conv_wgmma_ws / conv_wgmma_tma instantiation's tile: what the sm_90a module compiles and
 # the tuner times.
