@@ -212,8 +212,6 @@ class WgmmaConfig:
     tma: conv_wgmma_tma (conv_wgmma.cu, v6): the persistent walk with every operand tile loaded by the
     TMA, issued by one thread of a producer warp, on conv_wgmma_ws's mbarrier ring. Always persistent;
     needs cuda.bindings (the tensor maps, and their launch). Labels "wt...".
-    pingpong: conv_wgmma_tma's PINGPONG: each consumer warpgroup computes whole bm x bn tiles, alternating
-    with the other (one's epilogue under the other's wgmma). Labels "wq...".
     """
 
     bm: int
@@ -227,13 +225,10 @@ class WgmmaConfig:
     cluster_splitk: bool = False
     persistent: bool = False
     tma: bool = False
-    pingpong: bool = False
 
     def __post_init__(self):
         if self.tma and not self.persistent:
             raise ValueError("the TMA tiles are persistent")
-        if self.pingpong and not self.tma:
-            raise ValueError("the ping-pong schedule is a TMA tile's")
 
     @property
     def threads(self) -> int:
@@ -249,8 +244,7 @@ class WgmmaConfig:
     @property
     def name_expression(self) -> str:
         if self.tma:
-            pingpong = ",true" if self.pingpong else ""
-            return f"conv_wgmma_tma<{self.bm},{self.bn},{self.warpgroups},{self.stages}{pingpong}>"
+            return f"conv_wgmma_tma<{self.bm},{self.bn},{self.warpgroups},{self.stages}>"
         if self.cluster_splitk:   # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = true
             return f"conv_wgmma<{self.bm},{self.bn},{self.warpgroups},{self.stages},false,true>"
         if self.persistent:       # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = false, PERSISTENT = true
@@ -260,8 +254,8 @@ class WgmmaConfig:
 
     @property
     def label(self) -> str:
-        kind = ("ws" if self.warp_specialized else "wc" if self.cluster_splitk else "wq" if self.pingpong
-                else "wt" if self.tma else "wp" if self.persistent else "wg")
+        kind = ("ws" if self.warp_specialized else "wc" if self.cluster_splitk else "wt" if self.tma
+                else "wp" if self.persistent else "wg")
         return f"{kind}{self.bm}x{self.bn}g{self.warpgroups}s{self.stages}"
 
 
@@ -552,8 +546,7 @@ def loads_by_tma(tile) -> bool:
 def without_cuda_bindings(tile):
     """The tile itself, or the twin that runs without cuda.bindings: for a "wc" tile (split-K reduced in a
     cluster) its "wg" twin, whose slices go through the fp32 workspace and splitk_epilogue (the same sums in
-    the same order); for a "wt" or "wq" tile (TMA loads) its "wp" twin where there is one, else its "wg"
-    twin."""
+    the same order); for a "wt" tile (TMA loads) its "wp" twin where there is one, else its "wg" twin."""
     if reduces_in_cluster(tile):
         return tile_by_label("wg" + tile.label.removeprefix("wc"))
     if loads_by_tma(tile):
