@@ -77,6 +77,9 @@
 //       more launch per split convolution) are gone.
 //   v4  PERSISTENT (configs: the "wp" tiles): blocks_per_sm blocks per SM run
 //       tile after tile with one ring (conv_wgmma_persistent_tiles, below).
+//   v6  conv_wgmma_tma (at the end of this file; configs: the "wt" tiles): the
+//       persistent walk with every operand tile loaded by the TMA, issued by
+//       one producer thread on conv_wgmma_ws's mbarrier ring.
 
 #include "common.cuh"
 #include "epilogue.cuh"

@@ -39,8 +39,8 @@ def test_every_kernel_waits_for_the_previous_one_before_anything_else():
             kernels[kernel], bodies[kernel] = first, body
     # every kernel family of the library is here (a regex that found nothing would pass anything)
     assert {"conv_implicit_gemm", "splitk_epilogue", "conv3x3_patch", "conv3x3_patch_wgmma", "conv_wgmma",
-            "conv_wgmma_ws", "stem_conv7x7s2", "stem_pool_conv7x7s2", "stem_pool_wgmma", "maxpool_3x3s2",
-            "avgpool_fc"} <= set(kernels)
+            "conv_wgmma_ws", "conv_wgmma_tma", "stem_conv7x7s2", "stem_pool_conv7x7s2", "stem_pool_wgmma",
+            "maxpool_3x3s2", "avgpool_fc"} <= set(kernels)
     # pdl_begin(), pdl_begin_prefetch_l2 / _filter (the weights prefetched before the wait), or pdl_wait()
     first_call = r"pdl_begin(_prefetch_\w+)?\(|pdl_wait\(\)"
     late = {k: first for k, first in kernels.items() if not re.match(first_call, first)}
@@ -49,12 +49,13 @@ def test_every_kernel_waits_for_the_previous_one_before_anything_else():
     # triggers them later: the sm_90a kernels the H100 runs, after their main loop
     calls = {k: re.sub(r"\s+", " ", body.split(";", 1)[0]).strip() for k, body in bodies.items()}   # whole call
     later = {k for k, call in calls.items() if call.startswith("pdl_wait(") or call.endswith(", false)")}
-    assert later == {"conv_wgmma", "conv3x3_patch_wgmma", "stem_pool_wgmma"}, later
+    assert later == {"conv_wgmma", "conv_wgmma_tma", "conv3x3_patch_wgmma", "stem_pool_wgmma"}, later
     assert all("pdl_trigger();" in bodies[k] for k in later)
-    # the two that wait later as well (wait_now false): index arithmetic and copies of their weights first,
-    # then pdl_wait() before anything that touches another kernel's output (lambdas are only defined there)
+    # the three that wait later as well (wait_now false): index arithmetic, mbarrier set-up and copies of their
+    # weights first, then pdl_wait() before anything that touches another kernel's output (lambdas are only
+    # defined there)
     waiting_later = {k for k, call in calls.items() if call.endswith("false, false)")}
-    assert waiting_later == {"conv_wgmma", "conv3x3_patch_wgmma"}, waiting_later
+    assert waiting_later == {"conv_wgmma", "conv_wgmma_tma", "conv3x3_patch_wgmma"}, waiting_later
     for kernel in waiting_later:
         before, wait, _ = bodies[kernel].partition("pdl_wait();")
         assert wait, f"{kernel}: no pdl_wait() after a prefetch that does not wait"
