@@ -537,6 +537,41 @@ def runs_persistent(tile) -> bool:
     return isinstance(tile, WgmmaConfig) and tile.persistent
 
 
+@dataclass(frozen=True)
+class TmaIm2colMap:
+    """The arguments of cuTensorMapEncodeIm2col for conv_wgmma_tma's input (fp16 NHWC, rank 4), innermost
+    dimension first: `rows` output positions (pixelsPerColumn) of BK channels (channelsPerPixel: one
+    128-byte swizzled row each) per load; the walk steps by the convolution's stride (element strides)
+    through the bounding box of the filter window's start, from `lower` (-pad) to `upper` past the last
+    pixel (pad - (r - 1)). A row of the walk then has (w + upper - lower - 1) // stride + 1 positions
+    (`walk_positions`), the convolution's Q (CUTLASS's make_im2col_tma_copy_desc derives its corners the
+    same way); the load at output position (p, q) starts at input (q * stride - pad, p * stride - pad)
+    and the filter tap (s, r) is its im2col offset."""
+
+    dims: tuple[int, int, int, int]          # C, W, H, N
+    strides: tuple[int, int, int]            # bytes between consecutive W, H, N
+    lower: tuple[int, int]                   # W, H (equal: square filters, one padding)
+    upper: tuple[int, int]
+    channels: int
+    rows: int
+    element_strides: tuple[int, int, int, int]
+
+    @staticmethod
+    def of(n: int, h: int, w: int, c: int, r: int, stride: int, pad: int, rows: int) -> TmaIm2colMap:
+        return TmaIm2colMap((c, w, h, n), (c * 2, w * c * 2, h * w * c * 2), (-pad, -pad),
+                            (pad - (r - 1), pad - (r - 1)), BK, rows, (1, stride, stride, 1))
+
+    def walk_positions(self, axis: int) -> int:
+        """Positions per walk row along W (axis 0) or H (axis 1)."""
+        return (self.dims[1 + axis] + self.upper[axis] - self.lower[axis] - 1) // self.element_strides[1 + axis] + 1
+
+
+def tma_filter_box(ldw: int, k: int, bn: int) -> tuple[tuple[int, int], tuple[int], tuple[int, int]]:
+    """cuTensorMapEncodeTiled's dims, byte strides and box for conv_wgmma_tma's [k][ldw] fp16 filter: one
+    k-tile (BK reduction values, one 128-byte swizzled row) of bn output channels per load."""
+    return (ldw, k), (ldw * 2,), (BK, bn)
+
+
 def loads_by_tma(tile) -> bool:
     """Whether the tile loads its operands with the TMA (a "wt" tile: tensor maps, launched through
     cuda.bindings)."""

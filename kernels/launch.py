@@ -69,6 +69,7 @@ from .configs import (
     ConvPlan,
     PatchConfig,
     PatchWgmmaConfig,
+    TmaIm2colMap,
     WgmmaConfig,
     cluster_launch_choice,
     conv_path,
@@ -87,6 +88,7 @@ from .configs import (
     shortcut_applies,
     shortcut_name_expression,
     source_text,
+    tma_filter_box,
     untuned_plan,
     without_cuda_bindings,
 )
@@ -123,15 +125,9 @@ def kernel_params(args: tuple) -> tuple[tuple, tuple]:
 def tma_maps(x_ptr: int, w_ptr: int, n: int, h: int, w: int, c: int, k: int, r: int, stride: int, pad: int,
              ldw: int, bm: int, bn: int) -> tuple:
     """conv_wgmma_tma's two tensor maps (CUtensorMap, cuTensorMapEncodeIm2col / Tiled from cuda.bindings)
-    for an r x r convolution of the fp16 NHWC input at x_ptr with the [k][ldw] filter at w_ptr:
-    - the input in im2col mode: dims {C, W, H, N}; per load `bm` output positions (pixelsPerColumn) of
-      BK channels (channelsPerPixel, one 128-byte swizzled row each); element strides (1, stride,
-      stride, 1); the bounding box of the filter window's start, from -pad (lower corner) to
-      pad - (r - 1) past the last pixel (upper corner), so that a row of the walk has
-      (w + 2 pad - r) / stride + 1 positions, the convolution's Q (CUTLASS's make_im2col_tma_copy_desc
-      derives its corners the same way);
-    - the filter tiled: dims {ldw, k}, a box of BK x bn (one k-tile of bn output channels).
-    Both in the 128-byte swizzle of conv_wgmma's tiles; pixels and rows outside the tensors read as zeros.
+    for an r x r convolution of the fp16 NHWC input at x_ptr with the [k][ldw] filter at w_ptr: the input
+    in im2col mode, `bm` rows per load (configs.TmaIm2colMap), the filter tiled (configs.tma_filter_box);
+    both in the 128-byte swizzle of conv_wgmma's tiles, pixels and rows outside the tensors read as zeros.
     Encoded on the host, no GPU work: cached per pointer and shape, so a graph capture or a timing loop
     encodes each once."""
     from cuda.bindings import driver
@@ -141,18 +137,21 @@ def tma_maps(x_ptr: int, w_ptr: int, n: int, h: int, w: int, c: int, k: int, r: 
     promotion = driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B
     zeros = driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE
 
-    def u64(*values):
+    def u64(values):
         return [driver.cuuint64_t(v) for v in values]
 
-    def u32(*values):
+    def u32(values):
         return [driver.cuuint32_t(v) for v in values]
 
+    im2col = TmaIm2colMap.of(n, h, w, c, r, stride, pad, bm)
     err, x_map = driver.cuTensorMapEncodeIm2col(
-        fp16, 4, x_ptr, u64(c, w, h, n), u64(c * 2, w * c * 2, h * w * c * 2), [-pad, -pad],
-        [pad - (r - 1), pad - (r - 1)], BK, bm, u32(1, stride, stride, 1), no_interleave, swizzle, promotion, zeros)
+        fp16, len(im2col.dims), x_ptr, u64(im2col.dims), u64(im2col.strides), list(im2col.lower),
+        list(im2col.upper), im2col.channels, im2col.rows, u32(im2col.element_strides), no_interleave, swizzle,
+        promotion, zeros)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuTensorMapEncodeIm2col (input {n}x{h}x{w}x{c}, {r}x{r}/{stride}, {bm} rows): {err.name}")
-    err, w_map = driver.cuTensorMapEncodeTiled(fp16, 2, w_ptr, u64(ldw, k), u64(ldw * 2), u32(BK, bn), u32(1, 1),
+    dims, strides, box = tma_filter_box(ldw, k, bn)
+    err, w_map = driver.cuTensorMapEncodeTiled(fp16, len(dims), w_ptr, u64(dims), u64(strides), u32(box), u32((1, 1)),
                                                no_interleave, swizzle, promotion, zeros)
     if err != driver.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuTensorMapEncodeTiled (filter {k}x{ldw}, box {BK}x{bn}): {err.name}")
