@@ -153,8 +153,9 @@ __device__ __forceinline__ void mma_16816(float *d, const unsigned int *a, const
 // triggers: at its start (pdl_begin, pdl_begin_prefetch_l2 with trigger_now)
 // in the element-wise kernels, the head and the mma.sync convolutions; after
 // its main loop (pdl_trigger, before the epilogue) in the sm_90a kernels the
-// H100 runs, conv_wgmma, conv3x3_patch_wgmma and stem_pool_wgmma (the last
-// two persistent: before their last tile's epilogue). Measured on the H100
+// H100 runs, conv_wgmma, conv_wgmma_tma, conv3x3_patch_wgmma and
+// stem_pool_wgmma (the persistent ones: before their last tile's epilogue;
+// conv_wgmma_tma's producer warp exits instead). Measured on the H100
 // (NOTES.md outcome 23), against the trigger at their start: the network
 // 3% faster at batch 1 and 8, 1.5% at 16, 2% slower at 2 and 4. Before sm_90
 // all of these are no-ops (no such instructions; launch.py launches plainly).
@@ -212,7 +213,8 @@ __device__ __forceinline__ void pdl_begin_prefetch_filter_slice(const half_bits 
 
 // The same for the split-K implicit-GEMM grid (blockIdx.x: M tile, .y: the bn
 // output channels from blockIdx.y * bn, .z: the split of k_tiles_per_split
-// k-tiles), as conv_implicit_gemm and both conv_wgmma kernels launch.
+// k-tiles), as conv_implicit_gemm, conv_wgmma and conv_wgmma_ws launch (the
+// persistent conv_wgmma and conv_wgmma_tma pass bn = K: the whole filter).
 __device__ __forceinline__ void pdl_begin_prefetch_filter(const half_bits *w, int bn, int K, int ldw,
                                                           int num_k_tiles, int k_tiles_per_split,
                                                           bool trigger_now = true, bool wait_now = true) {

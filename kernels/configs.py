@@ -229,6 +229,8 @@ class WgmmaConfig:
     def __post_init__(self):
         if self.tma and not self.persistent:
             raise ValueError("the TMA tiles are persistent")
+        if self.tma and (self.warp_specialized or self.cluster_splitk):
+            raise ValueError("the TMA tiles are their own kernel: not conv_wgmma_ws, no split-K")
 
     @property
     def threads(self) -> int:
@@ -310,8 +312,8 @@ WGMMA_PERSISTENT_TILES = tuple(replace(t, persistent=True, measured=False) for t
                                if not t.warp_specialized and (t.bm, t.bn, t.stages) in
                                ((128, 128, 3), (128, 128, 4), (64, 128, 3), (256, 128, 4)))
 # conv_wgmma_tma (v6, NOTES.md outcome 36): the persistent tiles with TMA loads. The 128x128 s3 and 64x128
-# s3 rings fit two blocks per SM (each block's epilogue under the other's main loop), s4 and s6 one,
-# deeper; 256x128: 48 KB per k-tile. Only the tuner chooses them (not `measured`).
+# s4 rings fit two blocks per SM (each block's epilogue under the other's main loop); 128x128 s4 and s6 and
+# 256x128 s4 (48 KB per k-tile) one, deeper. Only the tuner chooses them (not `measured`).
 WGMMA_TMA_TILES = (
     WgmmaConfig(128, 128, 2, 3, blocks_per_sm=2, persistent=True, tma=True),   # 97 KB
     WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True),   # 129 KB
@@ -542,11 +544,12 @@ class TmaIm2colMap:
     """The arguments of cuTensorMapEncodeIm2col for conv_wgmma_tma's input (fp16 NHWC, rank 4), innermost
     dimension first: `rows` output positions (pixelsPerColumn) of BK channels (channelsPerPixel: one
     128-byte swizzled row each) per load; the walk steps by the convolution's stride (element strides)
-    through the bounding box of the filter window's start, from `lower` (-pad) to `upper` past the last
-    pixel (pad - (r - 1)). A row of the walk then has (w + upper - lower - 1) // stride + 1 positions
-    (`walk_positions`), the convolution's Q (CUTLASS's make_im2col_tma_copy_desc derives its corners the
-    same way); the load at output position (p, q) starts at input (q * stride - pad, p * stride - pad)
-    and the filter tap (s, r) is its im2col offset."""
+    through the bounding box of the filter window's start, `lower` (-pad) and `upper` (pad - (r - 1))
+    being offsets from the tensor's first and last pixel. A row of the walk then has
+    (w + upper - lower - 1) // stride + 1 positions (`walk_positions`), the convolution's Q (CUTLASS's
+    make_im2col_tma_copy_desc derives its corners the same way); the load at output position (p, q)
+    starts at input (q * stride - pad, p * stride - pad) (conv_wgmma_tma's producer) and the filter tap
+    (s, r) is its im2col offset."""
 
     dims: tuple[int, int, int, int]          # C, W, H, N
     strides: tuple[int, int, int]            # bytes between consecutive W, H, N
@@ -586,7 +589,11 @@ def without_cuda_bindings(tile):
         return tile_by_label("wg" + tile.label.removeprefix("wc"))
     if loads_by_tma(tile):
         shape = tile.label[2:]
-        return tile_by_label("wp" + shape) or tile_by_label("wg" + shape)
+        twin = tile_by_label("wp" + shape) or tile_by_label("wg" + shape)
+        if twin is None:
+            raise ValueError(f"{tile.label} has no cp.async twin (a wp{shape} or wg{shape} tile) to run without "
+                             f"cuda.bindings")
+        return twin
     return tile
 
 

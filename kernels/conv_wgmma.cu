@@ -589,7 +589,9 @@ conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w,
     constexpr int NACC = BN / 2;
     static_assert(WM % 64 == 0 && MB >= 1, "each warpgroup owns whole m64 blocks");
     static_assert(STAGES >= 2, "a ring");
-    constexpr unsigned int A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;   // multiples of 1024
+    static_assert(TMA_PRODUCER_THREADS == 32, "the producer is one warp: warp 4 * WGS, lane 0 issues");
+    constexpr unsigned int A_BYTES = BM * BK * 2, STAGE_BYTES = (BM + BN) * BK * 2;
+    static_assert(A_BYTES % 1024 == 0 && STAGE_BYTES % 1024 == 0, "every TMA tile on a 128B-swizzle atom");
     constexpr unsigned int RING_BYTES = STAGES * STAGE_BYTES;
     static_assert(WGMMA_SMEM_ALIGN == 1024 && RING_BYTES + WGMMA_SMEM_ALIGN + 2 * STAGES * 8
                   <= wgmma_ws_smem_bytes(BM, BN, STAGES), "smem layout");
@@ -622,6 +624,7 @@ conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w,
             int pq, q;
             const int img = by_pq.divmod(pq, m0);
             const int p = by_q.divmod(q, pq);
+            // the window's start: the tensor map's lower corner (-pad) + q * stride (configs.TmaIm2colMap)
             const int w0 = q * stride - pad, h0 = p * stride - pad;
             for (int kt = 0; kt < num_k_tiles; ++kt, ++i) {
                 if (i >= STAGES) mbarrier_wait_parity(empty_bar + stage * 8, phase ^ 1);

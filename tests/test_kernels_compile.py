@@ -352,6 +352,11 @@ def test_tma_tiles_are_persistent_sm_90a_tiles_with_a_producer_warp_and_a_twin_w
         assert plan.grid == (-(-100352 // t.bm) * -(-128 // t.bn), 1, 1) and plan.splits == 1
     with pytest.raises(ValueError, match="persistent"):
         WgmmaConfig(128, 128, 2, 3, tma=True)
+    for other_kernel in ({"warp_specialized": True}, {"cluster_splitk": True}):
+        with pytest.raises(ValueError, match="their own kernel"):
+            WgmmaConfig(128, 128, 2, 3, persistent=True, tma=True, **other_kernel)
+    with pytest.raises(ValueError, match="no cp.async twin"):   # no wp64x64g1s5 or wg64x64g1s5 tile
+        without_cuda_bindings(WgmmaConfig(64, 64, 1, 5, persistent=True, tma=True))
 
 
 def test_every_wgmma_tile_fits_its_blocks_per_sm_and_the_launch_bounds_ask_for_them():
