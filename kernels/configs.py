@@ -212,6 +212,8 @@ class WgmmaConfig:
     tma: conv_wgmma_tma (conv_wgmma.cu, v6): the persistent walk with every operand tile loaded by the
     TMA, issued by one thread of a producer warp, on conv_wgmma_ws's mbarrier ring. Always persistent;
     needs cuda.bindings (the tensor maps, and their launch). Labels "wt...".
+    pingpong: conv_wgmma_tma's PINGPONG: each consumer warpgroup computes whole bm x bn tiles, alternating
+    with the other (one's epilogue under the other's wgmma). Labels "wq...".
     """
 
     bm: int
@@ -225,12 +227,15 @@ class WgmmaConfig:
     cluster_splitk: bool = False
     persistent: bool = False
     tma: bool = False
+    pingpong: bool = False
 
     def __post_init__(self):
         if self.tma and not self.persistent:
             raise ValueError("the TMA tiles are persistent")
         if self.tma and (self.warp_specialized or self.cluster_splitk):
             raise ValueError("the TMA tiles are their own kernel: not conv_wgmma_ws, no split-K")
+        if self.pingpong and not (self.tma and self.warpgroups == 2 and self.blocks_per_sm == 1):
+            raise ValueError("the ping-pong schedule is a TMA tile's, of two warpgroups and one block per SM")
 
     @property
     def threads(self) -> int:
@@ -246,7 +251,8 @@ class WgmmaConfig:
     @property
     def name_expression(self) -> str:
         if self.tma:
-            return f"conv_wgmma_tma<{self.bm},{self.bn},{self.warpgroups},{self.stages}>"
+            pingpong = ",true" if self.pingpong else ""
+            return f"conv_wgmma_tma<{self.bm},{self.bn},{self.warpgroups},{self.stages}{pingpong}>"
         if self.cluster_splitk:   # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = true
             return f"conv_wgmma<{self.bm},{self.bn},{self.warpgroups},{self.stages},false,true>"
         if self.persistent:       # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = false, PERSISTENT = true
@@ -256,8 +262,8 @@ class WgmmaConfig:
 
     @property
     def label(self) -> str:
-        kind = ("ws" if self.warp_specialized else "wc" if self.cluster_splitk else "wt" if self.tma
-                else "wp" if self.persistent else "wg")
+        kind = ("ws" if self.warp_specialized else "wc" if self.cluster_splitk else "wq" if self.pingpong
+                else "wt" if self.tma else "wp" if self.persistent else "wg")
         return f"{kind}{self.bm}x{self.bn}g{self.warpgroups}s{self.stages}"
 
 
@@ -320,6 +326,9 @@ WGMMA_TMA_TILES = (
     WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, persistent=True, tma=True),   # 193 KB
     WgmmaConfig(64, 128, 1, 4, blocks_per_sm=2, persistent=True, tma=True),    # 97 KB
     WgmmaConfig(256, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True),   # 193 KB
+    # ping-pong: each warpgroup a whole 128x128 tile (128 accumulators per thread), one block per SM
+    WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True, pingpong=True),   # 129 KB
+    WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, persistent=True, tma=True, pingpong=True),   # 193 KB
 )
 # Every conv_wgmma / conv_wgmma_ws / conv_wgmma_tma instantiation's tile: what the sm_90a module compiles and
 # the tuner times.
@@ -584,7 +593,8 @@ def loads_by_tma(tile) -> bool:
 def without_cuda_bindings(tile):
     """The tile itself, or the twin that runs without cuda.bindings: for a "wc" tile (split-K reduced in a
     cluster) its "wg" twin, whose slices go through the fp32 workspace and splitk_epilogue (the same sums in
-    the same order); for a "wt" tile (TMA loads) its "wp" twin where there is one, else its "wg" twin."""
+    the same order); for a "wt" or "wq" tile (TMA loads) its "wp" twin where there is one, else its "wg"
+    twin."""
     if reduces_in_cluster(tile):
         return tile_by_label("wg" + tile.label.removeprefix("wc"))
     if loads_by_tma(tile):

@@ -571,11 +571,24 @@ conv_wgmma_ws(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
 // (q * stride - pad, p * stride - pad): the tensor map's element strides and bounding box (the
 // launcher) make the walk the implicit GEMM's rows in order; rows past M read zeros and are not
 // stored. No fused shortcut, no split-K. Tensor maps: kernels/launch.py (tma_maps).
+// PINGPONG (configs: the "wq" tiles; CUTLASS's "ping-pong" kernel schedule): each consumer warpgroup
+// owns whole BM x BN tiles, warpgroup g the block's tiles j = g, g + WGS, ... (tile j is t = blockIdx.x
+// + j * gridDim.x), so one warpgroup's epilogue runs while the other's wgmma run. The producer's ring
+// order is unchanged (tile after tile, k-tile after k-tile): the block's k-tile i = j * num_k_tiles + kt
+// sits in stage i % STAGES, use i / STAGES, and only the warpgroup of tile j waits for it and releases
+// it (empty[s]: count 4). A parity wait tells apart only neighbouring phases of a barrier, so a
+// warpgroup may not wait on its tile's stages before the other has passed its waits on the tile
+// before (else warpgroup 1, waiting for use 2 of a stage, took use 0's completed phase for its own):
+// order[g] (static shared, count 4: lane 0 of each warp of the other warpgroup, after its last full
+// wait of tile j - 1) opens tile j for warpgroup g, its ((j - 1) / WGS)-th phase. Then every earlier
+// use of each stage this tile waits on is consumed, and the next cannot be loaded before this tile
+// releases it, so the parity is the tile's. One block per SM: layer2.0.conv1's 128x128 tiles of 9
+// k-tiles, whose epilogue one block per SM does not otherwise hide.
 __host__ __device__ constexpr int wgmma_tma_min_blocks(int bm, int bn, int stages) {
     return 2 * (wgmma_ws_smem_bytes(bm, bn, stages) + SM_BLOCK_RESERVED_SMEM) <= SM_SMEM_BYTES ? 2 : 1;
 }
 
-template <int BM, int BN, int WGS, int STAGES>
+template <int BM, int BN, int WGS, int STAGES, bool PINGPONG = false>
 __global__ void __launch_bounds__(WGS * 128 + TMA_PRODUCER_THREADS, wgmma_tma_min_blocks(BM, BN, STAGES))
 conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
                const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
@@ -584,7 +597,7 @@ conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w,
                int shortcut_h, int shortcut_w, int shortcut_c, int shortcut_stride, int main_k_tiles,
                const __grid_constant__ TmaDescriptor x_map, const __grid_constant__ TmaDescriptor w_map) {
     pdl_begin_prefetch_filter(w, K, K, ldw, num_k_tiles, num_k_tiles, false, false);   // as PERSISTENT
-    constexpr int WM = BM / WGS;              // rows per consumer warpgroup
+    constexpr int WM = PINGPONG ? BM : BM / WGS;   // rows per consumer warpgroup (PINGPONG: whole tiles)
     constexpr int MB = WM / 64;               // m64 blocks per consumer warpgroup
     constexpr int NACC = BN / 2;
     static_assert(WM % 64 == 0 && MB >= 1, "each warpgroup owns whole m64 blocks");
@@ -598,6 +611,9 @@ conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w,
     extern __shared__ vec16 smem_vec[];
     const unsigned int ring = smem_addr(wgmma_aligned_smem(smem_vec));
     const unsigned int full_bar = ring + RING_BYTES, empty_bar = full_bar + STAGES * 8;
+    static_assert(!PINGPONG || (WGS == 2 && wgmma_tma_min_blocks(BM, BN, STAGES) == 1),
+                  "ping-pong: two warpgroups of whole tiles, one block per SM");
+    __shared__ unsigned long long pingpong_order[2];   // PINGPONG only: order[g] opens warpgroup g's next tile
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int M = N * P * Q;
@@ -606,7 +622,11 @@ conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w,
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             mbarrier_init(full_bar + s * 8, 1);
-            mbarrier_init(empty_bar + s * 8, WGS * 4);
+            mbarrier_init(empty_bar + s * 8, PINGPONG ? 4 : WGS * 4);
+        }
+        if constexpr (PINGPONG) {
+            mbarrier_init(smem_addr(&pingpong_order[0]), 4);
+            mbarrier_init(smem_addr(&pingpong_order[1]), 4);
         }
         fence_mbarrier_init();
     }
@@ -644,6 +664,38 @@ conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w,
     // Consumer warpgroups.
     const int wg = warpgroup_index(), warp_in_wg = warp & 3;
     float acc[MB][NACC];
+    if constexpr (PINGPONG) {
+        for (int j = wg;; j += WGS) {
+            const int t = blockIdx.x + j * (int)gridDim.x;
+            if (t >= tiles) break;
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+                for (int v = 0; v < NACC; ++v) acc[mb][v] = 0.f;
+            if (j > 0) mbarrier_wait_parity(smem_addr(&pingpong_order[wg]), ((j - 1) / WGS) & 1);
+            int prev_stage = 0;
+            for (int kt = 0, i = j * num_k_tiles; kt < num_k_tiles; ++kt, ++i) {
+                const int stage = i % STAGES;
+                mbarrier_wait_parity(full_bar + stage * 8, (i / STAGES) & 1);
+                if (kt == num_k_tiles - 1 && lane == 0) mbarrier_arrive(smem_addr(&pingpong_order[wg ^ 1]));
+                const unsigned int sA = ring + stage * STAGE_BYTES;
+                wgmma_ktile<BN, MB, WM>(acc, sA, sA + A_BYTES, 0);
+                wgmma_wait<1>();   // the wgmma of k-tile kt - 1 are done: release its stage
+#pragma unroll
+                for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
+                if (kt > 0 && lane == 0) mbarrier_arrive(empty_bar + prev_stage * 8);
+                prev_stage = stage;
+            }
+            wgmma_wait<0>();
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
+            if (lane == 0) mbarrier_arrive(empty_bar + prev_stage * 8);   // the tile's last stage
+            if (t + WGS * (int)gridDim.x >= tiles) pdl_trigger();   // this warpgroup's last tile
+            wgmma_epilogue<BN, MB, WM, false>(acc, (t / n_tiles) * BM, (t % n_tiles) * BN, 0, warp_in_wg, lane, M,
+                                              K, bias, residual, y, nullptr, relu);
+        }
+        return;
+    }
     int stage = 0, phase = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
 #pragma unroll

@@ -102,19 +102,20 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
     # 65536 registers per SM. (An L2 prefetch added to the prologue once took the s3 128x128 tile from 124
     # to 132 registers: one block per SM instead of two, layer2 at batch 128 1.5x slower.)
     if arch == WGMMA_ARCH:
-        by_args = {(t.bm, t.bn, t.warpgroups, t.stages, t.warp_specialized, t.cluster_splitk, t.persistent, t.tma): t
-                   for t in WGMMA_CONV_TILES}
+        by_args = {(t.bm, t.bn, t.warpgroups, t.stages, t.warp_specialized, t.cluster_splitk, t.persistent, t.tma,
+                    t.pingpong): t for t in WGMMA_CONV_TILES}
         seen = 0
         for block in report.split("Function properties for ")[1:]:
             # conv_wgmma<BM, BN, WGS, STAGES, SHORTCUT, CLUSTER_SPLITK, PERSISTENT> (Lb1: true);
             # conv_wgmma_ws<BM, BN, WGS, STAGES>; conv_wgmma_tma<BM, BN, WGS, STAGES> (persistent)
+            # conv_wgmma_tma<BM, BN, WGS, STAGES, PINGPONG> (persistent)
             match = re.match(r"_Z1[034](conv_wgmma(?:_ws|_tma)?)ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E"
-                             r"(?:Lb[01]ELb([01])ELb([01])E)?", block)
+                             r"(?:Lb[01]ELb([01])ELb([01])E|Lb([01])E)?", block)
             if match:
                 args = tuple(int(v) for v in match.groups()[1:5])
                 tma = match.group(1) == "conv_wgmma_tma"
                 tile = by_args[args + (match.group(1) == "conv_wgmma_ws", match.group(6) == "1",
-                                       match.group(7) == "1" or tma, tma)]
+                                       match.group(7) == "1" or tma, tma, match.group(8) == "1")]
                 registers = int(re.search(r"Used (\d+) registers", block).group(1))
                 assert registers * tile.threads * tile.blocks_per_sm <= 65536, (tile.label, registers)
                 seen += 1
@@ -337,13 +338,15 @@ def test_tma_tiles_are_persistent_sm_90a_tiles_with_a_producer_warp_and_a_twin_w
     labels = [t.label for t in WGMMA_TMA_TILES]
     assert len(set(labels)) == len(labels)
     for t in WGMMA_TMA_TILES:
-        assert t.label == f"wt{t.bm}x{t.bn}g{t.warpgroups}s{t.stages}" and tile_by_label(t.label) is t
+        kind = "wq" if t.pingpong else "wt"
+        assert t.label == f"{kind}{t.bm}x{t.bn}g{t.warpgroups}s{t.stages}" and tile_by_label(t.label) is t
         assert loads_by_tma(t) and runs_persistent(t) and not shortcut_applies(t)
         assert t.threads == t.warpgroups * 128 + 32 == t.warpgroups * 128 + GEOMETRY["TMA_PRODUCER_THREADS"]
         # the ring of BM + BN rows of 128 bytes per stage, the 1024-byte alignment, two 8-byte barriers per stage
         assert t.smem_bytes == t.stages * (t.bm + t.bn) * 128 + 1024 + t.stages * 16
         assert t.smem_bytes == smem_bytes("wgmma_ws", BM=t.bm, BN=t.bn, STAGES=t.stages)
-        assert t.name_expression == f"conv_wgmma_tma<{t.bm},{t.bn},{t.warpgroups},{t.stages}>"
+        pingpong = ",true" if t.pingpong else ""
+        assert t.name_expression == f"conv_wgmma_tma<{t.bm},{t.bn},{t.warpgroups},{t.stages}{pingpong}>"
         assert t.name_expression in wgmma_90a and t.name_expression not in names_90
         assert t not in conv_tiles("wgmma") + conv_tiles("mixed")
         twin = without_cuda_bindings(t)
@@ -357,6 +360,8 @@ def test_tma_tiles_are_persistent_sm_90a_tiles_with_a_producer_warp_and_a_twin_w
             WgmmaConfig(128, 128, 2, 3, persistent=True, tma=True, **other_kernel)
     with pytest.raises(ValueError, match="no cp.async twin"):   # no wp64x64g1s5 or wg64x64g1s5 tile
         without_cuda_bindings(WgmmaConfig(64, 64, 1, 5, persistent=True, tma=True))
+    with pytest.raises(ValueError, match="ping-pong"):
+        WgmmaConfig(128, 128, 2, 3, persistent=True, pingpong=True)
 
 
 def test_every_wgmma_tile_fits_its_blocks_per_sm_and_the_launch_bounds_ask_for_them():
