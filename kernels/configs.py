@@ -427,10 +427,6 @@ PATCH_WGMMA_TILES = (
     PatchWgmmaConfig(256, 2, 3),    # 218 KB, two m64 blocks per warpgroup
     PatchWgmmaConfig(128, 1, 4),    # 201 KB, one warpgroup, two m64 blocks
     PatchWgmmaConfig(64, 1, 4),     # 168 KB, small batches
-    # more warpgroups, one m64 block each: each warpgroup's epilogue is 64 rows whatever the tile, so the
-    # tensor cores' share of a tile grows with BM (layer1's 3x3 convs at batch 128)
-    PatchWgmmaConfig(192, 3, 3),    # 193 KB
-    PatchWgmmaConfig(256, 4, 3),    # 217 KB
 )
 
 

@@ -137,17 +137,12 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
         cp_async_commit();
     }
 
-    // This thread's bias values: columns n0 + 8j + 2*t4 (+1), the same for every tile: held in registers
-    // up to two warpgroups; under the 4-warpgroup tiles' 128-register cap they spilled, and are read from
-    // L1 in each epilogue instead.
-    constexpr bool BIAS_IN_REGISTERS = WGS <= 2;
+    // This thread's bias values: columns n0 + 8j + 2*t4 (+1), the same for every tile.
     float bias_lo[BN / 8], bias_hi[BN / 8];
-    if constexpr (BIAS_IN_REGISTERS) {
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            bias_lo[j] = bias[n0 + j * 8 + 2 * t4];
-            bias_hi[j] = bias[n0 + j * 8 + 2 * t4 + 1];
-        }
+    for (int j = 0; j < BN / 8; ++j) {
+        bias_lo[j] = bias[n0 + j * 8 + 2 * t4];
+        bias_hi[j] = bias[n0 + j * 8 + 2 * t4 + 1];
     }
 
     const unsigned int filter_addr = smem_addr(filter);
@@ -164,8 +159,8 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
         // Each descriptor is a base plus its offset (bytes / 16, in the start-address field: every address
         // is below 256 KB, no carry out of it). The filter's base goes through an opaque move, once per tile:
         // else ptxas hoists the 36 loop-invariant filter descriptors out of the tile loop and holds them in
-        // 72 registers (206 -> 150 registers per thread at pwg128g2s4, ptxas 13.0; the 3- and 4-warpgroup
-        // tiles spilled under their 168- and 128-register caps).
+        // 72 registers (206 -> 146 registers per thread at pwg128g2s4, ptxas 13.0; 3- and 4-warpgroup
+        // tiles spilled with them under their 168- and 128-register caps: NOTES.md, outcome 39).
         u64 filter_desc = wgmma_desc_sw128(filter_addr);
         asm volatile("mov.b64 %0, %0;" : "+l"(filter_desc));
         const u64 rows_desc = wgmma_desc_sw128(rows);
@@ -218,10 +213,7 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
 
     // The epilogue of tile `tile` from acc (wgmma accumulator layout: conv_wgmma.cu's header), its rows
     // fetched before (ROWS_AHEAD) or here; the block's channels n0 .. n0+63 never cross K (no check).
-    const auto bias_pair = [&](int j) {
-        if constexpr (BIAS_IN_REGISTERS) return float_pair(bias_lo[j], bias_hi[j]);
-        else return float_pair(__ldg(bias + n0 + j * 8 + 2 * t4), __ldg(bias + n0 + j * 8 + 2 * t4 + 1));
-    };
+    const auto bias_pair = [&](int j) { return float_pair(bias_lo[j], bias_hi[j]); };
     auto epilogue = [&](const float (&acc)[MB][NACC], int tile) {
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) {
