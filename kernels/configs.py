@@ -109,6 +109,10 @@ SMEM_BYTES = {
                                              " * BK * 2",
     # conv_wgmma with its split-K reduced in a cluster: the block's fp32 tile staged over its drained ring
     "cluster_stage_bytes(BM, BN)": "BM * (BN + CLUSTER_STAGE_PAD) * 4",
+    # Not bytes but what they allow: the blocks per SM conv_wgmma's and conv_wgmma_tma's launch bounds ask
+    # registers for, two wherever two blocks of SMEM bytes fit in an SM's shared memory, else one (the
+    # same text is C++ and Python: 1 + a comparison)
+    "wgmma_launch_blocks(SMEM)": "1 + (2 * (SMEM + SM_BLOCK_RESERVED_SMEM) <= SM_SMEM_BYTES)",
 }
 
 
@@ -127,7 +131,7 @@ WGMMA_ONLY_GEOMETRY = ("SW_PH", "SW_PW", "SW_M", "SW_IN_ROW", "SW_RAW_ROW", "SW_
                        "STEM_WGMMA_SMEM_BYTES", "SM_SMEM_BYTES", "SM_BLOCK_RESERVED_SMEM", "PATCH_WGMMA_BN",
                        "patch_wgmma_rows(BM, W)", "patch_wgmma_smem_bytes(BM, STAGES, W)", "CLUSTER_STAGE_PAD",
                        "TMA_PRODUCER_THREADS",
-                       "cluster_stage_bytes(BM, BN)")
+                       "cluster_stage_bytes(BM, BN)", "wgmma_launch_blocks(SMEM)")
 
 
 def geometry_preamble(arch: str | None = None) -> str:
@@ -234,6 +238,8 @@ class WgmmaConfig:
             raise ValueError("the TMA tiles are persistent")
         if self.tma and (self.warp_specialized or self.cluster_splitk):
             raise ValueError("the TMA tiles are their own kernel: not conv_wgmma_ws, no split-K")
+        if self.tma and self.blocks_per_sm != self.launch_blocks:
+            raise ValueError("a TMA tile's blocks per SM are those its launch bounds ask registers for")
         if self.pingpong and not (self.tma and self.warpgroups == 2 and self.blocks_per_sm == 1):
             raise ValueError("the ping-pong schedule is a TMA tile's, of two warpgroups and one block per SM")
 
@@ -247,6 +253,11 @@ class WgmmaConfig:
     def smem_bytes(self) -> int:   # conv_wgmma_tma: the ring and the mbarriers of conv_wgmma_ws
         return smem_bytes("wgmma_ws" if self.warp_specialized or self.tma else "wgmma", BM=self.bm, BN=self.bn,
                           STAGES=self.stages)
+
+    @property
+    def launch_blocks(self) -> int:
+        """Blocks per SM the kernel's __launch_bounds__ ask ptxas for registers for (conv_wgmma_ws: one)."""
+        return 1 if self.warp_specialized else smem_bytes("wgmma_launch_blocks", SMEM=self.smem_bytes)
 
     @property
     def name_expression(self) -> str:
@@ -526,10 +537,10 @@ def has_cuda_bindings() -> bool:
     return True
 
 
-def cluster_launch_choice(wgmma_module: bool) -> tuple[bool, str]:
-    """(the "wc" and "wt" tiles can launch, why): thread-block clusters and tensor maps need the sm_90a module
-    and cuda.bindings (cuLaunchKernelEx, cuTensorMapEncode*). Without, a tuned "wc" or "wt" plan runs on its
-    twin (`without_cuda_bindings`)."""
+def bindings_launch_choice(wgmma_module: bool) -> tuple[bool, str]:
+    """(the "wc", "wt" and "wq" tiles can launch, why): thread-block clusters and tensor maps need the sm_90a
+    module and cuda.bindings (cuLaunchKernelEx, cuTensorMapEncode*). Without, a tuned "wc", "wt" or "wq" plan
+    runs on its twin (`without_cuda_bindings`)."""
     if not wgmma_module:
         return False, "no sm_90a module (compute capability 9.0 only)"
     if not has_cuda_bindings():

@@ -169,9 +169,9 @@ __device__ __forceinline__ void wgmma_epilogue(const float (&acc)[MB][BN / 2], i
 
 
 // Blocks per SM the launch bounds ask registers for: two wherever two rings fit in an SM's shared memory
-// (configs.WGMMA_TILES blocks_per_sm), else one.
+// (wgmma_launch_blocks, configs.SMEM_BYTES), else one.
 __host__ __device__ constexpr int wgmma_min_blocks(int bm, int bn, int stages) {
-    return 2 * (wgmma_smem_bytes(bm, bn, stages) + SM_BLOCK_RESERVED_SMEM) <= SM_SMEM_BYTES ? 2 : 1;
+    return wgmma_launch_blocks(wgmma_smem_bytes(bm, bn, stages));
 }
 
 // The split-K slices of one tile, a cluster of gridDim.z blocks (CLUSTER_SPLITK), added up through
@@ -585,7 +585,7 @@ conv_wgmma_ws(const half_bits *__restrict__ x, const half_bits *__restrict__ w, 
 // releases it, so the parity is the tile's. One block per SM: layer2.0.conv1's 128x128 tiles of 9
 // k-tiles, whose epilogue one block per SM does not otherwise hide.
 __host__ __device__ constexpr int wgmma_tma_min_blocks(int bm, int bn, int stages) {
-    return 2 * (wgmma_ws_smem_bytes(bm, bn, stages) + SM_BLOCK_RESERVED_SMEM) <= SM_SMEM_BYTES ? 2 : 1;
+    return wgmma_launch_blocks(wgmma_ws_smem_bytes(bm, bn, stages));
 }
 
 template <int BM, int BN, int WGS, int STAGES, bool PINGPONG = false>

@@ -71,7 +71,7 @@ from .configs import (
     PatchWgmmaConfig,
     TmaIm2colMap,
     WgmmaConfig,
-    cluster_launch_choice,
+    bindings_launch_choice,
     conv_path,
     load_tuned_plans,
     loads_by_tma,
@@ -220,8 +220,9 @@ class KernelLibrary:
                                            name_expressions=name_expressions())
                 get = self.module.get_function
             self.sms = device.attributes["MultiProcessorCount"]
-            # conv_wgmma's split-K in a cluster ("wc" tiles) launches through cuLaunchKernelEx
-            self.cluster_launch, self.cluster_reason = cluster_launch_choice(wgmma_module)
+            # the "wc" tiles (split-K in a cluster) and the "wt" / "wq" tiles (tensor maps) launch through
+            # cuLaunchKernelEx, with cuda.bindings
+            self.bindings_launch, self.bindings_reason = bindings_launch_choice(wgmma_module)
             # Measured best tile/split-K per layer shape (224x224 buckets) on this GPU model, for
             # this path (one family's best, or the best of both on mixed); other shapes and GPUs
             # use the cost model.
@@ -258,12 +259,12 @@ class KernelLibrary:
         `shared_mem` bytes of dynamic shared memory (the tile's `smem_bytes` / configs.SMEM_BYTES), on the
         current CuPy stream; programmatic dependent launch where `self.pdl` (and `launch_mode` allows);
         clusters of (1, 1, cluster_z) blocks where cluster_z; through cuda.bindings where `tensor_maps`
-        (args holding `tma_maps`' CUtensorMap objects; `cluster_launch` says whether both can)."""
+        (args holding `tma_maps`' CUtensorMap objects; `bindings_launch` says whether both can)."""
         programmatic = getattr(self._mode, "programmatic", self.pdl)
         if programmatic or cluster_z or tensor_maps:
-            if (cluster_z or tensor_maps) and not self.cluster_launch:
+            if (cluster_z or tensor_maps) and not self.bindings_launch:
                 raise RuntimeError(f"cluster launches and tensor maps need compute capability 9.0 and cuda.bindings "
-                                   f"(pip install 'fusedresnet[gpu]'): {self.cluster_reason}")
+                                   f"(pip install 'fusedresnet[gpu]'): {self.bindings_reason}")
             _launch_ex(kernel, grid, threads, args, shared_mem, programmatic, cluster_z)
         else:
             _launch_plain(kernel, grid, threads, args, shared_mem)
@@ -289,7 +290,7 @@ class KernelLibrary:
         m, k_tiles = n * p * q, (r * s * c + shortcut_c) // BK
         tuned = self.tuned.get(plan_key(n, h, w, c, k, r, stride, shortcut_c)) if r == s else None
         if tuned is not None:
-            tile = tuned[0] if self.cluster_launch else without_cuda_bindings(tuned[0])
+            tile = tuned[0] if self.bindings_launch else without_cuda_bindings(tuned[0])
             return make_plan(tile, tuned[1], m, k, k_tiles, n, p, q)
         if r != s:
             return plan_default(m, k, k_tiles, r, self.sms, self.path)
