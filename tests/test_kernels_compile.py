@@ -126,18 +126,20 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
 
 
 def blocks_by_registers(registers: int, threads: int) -> int:
-    """Blocks per SM that `registers` per thread allow (the CUDA occupancy calculator's rule): a warp holds
-    its registers in units of 256 (8 per thread), the SM has 65536, and a block's warps are resident together.
-    (The plain product registers x threads x blocks <= 65536 passed 113 registers for two blocks of 288
-    threads; this rule allows 112, and ptxas holds such launch bounds to 96.)"""
+    """Blocks per SM that `registers` per thread allow (the CUDA occupancy calculator's rule,
+    cudaOccMaxBlocksPerSMRegsLimit in cuda_occupancy.h): a warp holds its registers in units of 256 (8 per
+    thread), each of the SM's 4 sub-partitions has 16384 of its 65536, and a block's warps are resident
+    together. (The plain product registers x threads x blocks <= 65536 passed 113 registers for two blocks
+    of 288 threads; this rule allows 96, what ptxas gives such launch bounds.)"""
     per_warp = -(-registers // 8) * 8 * 32
-    return (65536 // per_warp) // -(-threads // 32)
+    return (16384 // per_warp) * 4 // -(-threads // 32)
 
 
 def test_blocks_by_registers_follows_the_occupancy_rule():
     assert blocks_by_registers(128, 256) == 2 and blocks_by_registers(129, 256) == 1   # 136 x 32 x 16 > 65536
-    assert blocks_by_registers(112, 288) == 2   # 18 warps of 112 x 32 registers: 64512
+    assert blocks_by_registers(96, 288) == 2 and blocks_by_registers(97, 288) == 1   # 5 or 4 warps per quarter
     assert blocks_by_registers(113, 288) == 1   # the plain product's false pass: 113 x 288 x 2 = 65088
+    assert blocks_by_registers(168, 288) == 1 and blocks_by_registers(169, 288) == 0   # 9 warps, 3 or 2 per quarter
     assert blocks_by_registers(255, 256) == 1 and blocks_by_registers(64, 128) == 8
 
 def _find_nvrtc():
