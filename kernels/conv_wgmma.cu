@@ -79,7 +79,8 @@
 //       tile after tile with one ring (conv_wgmma_persistent_tiles, below).
 //   v6  conv_wgmma_tma (at the end of this file; configs: the "wt" tiles): the
 //       persistent walk with every operand tile loaded by the TMA, issued by
-//       one producer thread on conv_wgmma_ws's mbarrier ring.
+//       one producer thread on conv_wgmma_ws's mbarrier ring; its PINGPONG
+//       ("wq" tiles): the two consumer warpgroups take whole tiles in turn.
 
 #include "common.cuh"
 #include "epilogue.cuh"
