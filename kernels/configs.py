@@ -105,9 +105,9 @@ SMEM_BYTES = {
     # ((BM + 2 * (W + 2) + 2 + 7) / 8 * 8) ...
     "patch_wgmma_rows(BM, W)": _PATCH_WGMMA_ROWS,
     # ... and its shared memory: the 9-tap filter slice, then STAGES patches, aligned for the descriptors
-    # and, for the staged epilogue, EPI_BUFS buffers of BM rows and 16 bytes of mbarriers each
+    # and EPI_BUFS staging buffers of BM rows for the staged epilogue
     "patch_wgmma_smem_bytes(BM, STAGES, W, EPI_BUFS)": f"WGMMA_SMEM_ALIGN + (9 * PATCH_WGMMA_BN + STAGES * "
-                                                       f"{_PATCH_WGMMA_ROWS} + EPI_BUFS * BM) * BK * 2 + EPI_BUFS * 16",
+                                                       f"{_PATCH_WGMMA_ROWS} + EPI_BUFS * BM) * BK * 2",
     # conv_wgmma with its split-K reduced in a cluster: the block's fp32 tile staged over its drained ring
     "cluster_stage_bytes(BM, BN)": "BM * (BN + CLUSTER_STAGE_PAD) * 4",
     # Not bytes but what they allow: the blocks per SM conv_wgmma's and conv_wgmma_tma's launch bounds ask

@@ -100,7 +100,6 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     constexpr int FILTER_HALFS = PATCH_TAPS * BN * BK;
     static_assert(BN == BK && WM % 64 == 0 && MB >= 1 && STAGES >= 3, "tile shape");
     static_assert(EPI_BUFS >= 0 && EPI_BUFS <= 2, "epilogue: registers (0) or 1-2 staging buffers");
-    static_assert(EPI_BUFS == 0 || WGS <= 2, "patch_wgmma_smem_bytes: 16 bytes of mbarriers per buffer");
     constexpr bool STAGED = EPI_BUFS > 0;
     constexpr int BUFS = STAGED ? EPI_BUFS : 1;   // (as a divisor)
     static_assert((BN * PATCH_TAPS * 8) % THREADS == 0, "filter loader mapping");
@@ -113,10 +112,9 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     const int pw = W + 2, plane = (H + 2) * pw;
     const int patch_rows = patch_wgmma_rows(BM, W);                 // a multiple of 8: stages stay 1024-aligned
     half_bits *patches = filter + FILTER_HALFS;                      // [STAGES][patch_rows][64]
-    // STAGED: [EPI_BUFS][BM][64] plain (unswizzled) rows, warpgroup g's WM at g * WM of each buffer, then the
-    // mbarriers [EPI_BUFS][WGS] their residual rows complete (dynamic shared memory: the block asks for all of it)
+    // STAGED: [EPI_BUFS][BM][64] plain (unswizzled) rows, warpgroup g's WM at g * WM of each buffer
     const unsigned int staging_addr = smem_addr(patches + STAGES * patch_rows * BK);
-    const unsigned int residual_full = staging_addr + EPI_BUFS * BM * BN * 2;
+    __shared__ alignas(8) unsigned long long residual_full[WGS][BUFS];   // STAGED: per buffer
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warpgroup_index(), warp_in_wg = warp & 3;
@@ -158,7 +156,7 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     if constexpr (STAGED) {
         if (tid == 0) {
 #pragma unroll
-            for (int b = 0; b < WGS * BUFS; ++b) mbarrier_init(residual_full + 8 * b, 1);
+            for (int b = 0; b < WGS * BUFS; ++b) mbarrier_init(smem_addr(&residual_full[0][0] + b), 1);
             fence_mbarrier_init();
         }
         __syncthreads();
@@ -264,7 +262,7 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
 
     // This warpgroup's staging buffer of local tile i, and the mbarrier its residual rows complete.
     const auto staging = [&](int i) { return staging_addr + ((i % BUFS) * BM + wg * WM) * BN * 2; };
-    const auto residual_bar = [&](int i) { return residual_full + 8 * ((i % BUFS) * WGS + wg); };
+    const auto residual_bar = [&](int i) { return smem_addr(&residual_full[wg][i % BUFS]); };
     // By the elected thread: the residual rows of local tile i into its staging buffer (free: the buffer's
     // last store has been read, bulk_wait_read), then the barrier's one arrival.
     auto load_residual = [&](int i) {
