@@ -105,9 +105,8 @@ SMEM_BYTES = {
     # ((BM + 2 * (W + 2) + 2 + 7) / 8 * 8) ...
     "patch_wgmma_rows(BM, W)": _PATCH_WGMMA_ROWS,
     # ... and its shared memory: the 9-tap filter slice, then STAGES patches, aligned for the descriptors
-    # and EPI_BUFS staging buffers of BM rows for the staged epilogue
-    "patch_wgmma_smem_bytes(BM, STAGES, W, EPI_BUFS)": f"WGMMA_SMEM_ALIGN + (9 * PATCH_WGMMA_BN + STAGES * "
-                                                       f"{_PATCH_WGMMA_ROWS} + EPI_BUFS * BM) * BK * 2",
+    "patch_wgmma_smem_bytes(BM, STAGES, W)": f"WGMMA_SMEM_ALIGN + (9 * PATCH_WGMMA_BN + STAGES * {_PATCH_WGMMA_ROWS})"
+                                             " * BK * 2",
     # conv_wgmma with its split-K reduced in a cluster: the block's fp32 tile staged over its drained ring
     "cluster_stage_bytes(BM, BN)": "BM * (BN + CLUSTER_STAGE_PAD) * 4",
     # Not bytes but what they allow: the blocks per SM conv_wgmma's and conv_wgmma_tma's launch bounds ask
@@ -130,7 +129,7 @@ def smem_bytes(name: str, **args: int) -> int:
 # warns about a constexpr the translation unit never uses.
 WGMMA_ONLY_GEOMETRY = ("SW_PH", "SW_PW", "SW_M", "SW_IN_ROW", "SW_RAW_ROW", "SW_THREADS", "SW_BLOCKS_PER_SM",
                        "STEM_WGMMA_SMEM_BYTES", "SM_SMEM_BYTES", "SM_BLOCK_RESERVED_SMEM", "PATCH_WGMMA_BN",
-                       "patch_wgmma_rows(BM, W)", "patch_wgmma_smem_bytes(BM, STAGES, W, EPI_BUFS)", "CLUSTER_STAGE_PAD",
+                       "patch_wgmma_rows(BM, W)", "patch_wgmma_smem_bytes(BM, STAGES, W)", "CLUSTER_STAGE_PAD",
                        "TMA_PRODUCER_THREADS",
                        "cluster_stage_bytes(BM, BN)", "wgmma_launch_blocks(SMEM)")
 
@@ -399,15 +398,12 @@ class PatchWgmmaConfig:
 
     Persistent blocks of `warpgroups` x 128 threads, each owning 64 output channels and walking tiles of
     `bm` consecutive positions of the flat padded grid with `stages` patch buffers (conv3x3_patch_wgmma.cu).
-    `epilogue_bufs` 0: the epilogue stores from registers; 1 or 2: it goes through that many staging buffers
-    with bulk copies (the residual loaded into one a tile ahead), which needs K == 64 (whole output rows).
     Its shared memory depends on the image width (`smem_for`); `smem_bytes` is the most a block may ask for.
     """
 
     bm: int
     warpgroups: int
     stages: int
-    epilogue_bufs: int = 0
     bn: int = GEOMETRY["PATCH_WGMMA_BN"]
 
     @property
@@ -419,18 +415,18 @@ class PatchWgmmaConfig:
         return MAX_BLOCK_SMEM_BYTES
 
     def smem_for(self, w: int) -> int:
-        return smem_bytes("patch_wgmma", BM=self.bm, STAGES=self.stages, W=w, EPI_BUFS=self.epilogue_bufs)
+        return smem_bytes("patch_wgmma", BM=self.bm, STAGES=self.stages, W=w)
 
     def fits(self, w: int) -> bool:
         return self.smem_for(w) <= MAX_BLOCK_SMEM_BYTES
 
     @property
     def name_expression(self) -> str:
-        return f"conv3x3_patch_wgmma<{self.bm},{self.warpgroups},{self.stages},{self.epilogue_bufs}>"
+        return f"conv3x3_patch_wgmma<{self.bm},{self.warpgroups},{self.stages}>"
 
     @property
     def label(self) -> str:
-        return f"pwg{self.bm}g{self.warpgroups}s{self.stages}" + (f"b{self.epilogue_bufs}" if self.epilogue_bufs else "")
+        return f"pwg{self.bm}g{self.warpgroups}s{self.stages}"
 
 
 # The most dynamic shared memory one block may have (227 KB on the H100 / H200).
@@ -442,15 +438,11 @@ PATCH_WGMMA_TILES = (
     PatchWgmmaConfig(256, 2, 3),    # 218 KB, two m64 blocks per warpgroup
     PatchWgmmaConfig(128, 1, 4),    # 201 KB, one warpgroup, two m64 blocks
     PatchWgmmaConfig(64, 1, 4),     # 168 KB, small batches
-    PatchWgmmaConfig(128, 2, 4, 1),  # 217 KB, staged epilogue: one buffer
-    PatchWgmmaConfig(128, 2, 3, 2),  # 202 KB, staged epilogue: two buffers
-    PatchWgmmaConfig(64, 1, 4, 2),   # 184 KB
 )
 
 
 def patch_wgmma_applies(tile: PatchWgmmaConfig, c: int, k: int, r: int, stride: int, pad: int, w: int) -> bool:
-    return (r == 3 and stride == 1 and pad == 1 and c == BK and k % tile.bn == 0 and tile.fits(w)
-            and (tile.epilogue_bufs == 0 or k == tile.bn))
+    return r == 3 and stride == 1 and pad == 1 and c == BK and k % tile.bn == 0 and tile.fits(w)
 
 
 STEM_TILES = {

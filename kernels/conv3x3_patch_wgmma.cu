@@ -66,24 +66,7 @@
 
 constexpr int PATCH_TAPS = 9;   // the 3x3 filter's taps: k-tiles of the reduction, one per tap (C = BK)
 
-// The staged epilogue's copies. The valid positions among positions o_begin .. o_end-1 of the flat padded
-// grid (N images of (H+2) x (W+2), by_plane and by_pw dividing by those) are a few runs of consecutive
-// output pixels, one per image row the range touches (at most (o_end - o_begin) / W + 2):
-// fn(slot, pixel, count) for each, slot = the offset of its first position from o_begin.
-template <typename Fn>
-__device__ __forceinline__ void for_each_output_run(int o_begin, int o_end, int N, int H, int W,
-                                                    const fast_divmod &by_plane, const fast_divmod &by_pw, Fn fn) {
-    for (int o = o_begin; o < o_end;) {
-        int rem, ox;
-        const int img = by_plane.divmod(rem, o);
-        const int oy = by_pw.divmod(ox, rem);
-        if (img >= N) break;
-        if (oy < H && ox < W) fn(o - o_begin, (img * H + oy) * W + ox, min(o_end, o - ox + W) - o);
-        o += W + 2 - ox;   // the next row of the padded grid
-    }
-}
-
-template <int BM, int WGS, int STAGES, int EPI_BUFS>
+template <int BM, int WGS, int STAGES>
 __global__ void __launch_bounds__(WGS * 128, 1)
 conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
                     const half_bits *__restrict__ residual, half_bits *__restrict__ y,
@@ -99,9 +82,6 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     constexpr int NACC = BN / 2;              // fp32 accumulators per thread per m64 block
     constexpr int FILTER_HALFS = PATCH_TAPS * BN * BK;
     static_assert(BN == BK && WM % 64 == 0 && MB >= 1 && STAGES >= 3, "tile shape");
-    static_assert(EPI_BUFS >= 0 && EPI_BUFS <= 2, "epilogue: registers (0) or 1-2 staging buffers");
-    constexpr bool STAGED = EPI_BUFS > 0;
-    constexpr int BUFS = STAGED ? EPI_BUFS : 1;   // (as a divisor)
     static_assert((BN * PATCH_TAPS * 8) % THREADS == 0, "filter loader mapping");
 
     extern __shared__ vec16 smem_vec[];
@@ -112,9 +92,6 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     const int pw = W + 2, plane = (H + 2) * pw;
     const int patch_rows = patch_wgmma_rows(BM, W);                 // a multiple of 8: stages stay 1024-aligned
     half_bits *patches = filter + FILTER_HALFS;                      // [STAGES][patch_rows][64]
-    // STAGED: [EPI_BUFS][BM][64] plain (unswizzled) rows, warpgroup g's WM at g * WM of each buffer
-    const unsigned int staging_addr = smem_addr(patches + STAGES * patch_rows * BK);
-    __shared__ alignas(8) unsigned long long residual_full[WGS][BUFS];   // STAGED: per buffer
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warpgroup_index(), warp_in_wg = warp & 3;
@@ -151,16 +128,6 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
             cp_async_16(smem_addr(dst + swz(row, chunk)), x + (u64)pixel * BK + chunk * 8, inside ? 16 : 0);
         }
     };
-
-    const bool elected = (tid & 127) == 0;   // STAGED: the thread of its warpgroup that issues the bulk copies
-    if constexpr (STAGED) {
-        if (tid == 0) {
-#pragma unroll
-            for (int b = 0; b < WGS * BUFS; ++b) mbarrier_init(smem_addr(&residual_full[0][0] + b), 1);
-            fence_mbarrier_init();
-        }
-        __syncthreads();
-    }
 
     const int first = blockIdx.x, step = gridDim.x;
     pdl_wait();   // common.cuh: from here on the earlier kernels' outputs (x, residual) are visible
@@ -260,65 +227,6 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
         }
     };
 
-    // This warpgroup's staging buffer of local tile i, and the mbarrier its residual rows complete.
-    const auto staging = [&](int i) { return staging_addr + ((i % BUFS) * BM + wg * WM) * BN * 2; };
-    const auto residual_bar = [&](int i) { return smem_addr(&residual_full[wg][i % BUFS]); };
-    // By the elected thread: the residual rows of local tile i into its staging buffer (free: the buffer's
-    // last store has been read, bulk_wait_read), then the barrier's one arrival.
-    auto load_residual = [&](int i) {
-        const int o_begin = (first + i * step) * BM + wg * WM;
-        const unsigned int buf = staging(i), bar = residual_bar(i);
-        for_each_output_run(o_begin, o_begin + WM, N, H, W, by_plane, by_pw, [&](int slot, int pixel, int count) {
-            mbarrier_expect_tx(bar, count * BN * 2);   // K == BN: whole rows, consecutive
-            bulk_load(buf + slot * BN * 2, residual + (u64)pixel * BN, count * BN * 2, bar);
-        });
-        mbarrier_arrive(bar);
-    };
-    // The staged epilogue of local tile i: every thread adds bias (and residual, from the buffer) to its
-    // accumulators, ReLU, fp16, back into the buffer with stmatrix (rows at padding positions too: they are
-    // never copied out); then the elected thread stores the valid rows with bulk copies and, once the
-    // buffer the next tile uses is read, loads that tile's residual into it.
-    auto staged_epilogue = [&](const float (&acc)[MB][NACC], int i) {
-        const unsigned int buf = staging(i);
-        if (add_residual) mbarrier_wait_parity(residual_bar(i), (i / BUFS) & 1);
-#pragma unroll
-        for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int j0 = 0; j0 < BN / 8; j0 += 4) {   // four 8-column groups per stmatrix: 8 rows each
-                    const unsigned int addr = buf + ((mb * 64 + warp_in_wg * 16 + h * 8 + (lane & 7)) * BN
-                                                     + (j0 + (lane >> 3)) * 8) * 2;
-                    unsigned int r[4] = {0u, 0u, 0u, 0u}, out[4];
-                    if (add_residual) ldmatrix_x4(addr, r[0], r[1], r[2], r[3]);
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        const int j = j0 + q;
-                        float v0 = acc[mb][4 * j + 2 * h] + bias_lo[j], v1 = acc[mb][4 * j + 2 * h + 1] + bias_hi[j];
-                        if (add_residual) {
-                            float r0, r1;
-                            unpack_half2(r[q], r0, r1);
-                            v0 += r0; v1 += r1;
-                        }
-                        if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
-                        out[q] = pack_half2(v0, v1);
-                    }
-                    stmatrix_x4(addr, out[0], out[1], out[2], out[3]);
-                }
-        fence_proxy_async_shared();
-        named_barrier_sync(1 + wg, 128);
-        if (elected) {
-            const int o_begin = (first + i * step) * BM + wg * WM;
-            for_each_output_run(o_begin, o_begin + WM, N, H, W, by_plane, by_pw,
-                                [&](int slot, int pixel, int count) {
-                bulk_store(y + (u64)pixel * BN, buf + slot * BN * 2, count * BN * 2);
-            });
-            bulk_commit();
-            if constexpr (EPI_BUFS == 2) bulk_wait_read<1>(); else bulk_wait_read<0>();   // tile i+1's buffer
-            if (add_residual && i + 1 < my_tiles) load_residual(i + 1);
-        }
-    };
-
     // Tile i: wait for its patch, issue its wgmma into acc, refill the stage of tile i-2 (done: every
     // warpgroup is past tile i-2's wgmma).
     auto start_tile = [&](float (&acc)[MB][NACC], int i) {
@@ -333,29 +241,18 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     };
     // Tile i's wgmma done (the one group issued after them may run on): its epilogue from acc, then the
     // rows of tile i + 1 (whose wgmma are in flight).
-    // STAGED: between two tiles' epilogues the next start_tile's __syncthreads orders the elected thread's
-    // bulk_wait_read before the other threads write the buffer again (or the residual's mbarrier does).
     auto finish_tile = [&](float (&acc)[MB][NACC], int i) {
         wgmma_wait<1>();
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
-        if constexpr (STAGED) {
-            staged_epilogue(acc, i);
-        } else {
-            epilogue(acc, first + i * step);
-            if constexpr (ROWS_AHEAD) fetch_rows(first + (i + 1) * step);
-        }
+        epilogue(acc, first + i * step);
+        if constexpr (ROWS_AHEAD) fetch_rows(first + (i + 1) * step);
     };
     auto finish_last_tile = [&](float (&acc)[MB][NACC], int i) {
         wgmma_wait<0>();
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
-        if constexpr (STAGED) {
-            named_barrier_sync(1 + wg, 128);   // no __syncthreads since the previous epilogue (see above)
-            staged_epilogue(acc, i);
-        } else {
-            epilogue(acc, first + i * step);
-        }
+        epilogue(acc, first + i * step);
     };
 
     // Tiles alternate between two accumulator sets. The loop starts and ends each pass with one commit
@@ -363,11 +260,7 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     // header has the same accumulators in flight.
     float acc0[MB][NACC], acc1[MB][NACC];
     if (my_tiles == 0) return;
-    if constexpr (STAGED) {
-        if (add_residual && elected) load_residual(0);
-    } else if constexpr (ROWS_AHEAD) {
-        fetch_rows(first);   // tile 0's residual loads run under its patch loads and wgmma
-    }
+    if constexpr (ROWS_AHEAD) fetch_rows(first);   // tile 0's residual loads run under its patch loads and wgmma
     start_tile(acc1, 0);
     int i = 1;
     for (; i + 1 < my_tiles; i += 2) {
@@ -386,7 +279,4 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
         finish_last_tile(acc1, i - 1);
     }
     cp_async_wait<0>();
-    if constexpr (STAGED) {
-        if (elected) bulk_wait<0>();   // the last stores written before the block (and its shared memory) ends
-    }
 }

@@ -164,42 +164,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned int dst, const TmaDescripto
                  " [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(dst), "l"(tma_descriptor_addr(desc)), "r"(x0), "r"(x1), "r"(bar) : "memory");
 }
-// 1-D bulk copies (PTX ISA, "cp.async.bulk"): one thread moves `bytes` (a multiple of 16, both addresses
-// 16-byte aligned) between global and shared memory with no layout at all, for conv3x3_patch_wgmma's
-// staged epilogue. Global -> shared completes `bytes` of the mbarrier's transaction count (announced first
-// by mbarrier_expect_tx, this thread's own arrival after the last copy); shared -> global joins this
-// thread's bulk group, which bulk_commit closes and bulk_wait_read<N> (the shared-memory source read, so
-// it may be written again) or bulk_wait<N> (the global writes done) waits for, all but the N newest.
-__device__ __forceinline__ void mbarrier_expect_tx(unsigned int bar, unsigned int bytes) {
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_load(unsigned int dst, const void *src, unsigned int bytes, unsigned int bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-__device__ __forceinline__ void bulk_store(void *dst, unsigned int src, unsigned int bytes) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
-                 :: "l"(dst), "r"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(N) : "memory"); }
-// Four 8x8 b16 matrices from registers to shared memory, the inverse of ldmatrix_x4: lane l gives the
-// address of row l % 8 of matrix l / 8, and thread (g = lane / 4, t = lane % 4) holds row g, columns 2t and
-// 2t + 1 of each (the mma / wgmma accumulator fragment's layout).
-__device__ __forceinline__ void stmatrix_x4(unsigned int addr, unsigned int r0, unsigned int r1, unsigned int r2,
-                                            unsigned int r3) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
-                 :: "r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
-}
-// A barrier among `threads` threads (a multiple of 32) of the block, id 1-15 (0 is __syncthreads').
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
-}
 // Thread-block clusters (sm_90): the cluster barrier (release / acquire: this block's shared-memory
 // writes before it are visible to every block of the cluster after it), this block's rank and the
 // cluster's size, a shared-memory address of this block mapped to the same offset in block `rank`,
