@@ -398,16 +398,12 @@ class PatchWgmmaConfig:
 
     Persistent blocks of `warpgroups` x 128 threads, each owning 64 output channels and walking tiles of
     `bm` consecutive positions of the flat padded grid with `stages` patch buffers (conv3x3_patch_wgmma.cu).
-    `positions_n`: each warpgroup's bm / warpgroups positions are one wgmma's N (the filter its A), not m64
-    blocks of its M: per k16 step the shared memory reads 2 KB of filter and 32 bytes per position instead
-    of 2 KB of filter per 64 positions and 32 bytes per position.
     Its shared memory depends on the image width (`smem_for`); `smem_bytes` is the most a block may ask for.
     """
 
     bm: int
     warpgroups: int
     stages: int
-    positions_n: bool = False
     bn: int = GEOMETRY["PATCH_WGMMA_BN"]
 
     @property
@@ -426,12 +422,11 @@ class PatchWgmmaConfig:
 
     @property
     def name_expression(self) -> str:
-        return (f"conv3x3_patch_wgmma<{self.bm},{self.warpgroups},{self.stages},"
-                f"{'true' if self.positions_n else 'false'}>")
+        return f"conv3x3_patch_wgmma<{self.bm},{self.warpgroups},{self.stages}>"
 
     @property
     def label(self) -> str:
-        return f"{'pwt' if self.positions_n else 'pwg'}{self.bm}g{self.warpgroups}s{self.stages}"
+        return f"pwg{self.bm}g{self.warpgroups}s{self.stages}"
 
 
 # The most dynamic shared memory one block may have (227 KB on the H100 / H200).
@@ -443,9 +438,6 @@ PATCH_WGMMA_TILES = (
     PatchWgmmaConfig(256, 2, 3),    # 218 KB, two m64 blocks per warpgroup
     PatchWgmmaConfig(128, 1, 4),    # 201 KB, one warpgroup, two m64 blocks
     PatchWgmmaConfig(64, 1, 4),     # 168 KB, small batches
-    PatchWgmmaConfig(256, 2, 3, positions_n=True),   # 214 KB, m64n128 per warpgroup
-    PatchWgmmaConfig(128, 1, 4, positions_n=True),   # 197 KB, m64n128, one warpgroup
-    PatchWgmmaConfig(128, 2, 4, positions_n=True),   # 197 KB, m64n64
 )
 
 

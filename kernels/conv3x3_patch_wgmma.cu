@@ -59,18 +59,6 @@
 // The epilogue is epilogue.cuh's (bias from registers, residual, ReLU, fp16
 // NHWC), rows at padding positions dropped; its residual loads are issued a
 // tile ahead (epilogue_load_residual_rows / epilogue_store_rows).
-//
-// POSITIONS AS N (POS_N, the "pwt" tiles). Above, a warpgroup's positions are
-// the wgmma M (m64 blocks) and the 64 channels its N: every m64n64k16 reads
-// 2 KB of patch and 2 KB of filter from shared memory for 32 tensor-core
-// cycles, the SM's whole shared-memory bandwidth (128 B/clock), and a staged
-// epilogue that added a third more shared-memory bytes ran a fifth slower
-// (NOTES.md, outcome 40). With POS_N the filter tap is the A operand (its 64
-// channels the M) and the warpgroup's WM positions the N of one
-// m64nWMk16: 2 KB of filter + WM * 32 bytes of patch per WM / 2 cycles, 96
-// B/clock at WM = 128. The same descriptors, roles swapped. The accumulators
-// are then D[channel][position]; the epilogue turns each 8x8 block with
-// movmatrix (wgmma.cuh) so that the stores stay 16 bytes per position row.
 
 #include "common.cuh"
 #include "epilogue.cuh"
@@ -78,7 +66,7 @@
 
 constexpr int PATCH_TAPS = 9;   // the 3x3 filter's taps: k-tiles of the reduction, one per tap (C = BK)
 
-template <int BM, int WGS, int STAGES, bool POS_N>
+template <int BM, int WGS, int STAGES>
 __global__ void __launch_bounds__(WGS * 128, 1)
 conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
                     const half_bits *__restrict__ residual, half_bits *__restrict__ y,
@@ -90,9 +78,8 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     constexpr int BN = PATCH_WGMMA_BN;        // output channels per block (and the input channels: BK)
     constexpr int THREADS = WGS * 128;
     constexpr int WM = BM / WGS;              // positions per warpgroup
-    constexpr int MB = POS_N ? 1 : WM / 64;   // m64 blocks per warpgroup (POS_N: one, of the 64 channels)
-    constexpr int NACC = (POS_N ? WM : BN) / 2;   // fp32 accumulators per thread per m64 block
-    static_assert(!POS_N || WM == 64 || WM == 128 || WM == 256, "POS_N: the positions are one wgmma's N");
+    constexpr int MB = WM / 64;               // m64 blocks per warpgroup
+    constexpr int NACC = BN / 2;              // fp32 accumulators per thread per m64 block
     constexpr int FILTER_HALFS = PATCH_TAPS * BN * BK;
     static_assert(BN == BK && WM % 64 == 0 && MB >= 1 && STAGES >= 3, "tile shape");
     static_assert((BN * PATCH_TAPS * 8) % THREADS == 0, "filter loader mapping");
@@ -178,27 +165,16 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
         asm volatile("mov.b64 %0, %0;" : "+l"(filter_desc));
         const u64 rows_desc = wgmma_desc_sw128(rows);
         wgmma_fence();
-        if constexpr (POS_N) {   // D[64 channels][WM positions] += filter tap (A) x patch rows (B)
 #pragma unroll
-            for (int tap = 0; tap < PATCH_TAPS; ++tap) {
-                const int shift = (tap / 3) * pw + tap % 3;
-                const u64 desc_a = filter_desc + ((tap * BN * BK * 2) >> 4);
-                const u64 desc_b = rows_desc + ((shift * BK * 2) >> 4);
+        for (int tap = 0; tap < PATCH_TAPS; ++tap) {
+            const int shift = (tap / 3) * pw + tap % 3;             // patch rows: tap (r, s) reads o + r*(W+2) + s
+            const u64 desc_b = filter_desc + ((tap * BN * BK * 2) >> 4);
 #pragma unroll
-                for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64k16<WM>(acc[0], desc_a + 2 * kk, desc_b + 2 * kk);
-            }
-        } else {
+            for (int kk = 0; kk < BK / 16; ++kk) {
 #pragma unroll
-            for (int tap = 0; tap < PATCH_TAPS; ++tap) {
-                const int shift = (tap / 3) * pw + tap % 3;   // patch rows: tap (r, s) reads o + r*(W+2) + s
-                const u64 desc_b = filter_desc + ((tap * BN * BK * 2) >> 4);
-#pragma unroll
-                for (int kk = 0; kk < BK / 16; ++kk) {
-#pragma unroll
-                    for (int mb = 0; mb < MB; ++mb) {
-                        const u64 desc_a = rows_desc + (((mb * 64 + shift) * BK * 2) >> 4);
-                        wgmma_m64k16<BN>(acc[mb], desc_a + 2 * kk, desc_b + 2 * kk);   // k16 step: 32 bytes on
-                    }
+                for (int mb = 0; mb < MB; ++mb) {
+                    const u64 desc_a = rows_desc + (((mb * 64 + shift) * BK * 2) >> 4);
+                    wgmma_m64k16<BN>(acc[mb], desc_a + 2 * kk, desc_b + 2 * kk);   // k16 step: 32 bytes on
                 }
             }
         }
@@ -251,56 +227,6 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
         }
     };
 
-    // POS_N. The accumulators are D[channel][position]: thread (g, t4) of warp w holds channels w*16 + g + 8h,
-    // positions 8j + 2*t4 (+1) of its warpgroup's WM. Each 8x8 block goes through movmatrix_trans to
-    // position g, channels w*16 + 8h + 2*t4 (+1): the same 4-byte stores (8 rows x 16 bytes per warp) as the
-    // m64 layout. So a thread's output rows are positions 8j + g, j < WM / 8, and its residual pairs are
-    // loaded in that layout (a tile ahead) and transposed to the accumulators' before the fp32 sum.
-    constexpr int PJ = POS_N ? WM / 8 : 1;
-    int pos_pixel[PJ];                      // output pixel of position 8j + g, -1 at padding
-    half2_bits pos_res[PJ][2];
-    const int pos_k = n0 + warp_in_wg * 16 + 2 * t4;   // + 8h: this thread's channel pair after the transpose
-    float pos_bias[2];
-    if constexpr (POS_N) {
-        pos_bias[0] = bias[n0 + warp_in_wg * 16 + g];
-        pos_bias[1] = bias[n0 + warp_in_wg * 16 + g + 8];
-    }
-    auto fetch_positions = [&](int tile) {
-        int rem, ox;
-        int img = by_plane.divmod(rem, tile * BM + wg * WM + g);
-        int oy = by_pw.divmod(ox, rem);
-#pragma unroll
-        for (int j = 0; j < PJ; ++j) {
-            const bool valid = img < N && oy < H && ox < W;
-            pos_pixel[j] = valid ? (img * H + oy) * W + ox : -1;
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                pos_res[j][h] = add_residual && valid
-                    ? *reinterpret_cast<const half2_bits *>(residual + (u64)pos_pixel[j] * K + pos_k + 8 * h) : 0u;
-            ox += 8;   // the next position of this thread
-            while (ox >= pw) {
-                ox -= pw;
-                if (++oy == H + 2) { oy = 0; ++img; }
-            }
-        }
-    };
-    auto epilogue_positions = [&](const float (&acc)[NACC]) {
-#pragma unroll
-        for (int j = 0; j < PJ; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float v0 = acc[4 * j + 2 * h] + pos_bias[h], v1 = acc[4 * j + 2 * h + 1] + pos_bias[h];
-                if (add_residual) {
-                    float r0, r1;
-                    unpack_half2(movmatrix_trans(pos_res[j][h]), r0, r1);
-                    v0 += r0; v1 += r1;
-                }
-                if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
-                const half2_bits out = movmatrix_trans(pack_half2(v0, v1));
-                if (pos_pixel[j] >= 0) *reinterpret_cast<half2_bits *>(y + (u64)pos_pixel[j] * K + pos_k + 8 * h) = out;
-            }
-    };
-
     // Tile i: wait for its patch, issue its wgmma into acc, refill the stage of tile i-2 (done: every
     // warpgroup is past tile i-2's wgmma).
     auto start_tile = [&](float (&acc)[MB][NACC], int i) {
@@ -319,19 +245,14 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
         wgmma_wait<1>();
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
-        if constexpr (POS_N) {
-            epilogue_positions(acc[0]);
-            fetch_positions(first + (i + 1) * step);
-        } else {
-            epilogue(acc, first + i * step);
-            if constexpr (ROWS_AHEAD) fetch_rows(first + (i + 1) * step);
-        }
+        epilogue(acc, first + i * step);
+        if constexpr (ROWS_AHEAD) fetch_rows(first + (i + 1) * step);
     };
     auto finish_last_tile = [&](float (&acc)[MB][NACC], int i) {
         wgmma_wait<0>();
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
-        if constexpr (POS_N) epilogue_positions(acc[0]); else epilogue(acc, first + i * step);
+        epilogue(acc, first + i * step);
     };
 
     // Tiles alternate between two accumulator sets. The loop starts and ends each pass with one commit
@@ -339,8 +260,7 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     // header has the same accumulators in flight.
     float acc0[MB][NACC], acc1[MB][NACC];
     if (my_tiles == 0) return;
-    if constexpr (POS_N) fetch_positions(first);
-    else if constexpr (ROWS_AHEAD) fetch_rows(first);   // tile 0's residual loads run under its patch loads and wgmma
+    if constexpr (ROWS_AHEAD) fetch_rows(first);   // tile 0's residual loads run under its patch loads and wgmma
     start_tile(acc1, 0);
     int i = 1;
     for (; i + 1 < my_tiles; i += 2) {

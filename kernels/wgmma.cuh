@@ -90,15 +90,6 @@ __device__ __forceinline__ void wgmma_m64n64k16_rs(float *d, const unsigned int 
 }
 #undef WGMMA_M64K16
 
-// The transpose of an 8x8 b16 matrix held by a warp in the mma fragment layout (thread (g = lane / 4,
-// t = lane % 4) holds row g, columns 2t and 2t + 1, the lower column in the lower half): returns this
-// thread's fragment of the transposed matrix, in the same layout. All lanes take part.
-__device__ __forceinline__ unsigned int movmatrix_trans(unsigned int a) {
-    unsigned int d;
-    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
-    return d;
-}
-
 // mbarriers in shared memory (PTX ISA, "Parallel Synchronization and
 // Communication Instructions: mbarrier"), for conv_wgmma_ws's producer /
 // consumer ring. `bar` is the shared-memory byte address of an 8-byte aligned
