@@ -404,8 +404,6 @@ class PatchWgmmaConfig:
     bm: int
     warpgroups: int
     stages: int
-    acc_sets: int = 2                    # tiles whose wgmma may be in flight, the current one included
-    residual_evict_first: bool = False   # residual loads first out of L2 (an L2 policy), not kept in L1
     bn: int = GEOMETRY["PATCH_WGMMA_BN"]
 
     @property
@@ -424,13 +422,11 @@ class PatchWgmmaConfig:
 
     @property
     def name_expression(self) -> str:
-        return (f"conv3x3_patch_wgmma<{self.bm},{self.warpgroups},{self.stages},{self.acc_sets},"
-                f"{'true' if self.residual_evict_first else 'false'}>")
+        return f"conv3x3_patch_wgmma<{self.bm},{self.warpgroups},{self.stages}>"
 
     @property
     def label(self) -> str:
-        return (f"pwg{self.bm}g{self.warpgroups}s{self.stages}" + (f"a{self.acc_sets}" if self.acc_sets != 2 else "")
-                + ("e" if self.residual_evict_first else ""))
+        return f"pwg{self.bm}g{self.warpgroups}s{self.stages}"
 
 
 # The most dynamic shared memory one block may have (227 KB on the H100 / H200).
@@ -442,9 +438,6 @@ PATCH_WGMMA_TILES = (
     PatchWgmmaConfig(256, 2, 3),    # 218 KB, two m64 blocks per warpgroup
     PatchWgmmaConfig(128, 1, 4),    # 201 KB, one warpgroup, two m64 blocks
     PatchWgmmaConfig(64, 1, 4),     # 168 KB, small batches
-    PatchWgmmaConfig(128, 2, 4, acc_sets=3),
-    PatchWgmmaConfig(128, 2, 4, residual_evict_first=True),
-    PatchWgmmaConfig(128, 2, 4, acc_sets=3, residual_evict_first=True),
 )
 
 

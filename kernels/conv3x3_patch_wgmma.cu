@@ -66,7 +66,7 @@
 
 constexpr int PATCH_TAPS = 9;   // the 3x3 filter's taps: k-tiles of the reduction, one per tap (C = BK)
 
-template <int BM, int WGS, int STAGES, int ACC_SETS, bool RES_EVICT_FIRST>
+template <int BM, int WGS, int STAGES>
 __global__ void __launch_bounds__(WGS * 128, 1)
 conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
                     const half_bits *__restrict__ residual, half_bits *__restrict__ y,
@@ -82,7 +82,6 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     constexpr int NACC = BN / 2;              // fp32 accumulators per thread per m64 block
     constexpr int FILTER_HALFS = PATCH_TAPS * BN * BK;
     static_assert(BN == BK && WM % 64 == 0 && MB >= 1 && STAGES >= 3, "tile shape");
-    static_assert((ACC_SETS == 2 || ACC_SETS == 3) && STAGES > ACC_SETS, "tiles in flight");
     static_assert((BN * PATCH_TAPS * 8) % THREADS == 0, "filter loader mapping");
 
     extern __shared__ vec16 smem_vec[];
@@ -133,7 +132,7 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     const int first = blockIdx.x, step = gridDim.x;
     pdl_wait();   // common.cuh: from here on the earlier kernels' outputs (x, residual) are visible
 #pragma unroll
-    for (int s = 0; s < STAGES - ACC_SETS; ++s) {   // the filter joins the first group
+    for (int s = 0; s < STAGES - 2; ++s) {   // the filter joins the first group
         if (s < my_tiles) load_patch(s, first + s * step);
         cp_async_commit();
     }
@@ -195,8 +194,6 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     half2_bits res[MB][2][BN / 8];
     const int k0 = n0 + 2 * t4;
     const bool add_residual = residual != nullptr;
-    u64 residual_policy = 0;
-    if constexpr (RES_EVICT_FIRST) asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(residual_policy));
     auto fetch_block_rows = [&](int tile, int mb) {
 #pragma unroll
         for (int half_row = 0; half_row < 2; ++half_row) {
@@ -207,20 +204,7 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
             out_valid[mb][half_row] = img < N && oy < H && ox < W;
             out_row[mb][half_row] = ((u64)(img * H + oy) * W + ox) * K;
         }
-        if constexpr (RES_EVICT_FIRST) {   // read once: first out of L2, not kept in L1
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-                for (int j = 0; j < BN / 8; ++j) {
-                    half2_bits r = 0u;
-                    if (add_residual && out_valid[mb][h])
-                        asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.b32 %0, [%1], %2;\n"
-                                     : "=r"(r) : "l"(residual + out_row[mb][h] + k0 + 8 * j), "l"(residual_policy));
-                    res[mb][h][j] = r;
-                }
-        } else {
-            epilogue_load_residual_rows<BN / 8>(res[mb], out_row[mb], out_valid[mb], k0, K, residual);
-        }
+        epilogue_load_residual_rows<BN / 8>(res[mb], out_row[mb], out_valid[mb], k0, K, residual);
     };
     auto fetch_rows = [&](int tile) {
 #pragma unroll
@@ -243,87 +227,56 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
         }
     };
 
-    // Tile i: wait for its patch, issue its wgmma into acc, refill the stage of tile i - ACC_SETS (done: every
-    // warpgroup is past that tile's wgmma) with tile i + STAGES - ACC_SETS.
+    // Tile i: wait for its patch, issue its wgmma into acc, refill the stage of tile i-2 (done: every
+    // warpgroup is past tile i-2's wgmma).
     auto start_tile = [&](float (&acc)[MB][NACC], int i) {
-        cp_async_wait<STAGES - ACC_SETS - 1>();
+        cp_async_wait<STAGES - 3>();
         fence_proxy_async_shared();
         __syncthreads();
         fence_proxy_async_shared();
         mma_tile(acc, i);
-        const int next = i + STAGES - ACC_SETS;   // after the wgmma are issued: the loads' arithmetic runs under them
+        const int next = i + STAGES - 2;   // after the wgmma are issued: the loads' arithmetic runs under them
         if (next < my_tiles) load_patch(next % STAGES, first + next * step);
         cp_async_commit();
     };
-    // Tile i's wgmma done (the `later` groups issued after them may run on): its epilogue from acc, then the
+    // Tile i's wgmma done (the one group issued after them may run on): its epilogue from acc, then the
     // rows of tile i + 1 (whose wgmma are in flight).
-    auto finish_tile = [&](float (&acc)[MB][NACC], int i, int later) {
-        if (later == 0) pdl_trigger();   // common.cuh: the next kernel launches during the last epilogue
-        if (later >= 2) wgmma_wait<2>(); else if (later == 1) wgmma_wait<1>(); else wgmma_wait<0>();
+    auto finish_tile = [&](float (&acc)[MB][NACC], int i) {
+        wgmma_wait<1>();
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
         epilogue(acc, first + i * step);
-        if constexpr (ROWS_AHEAD) {
-            if (later > 0) fetch_rows(first + (i + 1) * step);
-        }
+        if constexpr (ROWS_AHEAD) fetch_rows(first + (i + 1) * step);
+    };
+    auto finish_last_tile = [&](float (&acc)[MB][NACC], int i) {
+        wgmma_wait<0>();
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
+        epilogue(acc, first + i * step);
     };
 
-    // Tiles rotate over ACC_SETS accumulator sets: ACC_SETS - 1 tiles' wgmma run under each epilogue. The
-    // loop starts and ends each pass with the same commit groups in flight, into the same sets: ptxas
-    // serialises the wgmma (C7514) unless every path into the loop header has the same accumulators in flight.
+    // Tiles alternate between two accumulator sets. The loop starts and ends each pass with one commit
+    // group in flight, into acc1: ptxas serialises the wgmma (C7514) unless every path into the loop
+    // header has the same accumulators in flight.
     float acc0[MB][NACC], acc1[MB][NACC];
     if (my_tiles == 0) return;
     if constexpr (ROWS_AHEAD) fetch_rows(first);   // tile 0's residual loads run under its patch loads and wgmma
-    if constexpr (ACC_SETS == 2) {
-        start_tile(acc1, 0);
-        int i = 1;
-        for (; i + 1 < my_tiles; i += 2) {
-            start_tile(acc0, i);
-            finish_tile(acc1, i - 1, 1);
-            start_tile(acc1, i + 1);
-            finish_tile(acc0, i, 1);
-        }
-        if (i < my_tiles) {   // one tile left
-            start_tile(acc0, i);
-            finish_tile(acc1, i - 1, 1);
-            finish_tile(acc0, i, 0);
-        } else {
-            finish_tile(acc1, i - 1, 0);
-        }
+    start_tile(acc1, 0);
+    int i = 1;
+    for (; i + 1 < my_tiles; i += 2) {
+        start_tile(acc0, i);
+        finish_tile(acc1, i - 1);
+        start_tile(acc1, i + 1);
+        finish_tile(acc0, i);
+    }
+    if (i < my_tiles) {   // one tile left
+        start_tile(acc0, i);
+        finish_tile(acc1, i - 1);
+        pdl_trigger();   // common.cuh: the next kernel launches during the last epilogue
+        finish_last_tile(acc0, i);
     } else {
-        float acc2[MB][NACC];
-        start_tile(acc1, 0);
-        if (my_tiles == 1) {
-            finish_tile(acc1, 0, 0);
-        } else {
-            start_tile(acc2, 1);
-            int i = 2;   // tiles i-2 (acc1) and i-1 (acc2) in flight at the loop header
-            for (; i + 2 < my_tiles; i += 3) {
-                start_tile(acc0, i);
-                finish_tile(acc1, i - 2, 2);
-                start_tile(acc1, i + 1);
-                finish_tile(acc2, i - 1, 2);
-                start_tile(acc2, i + 2);
-                finish_tile(acc0, i, 2);
-            }
-            const int left = my_tiles - i;   // 0, 1 or 2
-            if (left == 0) {
-                finish_tile(acc1, i - 2, 1);
-                finish_tile(acc2, i - 1, 0);
-            } else if (left == 1) {
-                start_tile(acc0, i);
-                finish_tile(acc1, i - 2, 2);
-                finish_tile(acc2, i - 1, 1);
-                finish_tile(acc0, i, 0);
-            } else {
-                start_tile(acc0, i);
-                finish_tile(acc1, i - 2, 2);
-                start_tile(acc1, i + 1);
-                finish_tile(acc2, i - 1, 2);
-                finish_tile(acc0, i, 1);
-                finish_tile(acc1, i + 1, 0);
-            }
-        }
+        pdl_trigger();
+        finish_last_tile(acc1, i - 1);
     }
     cp_async_wait<0>();
 }

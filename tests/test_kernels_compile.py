@@ -234,11 +234,9 @@ def test_kernels_compile_under_nvrtc_like_the_engine(arch):
     assert entries == len(names)
     pdl = int(arch.removeprefix("sm_").rstrip("a")) >= 90
     assert ptx.count("griddepcontrol.wait;") == (entries if pdl else 0)
-    # ... and triggers its dependents once on every path: one call site per kernel, in the persistent
-    # conv3x3_patch_wgmma one per exit of its loop (before the last tile's epilogue): two with two
-    # accumulator sets, four with three (one tile, or 0, 1 or 2 tiles after the loop)
-    trigger_sites = entries + sum((1 if name.split(",")[3] == "2" else 3) for name in names
-                                  if name.startswith("conv3x3_patch_wgmma<"))
+    # ... and triggers its dependents once on every path: one call site per kernel, two in the persistent
+    # conv3x3_patch_wgmma (before the last tile's epilogue, on both of its loop's exits)
+    trigger_sites = entries + sum(name.startswith("conv3x3_patch_wgmma<") for name in names)
     assert ptx.count("griddepcontrol.launch_dependents;") == (trigger_sites if pdl else 0)
 
 
