@@ -95,6 +95,23 @@ struct fast_divmod {
     }
 };
 
+// The 4x4 transpose of 32-bit words across the 4 lanes of a quad (lanes 4q .. 4q+3, t = lane % 4): lane t
+// holds a[c] = M[t][c] and ends with a[r] = M[r][t]. Two rounds of two shuffles (partner t^1, then t^2);
+// every lane of the warp takes part. With 4-byte fragments (thread t holds channels 8j + 2t, +1 of a row)
+// it turns words j = 0..3 into one lane's 16 contiguous bytes (channels 8t .. 8t+7), and back.
+__device__ __forceinline__ void quad_transpose4(unsigned int (&a)[4], int t) {
+    const bool odd = t & 1, high = t & 2;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {   // columns 2k, 2k+1: keep column 2k + odd, trade the other with t^1
+        const unsigned int got = __shfl_xor_sync(0xffffffffu, odd ? a[2 * k] : a[2 * k + 1], 1);
+        if (odd) a[2 * k] = got; else a[2 * k + 1] = got;
+    }
+    // now a[2k + b] = M[the row of t, t^1 with bit 0 = b][2k + odd]: keep pair k = high, trade the other with t^2
+    const unsigned int got0 = __shfl_xor_sync(0xffffffffu, high ? a[0] : a[2], 2);
+    const unsigned int got1 = __shfl_xor_sync(0xffffffffu, high ? a[1] : a[3], 2);
+    if (high) { a[0] = got0; a[1] = got1; } else { a[2] = got0; a[3] = got1; }
+}
+
 __device__ __forceinline__ unsigned int smem_addr(const void *p) {
     return (unsigned int)__cvta_generic_to_shared(p);
 }

@@ -404,6 +404,7 @@ class PatchWgmmaConfig:
     bm: int
     warpgroups: int
     stages: int
+    vec: int = 0   # the epilogue's global accesses: 4-byte fragments (0), 16-byte stores (1), and loads (2)
     bn: int = GEOMETRY["PATCH_WGMMA_BN"]
 
     @property
@@ -422,11 +423,11 @@ class PatchWgmmaConfig:
 
     @property
     def name_expression(self) -> str:
-        return f"conv3x3_patch_wgmma<{self.bm},{self.warpgroups},{self.stages}>"
+        return f"conv3x3_patch_wgmma<{self.bm},{self.warpgroups},{self.stages},{self.vec}>"
 
     @property
     def label(self) -> str:
-        return f"pwg{self.bm}g{self.warpgroups}s{self.stages}"
+        return f"pwg{self.bm}g{self.warpgroups}s{self.stages}" + (f"v{self.vec}" if self.vec else "")
 
 
 # The most dynamic shared memory one block may have (227 KB on the H100 / H200).
@@ -438,6 +439,9 @@ PATCH_WGMMA_TILES = (
     PatchWgmmaConfig(256, 2, 3),    # 218 KB, two m64 blocks per warpgroup
     PatchWgmmaConfig(128, 1, 4),    # 201 KB, one warpgroup, two m64 blocks
     PatchWgmmaConfig(64, 1, 4),     # 168 KB, small batches
+    PatchWgmmaConfig(128, 2, 4, vec=1),
+    PatchWgmmaConfig(128, 2, 4, vec=2),
+    PatchWgmmaConfig(256, 2, 3, vec=2),
 )
 
 

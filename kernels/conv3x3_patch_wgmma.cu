@@ -66,7 +66,7 @@
 
 constexpr int PATCH_TAPS = 9;   // the 3x3 filter's taps: k-tiles of the reduction, one per tap (C = BK)
 
-template <int BM, int WGS, int STAGES>
+template <int BM, int WGS, int STAGES, int VEC>
 __global__ void __launch_bounds__(WGS * 128, 1)
 conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
                     const half_bits *__restrict__ residual, half_bits *__restrict__ y,
@@ -82,6 +82,7 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     constexpr int NACC = BN / 2;              // fp32 accumulators per thread per m64 block
     constexpr int FILTER_HALFS = PATCH_TAPS * BN * BK;
     static_assert(BN == BK && WM % 64 == 0 && MB >= 1 && STAGES >= 3, "tile shape");
+    static_assert(VEC >= 0 && VEC <= 2 && BN == 64, "VEC: 4-byte fragments (0), 16-byte stores (1), and loads (2)");
     static_assert((BN * PATCH_TAPS * 8) % THREADS == 0, "filter loader mapping");
 
     extern __shared__ vec16 smem_vec[];
@@ -204,7 +205,20 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
             out_valid[mb][half_row] = img < N && oy < H && ox < W;
             out_row[mb][half_row] = ((u64)(img * H + oy) * W + ox) * K;
         }
-        epilogue_load_residual_rows<BN / 8>(res[mb], out_row[mb], out_valid[mb], k0, K, residual);
+        if constexpr (VEC == 2) {   // 16 bytes per row and load: channels 8*t4 .. (words 0-3), 8*(t4+4) .. (4-7)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int part = 0; part < 2; ++part) {
+                    vec16 v = {0u, 0u, 0u, 0u};
+                    if (add_residual && out_valid[mb][h])
+                        v = *reinterpret_cast<const vec16 *>(residual + out_row[mb][h] + n0 + 8 * (t4 + 4 * part));
+                    res[mb][h][4 * part] = v.x; res[mb][h][4 * part + 1] = v.y;
+                    res[mb][h][4 * part + 2] = v.z; res[mb][h][4 * part + 3] = v.w;
+                }
+        } else {
+            epilogue_load_residual_rows<BN / 8>(res[mb], out_row[mb], out_valid[mb], k0, K, residual);
+        }
     };
     auto fetch_rows = [&](int tile) {
 #pragma unroll
@@ -214,11 +228,52 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
     // The epilogue of tile `tile` from acc (wgmma accumulator layout: conv_wgmma.cu's header), its rows
     // fetched before (ROWS_AHEAD) or here; the block's channels n0 .. n0+63 never cross K (no check).
     const auto bias_pair = [&](int j) { return float_pair(bias_lo[j], bias_hi[j]); };
+    // VEC: each row's 8 fragment words (channels 8j + 2*t4, +1) through quad_transpose4 to 16 contiguous
+    // bytes per lane and store (channels 8*t4 .. and 8*(t4+4) ..): 4 stores of 16 bytes per thread and m64 block
+    // instead of 16 of 4, each row's 128 bytes in 2 requests instead of 8. VEC == 2: the residual came in
+    // that layout and is turned back the same way.
+    auto epilogue_vec = [&](const float (&acc)[NACC], half2_bits (&r)[2][BN / 8], const u64 (&row)[2],
+                            const bool (&valid)[2]) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            if constexpr (VEC == 2) {
+#pragma unroll
+                for (int part = 0; part < 2; ++part) {
+                    unsigned int q[4] = {r[h][4 * part], r[h][4 * part + 1], r[h][4 * part + 2], r[h][4 * part + 3]};
+                    quad_transpose4(q, t4);
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) r[h][4 * part + c] = q[c];
+                }
+            }
+            unsigned int words[BN / 8];
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                float v0 = acc[4 * j + 2 * h] + bias_lo[j], v1 = acc[4 * j + 2 * h + 1] + bias_hi[j];
+                if (add_residual) {
+                    float r0, r1;
+                    unpack_half2(r[h][j], r0, r1);
+                    v0 += r0; v1 += r1;
+                }
+                if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
+                words[j] = pack_half2(v0, v1);
+            }
+#pragma unroll
+            for (int part = 0; part < 2; ++part) {
+                unsigned int q[4] = {words[4 * part], words[4 * part + 1], words[4 * part + 2], words[4 * part + 3]};
+                quad_transpose4(q, t4);
+                vec16 out;
+                out.x = q[0]; out.y = q[1]; out.z = q[2]; out.w = q[3];
+                if (valid[h]) *reinterpret_cast<vec16 *>(y + row[h] + n0 + 8 * (t4 + 4 * part)) = out;
+            }
+        }
+    };
     auto epilogue = [&](const float (&acc)[MB][NACC], int tile) {
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) {
             if constexpr (!ROWS_AHEAD) fetch_block_rows(tile, mb);
-            if (add_residual)
+            if constexpr (VEC > 0)
+                epilogue_vec(acc[mb], res[mb], out_row[mb], out_valid[mb]);
+            else if (add_residual)
                 epilogue_store_rows<BN / 8, true, false>(acc[mb], bias_pair, res[mb], out_row[mb], out_valid[mb], k0,
                                                          K, y, relu);
             else
