@@ -797,7 +797,8 @@ def untuned_plan(n: int, h: int, w: int, c: int, k: int, r: int, stride: int, pa
 
     On the sm_90a paths (mixed, wgmma) a 3x3/1 conv with 64 input channels runs on conv3x3_patch_wgmma:
     on the H100 it beat every other tile and split-K at layer1's shape at every batch, 1 to 256
-    (NOTES.md, outcome 15). Its tile there: BM 256 from 4 tiles per SM, BM 128 from one, else BM 64.
+    (NOTES.md, outcome 15). Its tile there: pwg128g2s4v1 (16-byte epilogue stores) from one tile per SM,
+    else pwg64g1s4 (NOTES.md, outcome 43).
     Everything else, and a convolution with a fused shortcut of `shortcut_c` channels (the patch kernels
     have none): `plan_default`.
     """
@@ -806,15 +807,18 @@ def untuned_plan(n: int, h: int, w: int, c: int, k: int, r: int, stride: int, pa
     if path in (MIXED, "wgmma") and not shortcut_c:
         by_bm = {t.bm: t for t in PATCH_WGMMA_TILES
                  if t.label in UNTUNED_PATCH_WGMMA and patch_wgmma_applies(t, c, k, r, stride, pad, w)}
-        for bm, min_tiles_per_sm in ((256, 4), (128, 1), (64, 0)):
+        for bm, min_tiles_per_sm in ((128, 1), (64, 0)):
             tile = by_bm.get(bm)
             if tile is not None and patch_wgmma_tiles(tile, n, p, q) >= min_tiles_per_sm * sms:
                 return make_plan(tile, 1, n * p * q, k, k_tiles, n, p, q)
     return plan_default(n * p * q, k, k_tiles, r, sms, path)
 
 
-# The conv3x3_patch_wgmma tiles `untuned_plan` picks from (the fastest of their BM on the H100).
-UNTUNED_PATCH_WGMMA = ("pwg256g2s3", "pwg128g2s4", "pwg64g1s4")
+# The conv3x3_patch_wgmma tiles `untuned_plan` picks from (the fastest of their BM on the H100: the dev run
+# of 2026-11-24 01:33 UTC, layer1.0.conv2 with its residual, pwg128g2s4v1 against pwg128g2s4 / pwg256g2s3:
+# N=8 8.9 / 9.3 / 10.4 us, N=32 25.1 / 27.0 / 30.0, N=128 77.1 / 83.1 / 93.6, N=256 149.6 / 161.4 / 187.8;
+# N=1 (27 tiles of 128 for 132 SMs): pwg64g1s4 5.3 us, the rest >= 6.5 in the run of 01:15 UTC).
+UNTUNED_PATCH_WGMMA = ("pwg128g2s4v1", "pwg64g1s4")
 
 
 def load_tuned_plans(device: str, path: str, table_path: Path = TUNED_PLANS) -> dict:

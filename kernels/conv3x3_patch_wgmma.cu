@@ -59,6 +59,16 @@
 // The epilogue is epilogue.cuh's (bias from registers, residual, ReLU, fp16
 // NHWC), rows at padding positions dropped; its residual loads are issued a
 // tile ahead (epilogue_load_residual_rows / epilogue_store_rows).
+//
+// VEC (the "v1" / "v2" tiles). A fragment holds 4 bytes of a row per column
+// group (channels 8j + 2t, +1), so each 4-byte store of a warp writes 16
+// bytes to each of 8 rows: a row's 128 bytes take 8 requests. With VEC the
+// quad's 4 lanes trade their words first (common.cuh quad_transpose4, 4
+// shuffles per 4 words) so that each lane stores 16 contiguous bytes
+// (channels 8t .. 8t+7, then 8(t+4) ..): 2 requests per row. VEC 1: stores
+// only, the fastest from batch 8 up on the H100 (layer1 at batch 128: 8-9%
+// faster, NOTES.md outcome 43); VEC 2: the residual loads as well, turned
+// back before the fp32 sum.
 
 #include "common.cuh"
 #include "epilogue.cuh"
