@@ -439,9 +439,9 @@ PATCH_WGMMA_TILES = (
     PatchWgmmaConfig(256, 2, 3),    # 218 KB, two m64 blocks per warpgroup
     PatchWgmmaConfig(128, 1, 4),    # 201 KB, one warpgroup, two m64 blocks
     PatchWgmmaConfig(64, 1, 4),     # 168 KB, small batches
-    PatchWgmmaConfig(128, 2, 4, vec=1),
-    PatchWgmmaConfig(128, 2, 4, vec=2),
-    PatchWgmmaConfig(256, 2, 3, vec=2),
+    PatchWgmmaConfig(128, 2, 4, vec=1),   # 201 KB, 16-byte stores
+    PatchWgmmaConfig(128, 2, 4, vec=2),   # 201 KB, and 16-byte residual loads
+    PatchWgmmaConfig(256, 2, 3, vec=2),   # 218 KB
 )
 
 
@@ -814,7 +814,8 @@ def untuned_plan(n: int, h: int, w: int, c: int, k: int, r: int, stride: int, pa
     return plan_default(n * p * q, k, k_tiles, r, sms, path)
 
 
-# The conv3x3_patch_wgmma tiles `untuned_plan` picks from (the fastest of their BM on the H100: the dev run
+# The conv3x3_patch_wgmma tiles `untuned_plan` picks from: one tile of BM 128 from batch 8 up, the fastest
+# at 128 and 256 and within 5% of pwg128g2s4v2 at 8 and 32 (8.5 and 23.9 us), on the H100 (the dev run
 # of 2026-11-24 01:33 UTC, layer1.0.conv2 with its residual, pwg128g2s4v1 against pwg128g2s4 / pwg256g2s3:
 # N=8 8.9 / 9.3 / 10.4 us, N=32 25.1 / 27.0 / 30.0, N=128 77.1 / 83.1 / 93.6, N=256 149.6 / 161.4 / 187.8;
 # N=1 (27 tiles of 128 for 132 SMs): pwg64g1s4 5.3 us, the rest >= 6.5 in the run of 01:15 UTC).

@@ -66,9 +66,9 @@
 // quad's 4 lanes trade their words first (common.cuh quad_transpose4, 4
 // shuffles per 4 words) so that each lane stores 16 contiguous bytes
 // (channels 8t .. 8t+7, then 8(t+4) ..): 2 requests per row. VEC 1: stores
-// only, the fastest from batch 8 up on the H100 (layer1 at batch 128: 8-9%
-// faster, NOTES.md outcome 43); VEC 2: the residual loads as well, turned
-// back before the fp32 sum.
+// only (layer1 at batch 128 on the H100: -7% with the residual, -9% without,
+// NOTES.md outcome 43); VEC 2: the residual loads as well, turned back before
+// the fp32 sum (the fastest at batch 8 and 32).
 
 #include "common.cuh"
 #include "epilogue.cuh"
