@@ -232,6 +232,7 @@ class WgmmaConfig:
     persistent: bool = False
     tma: bool = False
     pingpong: bool = False
+    vec_epilogue: bool = False   # conv_wgmma_tma's VEC: 16-byte stores after a quad transpose. Labels "...v"
 
     def __post_init__(self):
         if self.tma and not self.persistent:
@@ -240,6 +241,8 @@ class WgmmaConfig:
             raise ValueError("the TMA tiles are their own kernel: not conv_wgmma_ws, no split-K")
         if self.tma and self.blocks_per_sm != self.launch_blocks:
             raise ValueError("a TMA tile's blocks per SM are those its launch bounds ask registers for")
+        if self.vec_epilogue and not self.tma:
+            raise ValueError("the 16-byte epilogue is conv_wgmma_tma's")
         if self.pingpong and not (self.tma and self.warpgroups == 2 and self.blocks_per_sm == 1):
             raise ValueError("the ping-pong schedule is a TMA tile's, of two warpgroups and one block per SM")
 
@@ -262,8 +265,9 @@ class WgmmaConfig:
     @property
     def name_expression(self) -> str:
         if self.tma:
-            pingpong = ",true" if self.pingpong else ""
-            return f"conv_wgmma_tma<{self.bm},{self.bn},{self.warpgroups},{self.stages}{pingpong}>"
+            flags = (f",{'true' if self.pingpong else 'false'},true" if self.vec_epilogue
+                     else ",true" if self.pingpong else "")
+            return f"conv_wgmma_tma<{self.bm},{self.bn},{self.warpgroups},{self.stages}{flags}>"
         if self.cluster_splitk:   # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = true
             return f"conv_wgmma<{self.bm},{self.bn},{self.warpgroups},{self.stages},false,true>"
         if self.persistent:       # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = false, PERSISTENT = true
@@ -275,7 +279,7 @@ class WgmmaConfig:
     def label(self) -> str:
         kind = ("ws" if self.warp_specialized else "wc" if self.cluster_splitk else "wq" if self.pingpong
                 else "wt" if self.tma else "wp" if self.persistent else "wg")
-        return f"{kind}{self.bm}x{self.bn}g{self.warpgroups}s{self.stages}"
+        return f"{kind}{self.bm}x{self.bn}g{self.warpgroups}s{self.stages}" + ("v" if self.vec_epilogue else "")
 
 
 # wgmma tiles. `efficiency` is relative to the mma.sync 128x128 tile (1.0, which
@@ -340,6 +344,9 @@ WGMMA_TMA_TILES = (
     # ping-pong: each warpgroup a whole 128x128 tile (128 accumulators per thread), one block per SM
     WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True, pingpong=True),   # 129 KB
     WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, persistent=True, tma=True, pingpong=True),   # 193 KB
+    # 16-byte epilogue stores (not on the ping-pong tiles: 128 accumulators per thread, it spilled 468 bytes)
+    WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True, vec_epilogue=True),   # 129 KB
+    WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, persistent=True, tma=True, vec_epilogue=True),   # 193 KB
 )
 # Every conv_wgmma / conv_wgmma_ws / conv_wgmma_tma instantiation's tile: what the sm_90a module compiles and
 # the tuner times.
@@ -613,7 +620,7 @@ def without_cuda_bindings(tile):
     if reduces_in_cluster(tile):
         return tile_by_label("wg" + tile.label.removeprefix("wc"))
     if loads_by_tma(tile):
-        shape = tile.label[2:]
+        shape = tile.label[2:].removesuffix("v")   # "v": the 16-byte epilogue, the same sums
         twin = tile_by_label("wp" + shape) or tile_by_label("wg" + shape)
         if twin is None:
             raise ValueError(f"{tile.label} has no cp.async twin (a wp{shape} or wg{shape} tile) to run without "

@@ -127,12 +127,65 @@ __device__ __forceinline__ void wgmma_ktile(float (&acc)[MB][BN / 2], unsigned i
 // H100 (2026-11-23 02:22 UTC, each conv alone): batched, the tiles with one m64 block per warpgroup and
 // BN <= 128 ran 3-11% faster (layer2's 128x128 at batch 128 -8 to -10%, with or without a residual),
 // the 128x256 and the one-warpgroup 128x128 tiles 3-28% slower (more registers, one block per SM).
-template <int BN, int MB, int WM, bool BATCHED = (MB == 1 && BN <= 128)>
+//
+// VEC (the "v" tiles of conv_wgmma_tma; K % 32 == 0, no split-K): as conv3x3_patch_wgmma's VEC 1, each row's
+// fragment words go through common.cuh's quad_transpose4 and each lane stores 16 contiguous bytes (4 words
+// of 4 column groups: channels 32b + 8*t4 .. +7), a row's 64 bytes of a 32-channel block in one request
+// instead of 4; the residual loads of both fragment rows are issued first where BATCHED, else row by row.
+template <int BN, int MB, int WM, bool BATCHED = (MB == 1 && BN <= 128), bool VEC = false>
 __device__ __forceinline__ void wgmma_epilogue(const float (&acc)[MB][BN / 2], int m0, int n0, int wg, int warp_in_wg,
                                                int lane, int M, int K, const float *__restrict__ bias,
                                                const half_bits *__restrict__ residual, half_bits *__restrict__ y,
                                                float *__restrict__ partial, int relu) {
     const int g = lane >> 2, t4 = lane & 3;
+    if (VEC && partial == nullptr && (K & 31) == 0) {
+        static_assert(!VEC || BN % 32 == 0, "VEC: whole 32-channel blocks");
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) {
+            u64 row[2];
+            bool valid[2];
+#pragma unroll
+            for (int half_row = 0; half_row < 2; ++half_row) {
+                const int m = m0 + wg * WM + mb * 64 + warp_in_wg * 16 + g + half_row * 8;
+                valid[half_row] = m < M;
+                row[half_row] = (u64)m * K;
+            }
+            const int k0 = n0 + 2 * t4;
+            half2_bits res[2][BN / 8];
+            if constexpr (BATCHED) epilogue_load_residual_rows<BN / 8>(res, row, valid, k0, K, residual);
+#pragma unroll
+            for (int half_row = 0; half_row < 2; ++half_row) {
+                if constexpr (!BATCHED) {   // row by row: the ping-pong tiles hold 128 accumulators per thread
+#pragma unroll
+                    for (int j = 0; j < BN / 8; ++j)
+                        res[half_row][j] = residual != nullptr && valid[half_row] && k0 + 8 * j < K
+                            ? *reinterpret_cast<const half2_bits *>(residual + row[half_row] + k0 + 8 * j) : 0u;
+                }
+                unsigned int words[BN / 8];
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+                    const int k = k0 + 8 * j;
+                    float v0 = acc[mb][4 * j + 2 * half_row], v1 = acc[mb][4 * j + 2 * half_row + 1];
+                    if (k < K) { v0 += bias[k]; v1 += bias[k + 1]; }
+                    float r0, r1;
+                    unpack_half2(res[half_row][j], r0, r1);   // zeros without a residual
+                    v0 += r0; v1 += r1;
+                    if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
+                    words[j] = pack_half2(v0, v1);
+                }
+#pragma unroll
+                for (int b = 0; b < BN / 32; ++b) {
+                    if (n0 + 32 * b >= K) continue;   // the same for the whole warp
+                    unsigned int q[4] = {words[4 * b], words[4 * b + 1], words[4 * b + 2], words[4 * b + 3]};
+                    quad_transpose4(q, t4);
+                    vec16 out;
+                    out.x = q[0]; out.y = q[1]; out.z = q[2]; out.w = q[3];
+                    if (valid[half_row]) *reinterpret_cast<vec16 *>(y + row[half_row] + n0 + 32 * b + 8 * t4) = out;
+                }
+            }
+        }
+        return;
+    }
     if (BATCHED && partial == nullptr) {
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) {
@@ -589,7 +642,7 @@ __host__ __device__ constexpr int wgmma_tma_min_blocks(int bm, int bn, int stage
     return wgmma_launch_blocks(wgmma_ws_smem_bytes(bm, bn, stages));
 }
 
-template <int BM, int BN, int WGS, int STAGES, bool PINGPONG = false>
+template <int BM, int BN, int WGS, int STAGES, bool PINGPONG = false, bool VEC = false>
 __global__ void __launch_bounds__(WGS * 128 + TMA_PRODUCER_THREADS, wgmma_tma_min_blocks(BM, BN, STAGES))
 conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
                const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
@@ -692,8 +745,8 @@ conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w,
             for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<NACC>(acc[mb]);
             if (lane == 0) mbarrier_arrive(empty_bar + prev_stage * 8);   // the tile's last stage
             if (t + WGS * (int)gridDim.x >= tiles) pdl_trigger();   // this warpgroup's last tile
-            wgmma_epilogue<BN, MB, WM, false>(acc, (t / n_tiles) * BM, (t % n_tiles) * BN, 0, warp_in_wg, lane, M,
-                                              K, bias, residual, y, nullptr, relu);
+            wgmma_epilogue<BN, MB, WM, false, VEC>(acc, (t / n_tiles) * BM, (t % n_tiles) * BN, 0, warp_in_wg, lane,
+                                                   M, K, bias, residual, y, nullptr, relu);
         }
         return;
     }
@@ -723,7 +776,7 @@ conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w,
         // Batched residual loads only with one block per SM: two blocks of WGS * 128 + 32 threads leave
         // ptxas 96 registers per thread, and the 128x128 tile spilled 200 bytes with them (nvcc 13.0).
         constexpr bool BATCHED = MB == 1 && BN <= 128 && wgmma_tma_min_blocks(BM, BN, STAGES) == 1;
-        wgmma_epilogue<BN, MB, WM, BATCHED>(acc, (t / n_tiles) * BM, (t % n_tiles) * BN, wg, warp_in_wg, lane, M, K,
-                                            bias, residual, y, nullptr, relu);
+        wgmma_epilogue<BN, MB, WM, BATCHED, VEC>(acc, (t / n_tiles) * BM, (t % n_tiles) * BN, wg, warp_in_wg, lane,
+                                                 M, K, bias, residual, y, nullptr, relu);
     }
 }

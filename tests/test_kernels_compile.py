@@ -350,24 +350,25 @@ def test_tma_tiles_are_persistent_sm_90a_tiles_with_a_producer_warp_and_a_twin_w
         tile_by_label,
         without_cuda_bindings,
     )
-    assert 2 <= len(WGMMA_TMA_TILES) <= 8
+    assert 2 <= len(WGMMA_TMA_TILES) <= 9
     wgmma_90a, names_90 = set(name_expressions(WGMMA_ARCH)), set(name_expressions("sm_90"))
     labels = [t.label for t in WGMMA_TMA_TILES]
     assert len(set(labels)) == len(labels)
     for t in WGMMA_TMA_TILES:
-        kind = "wq" if t.pingpong else "wt"
-        assert t.label == f"{kind}{t.bm}x{t.bn}g{t.warpgroups}s{t.stages}" and tile_by_label(t.label) is t
+        kind, vec = "wq" if t.pingpong else "wt", "v" if t.vec_epilogue else ""
+        assert t.label == f"{kind}{t.bm}x{t.bn}g{t.warpgroups}s{t.stages}{vec}" and tile_by_label(t.label) is t
         assert loads_by_tma(t) and runs_persistent(t) and not shortcut_applies(t)
         assert t.threads == t.warpgroups * 128 + 32 == t.warpgroups * 128 + GEOMETRY["TMA_PRODUCER_THREADS"]
         # the ring of BM + BN rows of 128 bytes per stage, the 1024-byte alignment, two 8-byte barriers per stage
         assert t.smem_bytes == t.stages * (t.bm + t.bn) * 128 + 1024 + t.stages * 16
         assert t.smem_bytes == smem_bytes("wgmma_ws", BM=t.bm, BN=t.bn, STAGES=t.stages)
-        pingpong = ",true" if t.pingpong else ""
-        assert t.name_expression == f"conv_wgmma_tma<{t.bm},{t.bn},{t.warpgroups},{t.stages}{pingpong}>"
+        flags = ",false,true" if t.vec_epilogue else ",true" if t.pingpong else ""
+        assert t.name_expression == f"conv_wgmma_tma<{t.bm},{t.bn},{t.warpgroups},{t.stages}{flags}>"
         assert t.name_expression in wgmma_90a and t.name_expression not in names_90
         assert t not in conv_tiles("wgmma") + conv_tiles("mixed")
         twin = without_cuda_bindings(t)
-        assert not loads_by_tma(twin) and twin.label[2:] == t.label[2:] and twin.label[:2] in ("wp", "wg")
+        assert not loads_by_tma(twin) and twin.label[2:] == t.label[2:].removesuffix("v")
+        assert twin.label[:2] in ("wp", "wg")
         plan = make_plan(t, 1, 100352, 128, 9)   # layer2.0's stride-2 conv at batch 128
         assert plan.grid == (-(-100352 // t.bm) * -(-128 // t.bn), 1, 1) and plan.splits == 1
     with pytest.raises(ValueError, match="persistent"):
@@ -381,6 +382,8 @@ def test_tma_tiles_are_persistent_sm_90a_tiles_with_a_producer_warp_and_a_twin_w
         WgmmaConfig(128, 128, 2, 3, blocks_per_sm=1, persistent=True, tma=True)
     with pytest.raises(ValueError, match="ping-pong"):
         WgmmaConfig(128, 128, 2, 3, persistent=True, pingpong=True)
+    with pytest.raises(ValueError, match="16-byte epilogue"):
+        WgmmaConfig(128, 128, 2, 3, persistent=True, vec_epilogue=True)
 
 
 def test_every_wgmma_tile_fits_its_blocks_per_sm_and_the_launch_bounds_ask_for_them():
