@@ -268,13 +268,8 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
                 words[j] = pack_half2(v0, v1);
             }
 #pragma unroll
-            for (int part = 0; part < 2; ++part) {
-                unsigned int q[4] = {words[4 * part], words[4 * part + 1], words[4 * part + 2], words[4 * part + 3]};
-                quad_transpose4(q, t4);
-                vec16 out;
-                out.x = q[0]; out.y = q[1]; out.z = q[2]; out.w = q[3];
-                if (valid[h]) *reinterpret_cast<vec16 *>(y + row[h] + n0 + 8 * (t4 + 4 * part)) = out;
-            }
+            for (int part = 0; part < 2; ++part)
+                epilogue_store16(words + 4 * part, t4, y + row[h] + n0 + 32 * part, valid[h]);
         }
     };
     auto epilogue = [&](const float (&acc)[MB][NACC], int tile) {

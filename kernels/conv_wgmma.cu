@@ -138,18 +138,22 @@ __device__ __forceinline__ void wgmma_epilogue(const float (&acc)[MB][BN / 2], i
                                                const half_bits *__restrict__ residual, half_bits *__restrict__ y,
                                                float *__restrict__ partial, int relu) {
     const int g = lane >> 2, t4 = lane & 3;
+    // m64 block mb's fragment rows g and g+8: y's element offset of channel 0, and m < M
+    const auto fragment_rows = [&](int mb, u64 (&row)[2], bool (&valid)[2]) {
+#pragma unroll
+        for (int half_row = 0; half_row < 2; ++half_row) {
+            const int m = m0 + wg * WM + mb * 64 + warp_in_wg * 16 + g + half_row * 8;
+            valid[half_row] = m < M;
+            row[half_row] = (u64)m * K;
+        }
+    };
     if (VEC && partial == nullptr && (K & 31) == 0) {
         static_assert(!VEC || BN % 32 == 0, "VEC: whole 32-channel blocks");
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) {
             u64 row[2];
             bool valid[2];
-#pragma unroll
-            for (int half_row = 0; half_row < 2; ++half_row) {
-                const int m = m0 + wg * WM + mb * 64 + warp_in_wg * 16 + g + half_row * 8;
-                valid[half_row] = m < M;
-                row[half_row] = (u64)m * K;
-            }
+            fragment_rows(mb, row, valid);
             const int k0 = n0 + 2 * t4;
             half2_bits res[2][BN / 8];
             if constexpr (BATCHED) epilogue_load_residual_rows<BN / 8>(res, row, valid, k0, K, residual);
@@ -174,14 +178,9 @@ __device__ __forceinline__ void wgmma_epilogue(const float (&acc)[MB][BN / 2], i
                     words[j] = pack_half2(v0, v1);
                 }
 #pragma unroll
-                for (int b = 0; b < BN / 32; ++b) {
-                    if (n0 + 32 * b >= K) continue;   // the same for the whole warp
-                    unsigned int q[4] = {words[4 * b], words[4 * b + 1], words[4 * b + 2], words[4 * b + 3]};
-                    quad_transpose4(q, t4);
-                    vec16 out;
-                    out.x = q[0]; out.y = q[1]; out.z = q[2]; out.w = q[3];
-                    if (valid[half_row]) *reinterpret_cast<vec16 *>(y + row[half_row] + n0 + 32 * b + 8 * t4) = out;
-                }
+                for (int b = 0; b < BN / 32; ++b)
+                    if (n0 + 32 * b < K)   // the same for the whole warp
+                        epilogue_store16(words + 4 * b, t4, y + row[half_row] + n0 + 32 * b, valid[half_row]);
             }
         }
         return;
@@ -191,12 +190,7 @@ __device__ __forceinline__ void wgmma_epilogue(const float (&acc)[MB][BN / 2], i
         for (int mb = 0; mb < MB; ++mb) {
             u64 row[2];
             bool valid[2];
-#pragma unroll
-            for (int half_row = 0; half_row < 2; ++half_row) {
-                const int m = m0 + wg * WM + mb * 64 + warp_in_wg * 16 + g + half_row * 8;
-                valid[half_row] = m < M;
-                row[half_row] = (u64)m * K;
-            }
+            fragment_rows(mb, row, valid);
             const int k0 = n0 + 2 * t4;
             epilogue_rows<BN / 8>(
                 acc[mb], [&](int j) { return float_pair(bias[k0 + 8 * j], bias[k0 + 8 * j + 1]); }, row, valid, k0, K,

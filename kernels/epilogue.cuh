@@ -87,6 +87,19 @@ __device__ __forceinline__ void epilogue_rows(const float *acc, BiasPair bias_pa
     epilogue_store_rows<NJ, true, true>(acc, bias_pair, res, row, valid, k0, K, y, relu);   // zeros without one
 }
 
+// Four fragment words of one row, words[c] = channels 8c + 2t, +1 of a 32-channel block (t = lane % 4), as
+// 16 contiguous bytes per lane: the quad's lanes trade them (common.cuh quad_transpose4) and lane t stores
+// channels 8t .. 8t+7 at block + 8t where valid (the same for the quad's 4 lanes; every lane takes part in
+// the shuffles). One request per row and block instead of four 4-byte ones (NOTES.md, outcomes 43-44).
+__device__ __forceinline__ void epilogue_store16(const unsigned int *words, int t, half_bits *__restrict__ block,
+                                                 bool valid) {
+    unsigned int q[4] = {words[0], words[1], words[2], words[3]};
+    quad_transpose4(q, t);
+    vec16 out;
+    out.x = q[0]; out.y = q[1]; out.z = q[2]; out.w = q[3];
+    if (valid) *reinterpret_cast<vec16 *>(block + 8 * t) = out;
+}
+
 // The same from the raw sums: adds bias[k], bias[k+1] first.
 __device__ __forceinline__ void epilogue_pair(float v0, float v1, int k, u64 off, const float *__restrict__ bias,
                                               const half_bits *__restrict__ residual, half_bits *__restrict__ y,
