@@ -18,11 +18,18 @@ token of `admin_token`, and supervises its Python-backend stubs (`stub_processes
   Triton build returns empty outputs on CPU-only hosts);
 - waits for readiness with a timeout; on failure it says why and shows the
   end of the server log. Ctrl-C stops the server cleanly;
-- watches the models' Python-backend stub processes: this Triton build does
-  not restart a stub that died (the model stays "ready" while every request
-  fails with "Stub process ... is not healthy"), so the launcher restarts the
-  server on the same ports (at most MAX_RESTARTS within RESTART_WINDOW_S), or
-  with --no-restart exits with status 3 and leaves the restart to an orchestrator.
+- supervises the server: this Triton build does not restart a Python-backend
+  stub that died (the model stays "ready" while every request fails with "Stub
+  process ... is not healthy"), and a client that abandons calls in flight can
+  abort it (`sync.cc:105 ASSERTION FAILED: prior > 0`, after which it may hang
+  in its own abort handler with the HTTP endpoint still answering). So the
+  launcher restarts the server on the same ports when a stub dies, when
+  tritonserver exits without being asked to, or when its gRPC or HTTP endpoint
+  has not answered for WEDGED_AFTER_S (at most MAX_RESTARTS within
+  RESTART_WINDOW_S), logging the cause (the stub, the signal or exit status, the
+  server log's last lines). With --no-restart it stops and exits with status
+  EXIT_STUB_DIED (3) or EXIT_SERVER_DIED (4) and leaves the restart to an
+  orchestrator; past the restart limit it exits with the same statuses.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from .spec import (
     DEFAULT_HTTP_PORT,
     DEFAULT_METRICS_PORT,
     MODEL_REPOSITORY,
+    MODELS,
     PACKAGE_ROOT,
     RESTRICTED_APIS,
 )
@@ -58,7 +66,36 @@ from .triton_install import ServerError, TritonInstallation, find_triton, host_g
 
 DEFAULT_READY_TIMEOUT_S = 300.0
 MAX_RESTARTS, RESTART_WINDOW_S = 3, 600.0
-EXIT_STUB_DIED = 3
+EXIT_STUB_DIED = 3          # a model's Python stub died (and --no-restart, or too many restarts)
+EXIT_SERVER_DIED = 4        # tritonserver exited or stopped answering without being asked to (idem)
+WEDGED_AFTER_S = 20.0       # an endpoint unanswered this long (probes every poll) means a hung server
+PROBE_TIMEOUT_S = 5.0
+LOG_LINES_ON_FAILURE = 20
+
+
+def exit_cause(returncode: int) -> str:
+    """How a process ended, in words: 'killed by SIGABRT (signal 6)' or 'exit status 1'."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "an unknown signal"
+        return f"killed by {name} (signal {-returncode})"
+    return f"exit status {returncode}"
+
+
+def grpc_ready(grpc_url: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether Triton's gRPC endpoint answers ServerReady, over a connection of its own (a connection
+    shared with earlier probes could hide a listener that accepts but no longer serves)."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    with grpc.insecure_channel(grpc_url, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+        try:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            return stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=timeout_s).ready
+        except grpc.RpcError:
+            return False
 
 
 @dataclass
@@ -157,7 +194,8 @@ class TritonServer:
                                   f"this host has: {'; '.join(gpus) or 'no GPU'}")
         if self.admin_token is None:
             self.admin_token = read_or_create_token()
-        if not Path(self.model_repository, STAMP_FILE).is_file():
+        project_models = [model for model in MODELS if Path(self.model_repository, model).is_dir()]
+        if project_models and not Path(self.model_repository, STAMP_FILE).is_file():
             raise ServerError(f"{self.model_repository} is not prepared: run `make prepare` "
                               "(python -m fusedresnet.backend.prepare) first")
         triton = find_triton()
@@ -210,33 +248,68 @@ class TritonServer:
 
     def supervise(self, restart: bool = True, poll_s: float = 1.0,
                   ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> int:
-        """Wait for the server to exit; meanwhile restart it whenever a model's stub process dies.
+        """Watch the server until it fails, restart it on the same ports, and go on watching.
 
-        Triton 2.51's Python backend no longer restarts a dead stub (python_backend
-        removed the restart in 24.06; triton-inference-server/server#8604) and keeps
-        reporting the model ready. With model control mode none the only way back is
-        a fresh server. A stub that goes away while the server is not ready is part
-        of a shutdown, not a crash. Returns the exit status for the launcher.
+        A failure is one of: a model's stub process died while the server was ready (Triton 2.51's
+        Python backend no longer restarts a dead stub, python_backend removed the restart in 24.06,
+        triton-inference-server/server#8604, and keeps reporting the model ready; with model control
+        mode none the only way back is a fresh server); tritonserver exited (nothing but this launcher
+        may stop it); or its gRPC or HTTP endpoint has not answered for WEDGED_AFTER_S (Triton can
+        hang in its abort handler after a crash). Returns the launcher's exit status: EXIT_STUB_DIED or
+        EXIT_SERVER_DIED with restart=False or after more than MAX_RESTARTS within RESTART_WINDOW_S.
         """
-        expected = set(self.instance_stubs)
         restart_times: list[float] = []
-        while self.process.poll() is None:
-            time.sleep(poll_s)
-            dead = expected - set(self.model_stub_pids())
-            if not dead or self.process.poll() is not None or not self.is_ready():
-                continue
-            print(f"fusedresnet: Python stub of {', '.join(sorted(dead))} died; "
-                  + ("restarting Triton" if restart else "stopping Triton (--no-restart)"), file=sys.stderr, flush=True)
+        while True:
+            stub_died, cause = self.wait_for_failure(poll_s)
+            print(f"fusedresnet: {cause}; " + ("restarting Triton" if restart else "stopping Triton (--no-restart)")
+                  + ("" if stub_died else self._log_tail(LOG_LINES_ON_FAILURE)), file=sys.stderr, flush=True)
             now = time.monotonic()
             restart_times = [t for t in restart_times if now - t < RESTART_WINDOW_S] + [now]
-            self.stop_after_stub_death()
-            if not restart or len(restart_times) > MAX_RESTARTS:
-                return EXIT_STUB_DIED
+            if stub_died:
+                self.stop_after_stub_death()
+            else:
+                self.kill()
+            status = EXIT_STUB_DIED if stub_died else EXIT_SERVER_DIED
+            if not restart:
+                return status
+            if len(restart_times) > MAX_RESTARTS:
+                print(f"fusedresnet: {MAX_RESTARTS} restarts within {RESTART_WINDOW_S:.0f} s already; giving up "
+                      f"(exit status {status})", file=sys.stderr, flush=True)
+                return status
             self.restarts += 1
             self.start(ready_timeout_s)
-            expected = set(self.instance_stubs)
             print(f"fusedresnet: Triton ready again (restart {self.restarts})", file=sys.stderr, flush=True)
-        return self.process.returncode
+
+    def wait_for_failure(self, poll_s: float) -> tuple[bool, str]:
+        """Block until the server fails: (whether a stub died, the cause in words)."""
+        expected = set(self.instance_stubs)
+        answered_at = time.monotonic()
+        while True:
+            time.sleep(poll_s)
+            if self.process.poll() is not None:
+                return False, f"tritonserver exited unasked ({exit_cause(self.process.returncode)})"
+            http_answers = self.is_ready()
+            dead = expected - set(self.model_stub_pids())
+            if dead and http_answers and self.process.poll() is None:
+                # a stub that goes away while the server is not ready is part of a shutdown, not a crash
+                return True, f"Python stub of {', '.join(sorted(dead))} died"
+            if http_answers and grpc_ready(self.grpc_url):
+                answered_at = time.monotonic()
+            elif time.monotonic() - answered_at > WEDGED_AFTER_S and self.process.poll() is None:
+                endpoint = "gRPC" if http_answers else "HTTP"
+                return False, (f"tritonserver (pid {self.process.pid}) has not answered on {endpoint} "
+                               f"for {WEDGED_AFTER_S:.0f} s")
+
+    def kill(self):
+        """SIGKILL the server's process group (the server and its stubs) and remove what it leaves behind."""
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        self._remove_shm_regions()
 
     def stop_after_stub_death(self):
         """Stop a server one of whose stubs died: let the healthy models drain and unload (their stubs
@@ -313,8 +386,9 @@ def main(argv=None):
     parser.add_argument("--exit-timeout", type=int, default=30, help="seconds to drain in-flight requests on stop")
     parser.add_argument("--log-file", type=Path, help="write the server log here instead of the terminal")
     parser.add_argument("--no-restart", action="store_true",
-                        help=f"when a model's Python stub dies, stop and exit with status {EXIT_STUB_DIED} "
-                             "instead of restarting Triton (for an orchestrator that restarts the service)")
+                        help=f"when a model's Python stub dies, stop and exit with status {EXIT_STUB_DIED}; when "
+                             f"tritonserver exits or hangs, exit with status {EXIT_SERVER_DIED}; instead of "
+                             "restarting Triton (for an orchestrator that restarts the service)")
     parser.add_argument("--gpus", type=gpu_list,
                         help="GPUs to serve on, e.g. 0 or 0,1 (default: all); each model gets its configured "
                              "instance count on every one")

@@ -1,4 +1,5 @@
-"""Faults: a model's Python stub killed under load, and the server stopped under load.
+"""Faults: a model's Python stub killed under load, tritonserver itself aborted, and the server
+stopped under load.
 
 Each test runs its OWN server (the launcher, as users run it, or a TritonServer) on
 free ports: it kills processes or stops the server, which the shared session server
@@ -7,8 +8,9 @@ hang shows up as a timeout, and every request is accounted for.
 
 This Triton build (2.51) does not restart a dead Python stub: the model keeps
 reporting ready and every request to it fails with "Stub process ... is not healthy".
-The launcher (`python -m fusedresnet.backend.serve`) watches the stubs and restarts
-the server; these tests prove the service comes back with correct answers.
+A client that abandons calls in flight can abort it (tests/test_client_abuse.py). The
+launcher (`python -m fusedresnet.backend.serve`) watches the stubs and the server itself and
+restarts the server; these tests prove the service comes back with correct answers.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from fusedresnet.backend.network import free_ports
-from fusedresnet.backend.serve import EXIT_STUB_DIED, TritonServer
+from fusedresnet.backend.serve import EXIT_SERVER_DIED, EXIT_STUB_DIED, WEDGED_AFTER_S, TritonServer
 from fusedresnet.backend.spec import INPUT_UINT8, MODELS, OUTPUT_LOGITS
 
 from robustness_helpers import (
@@ -185,6 +187,57 @@ def test_launcher_with_no_restart_exits_with_status_3_when_a_stub_dies(tmp_path,
     assert launcher.process.returncode == EXIT_STUB_DIED, launcher.output()
     assert not os.path.exists(f"/proc/{server_pid}") or "Z" in open(f"/proc/{server_pid}/stat").read().split()[2]
     assert exited_after_s < launcher.exit_timeout_s + 30
+
+
+def test_aborted_tritonserver_is_restarted_by_the_launcher_on_the_same_ports_with_its_cause_logged(
+        tmp_path, results, admin_token, varied_images, reference_logits):
+    """SIGABRT to tritonserver, as the gRPC abandonment crash does it (sync.cc:105, then signal 6), while
+    a client sends: Triton either exits or hangs in its abort handler; the launcher restarts it within
+    RECOVERY_BOUND_S (+ WEDGED_AFTER_S for a hang) and logs why, with the server log's last lines."""
+    images = varied_images[:8]
+    reference = reference_logits(images)
+    with Launcher(tmp_path, admin_token) as launcher:
+        server_pid = launcher.server_pid()
+        with TrafficLoop(launcher, MODELS[0], images, protocols=("grpc", "http")) as loop:
+            assert wait_until(lambda: any(isinstance(r[3], np.ndarray) for r in loop.snapshot()), 60)
+            aborted_at = time.monotonic()
+            os.kill(server_pid, signal.SIGABRT)
+            assert wait_until(lambda: launcher.server_pid() not in (None, server_pid),
+                              RECOVERY_BOUND_S + WEDGED_AFTER_S, 0.1), \
+                "the launcher did not restart an aborted Triton\n" + launcher.output()
+            restarted_at = time.monotonic()
+            assert wait_until(lambda: first_correct_answer_after(loop, restarted_at, reference) is not None,
+                              RECOVERY_BOUND_S, 0.5), "no correct answer after the restart\n" + launcher.output()
+            recovered_at = first_correct_answer_after(loop, restarted_at, reference)
+            time.sleep(1.0)
+        ports = (launcher.http_port, launcher.grpc_port, launcher.metrics_port)
+        assert launcher.ready() and launcher.process.poll() is None
+        output = launcher.output()
+    records = loop.snapshot()
+    after = [r for r in records if r[0] > recovered_at]
+    assert after and all(isinstance(r[3], np.ndarray) for r in after)
+    assert max(ended - started for started, ended, _, _ in records) < REQUEST_BOUND_S
+    # the cause: the signal (Triton exited) or the hang (it did not), then the server log's last lines
+    assert re.search(r"tritonserver exited unasked \(killed by SIGABRT \(signal 6\)\)|"
+                     r"has not answered on (gRPC|HTTP) for \d+ s", output), output
+    assert "restarting Triton" in output and "--- last lines of" in output and "Signal (6)" in output, output
+    assert "Triton ready again (restart 1)" in output
+    assert ports == (launcher.http_port, launcher.grpc_port, launcher.metrics_port)
+    record(results, "faults", {"server_abort": {
+        "recovery_s": round(recovered_at - aborted_at, 2), "requests": len(records),
+        "failed_total": sum(isinstance(r[3], Exception) for r in records), "succeeded_after_recovery": len(after),
+        "cause_logged": re.search(r"fusedresnet: (tritonserver [^;]*);", output).group(1)}})
+
+
+def test_launcher_with_no_restart_exits_with_status_4_when_tritonserver_is_aborted(tmp_path, admin_token):
+    launcher = Launcher(tmp_path, admin_token, extra_args=["--no-restart"])
+    with launcher:
+        server_pid = launcher.server_pid()
+        os.kill(server_pid, signal.SIGABRT)
+        launcher.process.wait(timeout=WEDGED_AFTER_S + 60)
+    assert launcher.process.returncode == EXIT_SERVER_DIED, launcher.output()
+    assert "stopping Triton (--no-restart)" in launcher.output()
+    assert not os.path.exists(f"/proc/{server_pid}") or "Z" in open(f"/proc/{server_pid}/stat").read().split()[2]
 
 
 @pytest.mark.parametrize("exit_timeout_s, count", [(30, 96), (2, 192)], ids=["drains", "cut-short"])

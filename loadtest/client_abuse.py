@@ -1,0 +1,397 @@
+"""Clients that misbehave on purpose: what an ordinary client does when it cancels, times out or
+disconnects, done many times at once, to prove that no client can take the service down.
+
+    python -m fusedresnet.loadtest.client_abuse abandon --url 127.0.0.1:8001 --model resnet18_custom \\
+        --rounds 10 --in-flight 256 --hold 1.0
+
+gRPC behaviours run on `grpc.aio` with pre-serialised ModelInfer requests (one request costs the
+sender almost nothing, so 2 cores can keep hundreds in flight), each channel with a connection of
+its own (a local subchannel pool: gRPC otherwise shares one connection among a process's channels):
+
+- `abandon`: each round opens `connections` channels, puts `in_flight` calls in flight and closes
+  the channels `hold_s` later, whatever is still running (gRPC cancels those calls: RST_STREAM, then
+  the connection goes). Triton 2.51 can abort on this (`sync.cc:105 ASSERTION FAILED: prior > 0`).
+- `deadlines`: calls with a short gRPC deadline under load; the server sees them expire.
+- `rst_storm`: calls cancelled right after they are sent, as fast as the client can.
+
+Connection-level behaviours use plain sockets (HTTP/1.1 for Triton's HTTP port, the HTTP/2 client
+preface for its gRPC port): `idle_connections` held open, `slow_http_bodies` (sent a few bytes at a
+time, or cut short), `keepalive_abuse` (pipelined and never-read requests on kept-alive connections).
+Connection storms use h2load (Debian's nghttp2-client): `connection_storm`.
+
+Every gRPC call's outcome is kept: the logits of an answer (checked by the caller against its own
+reference), the gRPC status of an error, or "abandoned" (the client gave up before an answer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fusedresnet.backend.spec import INPUT_UINT8, NUM_CLASSES, OUTPUT_LOGITS
+
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+ABANDONED = "ABANDONED"
+LOCAL_CONNECTION = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", -1),
+                    ("grpc.max_send_message_length", -1)]
+CLOSE_WAIT_S = 10.0
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def infer_request(model: str, images: np.ndarray, queue_timeout_us: int | None = None) -> bytes:
+    """A serialised ModelInfer request for uint8 images [N,224,224,3], asking for LOGITS only."""
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name=model)
+    tensor = request.inputs.add()
+    tensor.name, tensor.datatype = INPUT_UINT8, "UINT8"
+    tensor.shape.extend(images.shape)
+    request.outputs.add().name = OUTPUT_LOGITS
+    if queue_timeout_us is not None:
+        request.parameters["timeout"].int64_param = queue_timeout_us
+    request.raw_input_contents.append(np.ascontiguousarray(images, dtype=np.uint8).tobytes())
+    return request.SerializeToString()
+
+
+def logits_of(response) -> np.ndarray:
+    return np.frombuffer(response.raw_output_contents[0], dtype=np.float32).reshape(-1, NUM_CLASSES)
+
+
+@dataclass
+class CallOutcomes:
+    """What became of every call of a behaviour: answers by request index, errors and give-ups by status."""
+
+    sent: int = 0
+    answers: list[tuple[int, np.ndarray]] = field(default_factory=list)   # (request index, logits)
+    statuses: Counter = field(default_factory=Counter)                   # status name -> count ("OK" too)
+    error_examples: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    stuck_after_close: int = 0     # calls that had not ended CLOSE_WAIT_S after their connection closed
+
+    def add(self, index: int, outcome):
+        if isinstance(outcome, np.ndarray):
+            self.answers.append((index, outcome))
+            self.statuses["OK"] += 1
+        else:
+            status, details = outcome
+            self.statuses[status] += 1
+            self.error_examples.setdefault(status, details[:200])
+
+    def merge(self, other: CallOutcomes) -> CallOutcomes:
+        self.sent += other.sent
+        self.answers += other.answers
+        self.statuses.update(other.statuses)
+        for status, example in other.error_examples.items():
+            self.error_examples.setdefault(status, example)
+        self.seconds += other.seconds
+        self.stuck_after_close += other.stuck_after_close
+        return self
+
+    def summary(self) -> dict:
+        return {"sent": self.sent, "statuses": dict(sorted(self.statuses.items())),
+                "error_examples": self.error_examples, "seconds": round(self.seconds, 2),
+                "stuck_after_close": self.stuck_after_close}
+
+
+async def _outcome(call):
+    import grpc
+
+    try:
+        return logits_of(await call)
+    except asyncio.CancelledError:
+        return ABANDONED, "the client cancelled the call or closed its connection"
+    except grpc.aio.AioRpcError as error:
+        if error.code() == grpc.StatusCode.CANCELLED and "Locally cancelled" in (error.details() or ""):
+            return ABANDONED, error.details() or ""
+        return error.code().name, error.details() or ""
+
+
+def _channels(url: str, count: int):
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    channels = [grpc.aio.insecure_channel(url, options=LOCAL_CONNECTION) for _ in range(count)]
+    infer = [channel.unary_unary(MODEL_INFER, request_serializer=None,
+                                 response_deserializer=service_pb2.ModelInferResponse.FromString)
+             for channel in channels]
+    return channels, infer
+
+
+async def _abandon_round(url: str, requests: list[bytes], first: int, in_flight: int, hold_s: float,
+                         connections: int) -> CallOutcomes:
+    """`in_flight` calls kept in flight (each answered one is replaced by the next) for `hold_s`, then
+    the connections closed with whatever is still in flight, as a load generator ends a step."""
+    outcomes = CallOutcomes()
+    started = time.monotonic()
+    channels, infer = _channels(url, connections)
+    closing = False
+
+    async def worker(slot: int):
+        while not closing:
+            index = first + outcomes.sent
+            outcomes.sent += 1
+            outcomes.add(index, await _outcome(infer[slot % connections](requests[index % len(requests)])))
+
+    workers = [asyncio.ensure_future(worker(slot)) for slot in range(in_flight)]
+    await asyncio.sleep(hold_s)
+    closing = True
+    for channel in channels:
+        await channel.close(grace=None)   # whatever is still in flight is abandoned with the connection
+    # A call of a closed channel may never complete in grpc.aio: give up on it (it counts as abandoned)
+    _, stuck = await asyncio.wait(workers, timeout=CLOSE_WAIT_S)
+    for worker_task in stuck:
+        worker_task.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
+    outcomes.stuck_after_close += len(stuck)
+    outcomes.seconds = time.monotonic() - started
+    return outcomes
+
+
+def abandon(url: str, requests: list[bytes], rounds: int, in_flight: int = 256, hold_s: float = 1.0,
+            connections: int = 1, between_s: float = 0.0, stop=None) -> list[CallOutcomes]:
+    """`rounds` rounds of: `in_flight` calls kept in flight over `connections` fresh connections for
+    `hold_s`, then the connections closed with whatever is still in flight. `stop()` (optional) is
+    asked between rounds (e.g. "has the server died?"). Returns each round's outcomes."""
+    results = []
+    for _ in range(rounds):
+        first = sum(result.sent for result in results)
+        results.append(asyncio.run(_abandon_round(url, requests, first, in_flight, hold_s, connections)))
+        if stop is not None and stop():
+            break
+        time.sleep(between_s)
+    return results
+
+
+async def _steady(url: str, requests: list[bytes], count: int, in_flight: int, connections: int,
+                  deadline_s: float | None, cancel_after_s: float | None) -> CallOutcomes:
+    """`count` calls, `in_flight` at a time; each with gRPC deadline `deadline_s`, or cancelled by the
+    client `cancel_after_s` after it was sent (0: as soon as it went out)."""
+    outcomes = CallOutcomes(sent=count)
+    started = time.monotonic()
+    channels, infer = _channels(url, connections)
+    next_index = 0
+
+    async def worker(slot: int):
+        nonlocal next_index
+        while next_index < count:
+            index = next_index
+            next_index += 1
+            call = infer[slot % connections](requests[index % len(requests)], timeout=deadline_s)
+            if cancel_after_s is not None:
+                await asyncio.sleep(cancel_after_s)
+                call.cancel()
+            outcomes.add(index, await _outcome(call))
+
+    try:
+        await asyncio.gather(*(worker(slot) for slot in range(in_flight)))
+    finally:
+        for channel in channels:
+            await channel.close(grace=None)
+    outcomes.seconds = time.monotonic() - started
+    return outcomes
+
+
+def deadlines(url: str, requests: list[bytes], count: int, in_flight: int = 64, deadline_s: float = 0.05,
+              connections: int = 4) -> CallOutcomes:
+    """`count` calls with a gRPC deadline of `deadline_s`, `in_flight` at a time: under load most expire."""
+    return asyncio.run(_steady(url, requests, count, in_flight, connections, deadline_s, None))
+
+
+def rst_storm(url: str, requests: list[bytes], count: int, in_flight: int = 32, connections: int = 2,
+              cancel_after_s: float = 0.0) -> CallOutcomes:
+    """`count` calls, each cancelled by the client (RST_STREAM) `cancel_after_s` after it was sent."""
+    return asyncio.run(_steady(url, requests, count, in_flight, connections, None, cancel_after_s))
+
+
+def valid_calls(url: str, requests: list[bytes], count: int, in_flight: int = 8) -> CallOutcomes:
+    """`count` ordinary calls (no deadline, never cancelled), `in_flight` at a time."""
+    return asyncio.run(_steady(url, requests, count, in_flight, 2, 120.0, None))
+
+
+# ---------------------------------------------------------------- connections
+
+
+@contextlib.contextmanager
+def idle_connections(host: str, port: int, count: int, preface: bytes = b""):
+    """`count` TCP connections to host:port held open and silent (after `preface`, e.g. the HTTP/2
+    client preface) while the block runs. Yields the number that connected."""
+    sockets = []
+    try:
+        for _ in range(count):
+            connection = socket.create_connection((host, port), timeout=10)
+            if preface:
+                connection.sendall(preface)
+            sockets.append(connection)
+        yield len(sockets)
+    finally:
+        for connection in sockets:
+            connection.close()
+
+
+def http_infer_message(model: str, images: np.ndarray, host: str) -> tuple[bytes, bytes]:
+    """(HTTP/1.1 request head, body) of a binary-tensor infer request for uint8 images [N,224,224,3]."""
+    pixels = np.ascontiguousarray(images, dtype=np.uint8).tobytes()
+    header = json.dumps({"inputs": [{"name": INPUT_UINT8, "datatype": "UINT8", "shape": list(images.shape),
+                                     "parameters": {"binary_data_size": len(pixels)}}],
+                         "outputs": [{"name": OUTPUT_LOGITS, "parameters": {"binary_data": False}}]}).encode()
+    body = header + pixels
+    head = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/octet-stream\r\n"
+            f"Inference-Header-Content-Length: {len(header)}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    return head, body
+
+
+def slow_http_bodies(host: str, port: int, head: bytes, body: bytes, connections: int = 16,
+                     chunk: int = 64, interval_s: float = 0.05, seconds: float = 4.0) -> dict:
+    """`connections` infer requests whose bodies trickle in `chunk` bytes every `interval_s`; after
+    `seconds` half of them are cut short (the connection closed mid-body) and the other half are
+    finished, their answers read. Returns the HTTP status lines of the finished ones."""
+    sockets = []
+    for _ in range(connections):
+        connection = socket.create_connection((host, port), timeout=30)
+        connection.sendall(head)
+        sockets.append(connection)
+    sent = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and sent + chunk < len(body):
+        for connection in sockets:
+            connection.sendall(body[sent:sent + chunk])
+        sent += chunk
+        time.sleep(interval_s)
+    cut, finished = sockets[::2], sockets[1::2]
+    for connection in cut:
+        connection.close()
+    statuses = Counter()
+    for connection in finished:
+        connection.sendall(body[sent:])
+        statuses[_read_http_response(connection)[0]] += 1
+        connection.close()
+    return {"cut_short": len(cut), "finished": len(finished), "bytes_before_cut": sent,
+            "finished_statuses": dict(statuses)}
+
+
+def _read_http_response(connection: socket.socket) -> tuple[str, bytes]:
+    """(status line, body) of one HTTP/1.1 response with a Content-Length."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        piece = connection.recv(65536)
+        if not piece:
+            return "closed", b""
+        data += piece
+    head, rest = data.split(b"\r\n\r\n", 1)
+    lines = head.decode(errors="replace").split("\r\n")
+    length = next((int(line.split(":", 1)[1]) for line in lines[1:] if line.lower().startswith("content-length:")), 0)
+    while len(rest) < length:
+        piece = connection.recv(65536)
+        if not piece:
+            break
+        rest += piece
+    return lines[0], rest[:length]
+
+
+def keepalive_abuse(host: str, port: int, pipelined: int = 200, unread_connections: int = 64,
+                    unread_requests: int = 50) -> dict:
+    """HTTP/1.1 keep-alive abused two ways: `pipelined` GETs of /v2/health/ready written at once on
+    one kept-alive connection before any answer is read (then every answer read: they must all come
+    back, in order); and `unread_connections` connections that each write `unread_requests` requests
+    and close without reading a byte."""
+    request = f"GET /v2/health/ready HTTP/1.1\r\nHost: {host}\r\nConnection: keep-alive\r\n\r\n".encode()
+    with socket.create_connection((host, port), timeout=30) as connection:
+        connection.sendall(request * pipelined)
+        answers = Counter(_read_http_response(connection)[0] for _ in range(pipelined))
+    for _ in range(unread_connections):
+        with socket.create_connection((host, port), timeout=30) as connection:
+            connection.sendall(request * unread_requests)
+    return {"pipelined": pipelined, "pipelined_answers": dict(answers),
+            "unread_connections": unread_connections, "unread_requests_each": unread_requests}
+
+
+def h2load_binary() -> str | None:
+    return shutil.which("h2load")
+
+
+def grpc_frame(request: bytes) -> bytes:
+    """A gRPC length-prefixed message (uncompressed), as the body of an HTTP/2 POST."""
+    return b"\x00" + len(request).to_bytes(4, "big") + request
+
+
+def connection_storm(url: str, request: bytes, connections: int = 1000, threads: int = 2,
+                     timeout_s: float = 120.0) -> dict:
+    """h2load opens `connections` HTTP/2 connections to the gRPC port at once, each sending one
+    ModelInfer call: its summary of requests and status codes (HTTP/2 status, not gRPC status)."""
+    binary = h2load_binary()
+    if binary is None:
+        raise FileNotFoundError("h2load not found: install Debian's nghttp2-client")
+    with tempfile.NamedTemporaryFile(suffix=".grpc") as body:
+        Path(body.name).write_bytes(grpc_frame(request))
+        command = [binary, f"http://{url}{MODEL_INFER}", "-c", str(connections), "-n", str(connections),
+                   "-t", str(threads), "-m", "1", "-d", body.name, "-H", "content-type: application/grpc",
+                   "-H", "te: trailers", "-T", str(int(timeout_s)), "-N", str(int(timeout_s))]
+        finished = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s + 30)
+    return {"command": " ".join(command[:1] + ["URL"] + command[2:]), "exit_status": finished.returncode,
+            **parse_h2load(finished.stdout)}
+
+
+def parse_h2load(text: str) -> dict:
+    """The counts of h2load's summary: requests total/started/done/succeeded/failed/errored/timeout
+    and status codes 2xx..5xx."""
+    figures = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("requests:"):
+            for part in line[len("requests:"):].split(","):
+                value, name = part.split()
+                figures[f"requests_{name}"] = int(value)
+        elif line.startswith("status codes:"):
+            for part in line[len("status codes:"):].split(","):
+                value, name = part.split()
+                figures[f"status_{name}"] = int(value)
+    return figures
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("behaviour", choices=("abandon", "deadlines", "rst-storm"))
+    parser.add_argument("--url", default="127.0.0.1:8001")
+    parser.add_argument("--model", default="resnet18_custom")
+    parser.add_argument("--images-per-request", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=10, help="abandon: rounds")
+    parser.add_argument("--count", type=int, default=2000, help="deadlines, rst-storm: calls")
+    parser.add_argument("--in-flight", type=int, default=256)
+    parser.add_argument("--hold", type=float, default=1.0, help="abandon: seconds before the connections close")
+    parser.add_argument("--connections", type=int, default=1)
+    parser.add_argument("--deadline", type=float, default=0.05, help="deadlines: seconds")
+    args = parser.parse_args(argv)
+    from fusedresnet.backend.images import smooth_random_images
+
+    images = smooth_random_images(8, seed=3).numpy()
+    requests = [infer_request(args.model, images[i:i + args.images_per_request])
+                for i in range(len(images) - args.images_per_request + 1)]
+    if args.behaviour == "abandon":
+        rounds = abandon(args.url, requests, args.rounds, args.in_flight, args.hold, args.connections)
+        outcome = CallOutcomes()
+        for one in rounds:
+            outcome.merge(one)
+    elif args.behaviour == "deadlines":
+        outcome = deadlines(args.url, requests, args.count, args.in_flight, args.deadline, args.connections)
+    else:
+        outcome = rst_storm(args.url, requests, args.count, args.in_flight, args.connections)
+    print(json.dumps(outcome.summary(), indent=2))
+
+
+if __name__ == "__main__":
+    main()
