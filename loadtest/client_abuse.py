@@ -254,9 +254,10 @@ def http_infer_message(model: str, images: np.ndarray, host: str) -> tuple[bytes
 
 def slow_http_bodies(host: str, port: int, head: bytes, body: bytes, connections: int = 16,
                      chunk: int = 64, interval_s: float = 0.05, seconds: float = 4.0) -> dict:
-    """`connections` infer requests whose bodies trickle in `chunk` bytes every `interval_s`; after
-    `seconds` half of them are cut short (the connection closed mid-body) and the other half are
-    finished, their answers read. Returns the HTTP status lines of the finished ones."""
+    """`connections` infer requests (LOGITS asked as JSON) whose bodies trickle in `chunk` bytes every
+    `interval_s`; after `seconds` half of them are cut short (the connection closed mid-body) and the
+    other half are finished, their answers read. Returns the HTTP status lines of the finished ones,
+    and their bodies (in order) under "bodies"."""
     sockets = []
     for _ in range(connections):
         connection = socket.create_connection((host, port), timeout=30)
@@ -272,13 +273,15 @@ def slow_http_bodies(host: str, port: int, head: bytes, body: bytes, connections
     cut, finished = sockets[::2], sockets[1::2]
     for connection in cut:
         connection.close()
-    statuses = Counter()
+    statuses, bodies = Counter(), []
     for connection in finished:
         connection.sendall(body[sent:])
-        statuses[_read_http_response(connection)[0]] += 1
+        status, answer = _read_http_response(connection)
+        statuses[status] += 1
+        bodies.append(answer)
         connection.close()
     return {"cut_short": len(cut), "finished": len(finished), "bytes_before_cut": sent,
-            "finished_statuses": dict(statuses)}
+            "finished_statuses": dict(statuses), "bodies": bodies}
 
 
 def _read_http_response(connection: socket.socket) -> tuple[str, bytes]:
@@ -300,21 +303,32 @@ def _read_http_response(connection: socket.socket) -> tuple[str, bytes]:
     return lines[0], rest[:length]
 
 
-def keepalive_abuse(host: str, port: int, pipelined: int = 200, unread_connections: int = 64,
-                    unread_requests: int = 50) -> dict:
-    """HTTP/1.1 keep-alive abused two ways: `pipelined` GETs of /v2/health/ready written at once on
-    one kept-alive connection before any answer is read (then every answer read: they must all come
-    back, in order); and `unread_connections` connections that each write `unread_requests` requests
-    and close without reading a byte."""
+def keepalive_abuse(host: str, port: int, sequential: int = 200, pipelined: int = 50, unread_connections: int = 64,
+                    unread_requests: int = 50, answer_wait_s: float = 3.0) -> dict:
+    """HTTP/1.1 keep-alive abused three ways, with GETs of /v2/health/ready: `sequential` requests one
+    after the other on one kept-alive connection (each answered before the next); `pipelined` requests
+    written at once on one connection before any answer is read (the answers that came within
+    `answer_wait_s` of each other are counted: Triton 2.51's HTTP server answers only the first);
+    and `unread_connections` connections that each write `unread_requests` requests and close
+    without reading a byte."""
     request = f"GET /v2/health/ready HTTP/1.1\r\nHost: {host}\r\nConnection: keep-alive\r\n\r\n".encode()
     with socket.create_connection((host, port), timeout=30) as connection:
+        sequential_answers = Counter()
+        for _ in range(sequential):
+            connection.sendall(request)
+            sequential_answers[_read_http_response(connection)[0]] += 1
+    pipelined_answers = Counter()
+    with socket.create_connection((host, port), timeout=answer_wait_s) as connection:
         connection.sendall(request * pipelined)
-        answers = Counter(_read_http_response(connection)[0] for _ in range(pipelined))
+        with contextlib.suppress(TimeoutError, OSError):
+            for _ in range(pipelined):
+                pipelined_answers[_read_http_response(connection)[0]] += 1
     for _ in range(unread_connections):
         with socket.create_connection((host, port), timeout=30) as connection:
             connection.sendall(request * unread_requests)
-    return {"pipelined": pipelined, "pipelined_answers": dict(answers),
-            "unread_connections": unread_connections, "unread_requests_each": unread_requests}
+    return {"sequential": sequential, "sequential_answers": dict(sequential_answers), "pipelined": pipelined,
+            "pipelined_answers": dict(pipelined_answers), "unread_connections": unread_connections,
+            "unread_requests_each": unread_requests}
 
 
 def h2load_binary() -> str | None:
@@ -326,21 +340,30 @@ def grpc_frame(request: bytes) -> bytes:
     return b"\x00" + len(request).to_bytes(4, "big") + request
 
 
-def connection_storm(url: str, request: bytes, connections: int = 1000, threads: int = 2,
+SERVER_LIVE = "/inference.GRPCInferenceService/ServerLive"
+
+
+def connection_storm(url: str, connections: int = 1000, grpc_method: str | None = SERVER_LIVE,
+                     request: bytes = b"", http_path: str = "/v2/health/ready", threads: int = 2,
                      timeout_s: float = 120.0) -> dict:
-    """h2load opens `connections` HTTP/2 connections to the gRPC port at once, each sending one
-    ModelInfer call: its summary of requests and status codes (HTTP/2 status, not gRPC status)."""
+    """h2load opens `connections` connections at once, one request each: a gRPC call of `grpc_method`
+    with `request` (HTTP/2 to Triton's gRPC port), or with grpc_method=None an HTTP/1.1 GET of
+    `http_path`. Returns h2load's counts (its statuses are HTTP statuses, not gRPC ones)."""
     binary = h2load_binary()
     if binary is None:
         raise FileNotFoundError("h2load not found: install Debian's nghttp2-client")
+    common = ["-c", str(connections), "-n", str(connections), "-t", str(threads), "-m", "1",
+              "-T", str(int(timeout_s)), "-N", str(int(timeout_s))]
     with tempfile.NamedTemporaryFile(suffix=".grpc") as body:
-        Path(body.name).write_bytes(grpc_frame(request))
-        command = [binary, f"http://{url}{MODEL_INFER}", "-c", str(connections), "-n", str(connections),
-                   "-t", str(threads), "-m", "1", "-d", body.name, "-H", "content-type: application/grpc",
-                   "-H", "te: trailers", "-T", str(int(timeout_s)), "-N", str(int(timeout_s))]
+        if grpc_method is None:
+            command = [binary, "--h1", f"http://{url}{http_path}", *common]
+        else:
+            Path(body.name).write_bytes(grpc_frame(request))
+            command = [binary, f"http://{url}{grpc_method}", *common, "-d", body.name,
+                       "-H", "content-type: application/grpc", "-H", "te: trailers"]
         finished = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s + 30)
-    return {"command": " ".join(command[:1] + ["URL"] + command[2:]), "exit_status": finished.returncode,
-            **parse_h2load(finished.stdout)}
+    return {"command": " ".join(["h2load", command[1] if command[1] != "--h1" else "--h1", *common]),
+            "exit_status": finished.returncode, **parse_h2load(finished.stdout)}
 
 
 def parse_h2load(text: str) -> dict:

@@ -1,0 +1,137 @@
+"""Crash rate of Triton 2.51 under repeated gRPC abandonment, per candidate mitigation.
+
+    python -m fusedresnet.loadtest.abandonment_trials --rounds 40 --out results/robustness_abandonment
+
+For each candidate (a set of tritonserver flags), a server on the zero-answer model
+(loadtest/zero_model_repository: the fastest answers, where the crash is likeliest) takes
+`rounds` rounds of `client_abuse.abandon`: 256 calls kept in flight for `hold` seconds on a
+fresh connection, then the connection closed with whatever is in flight. After each round the
+server counts as crashed when it has exited or its gRPC endpoint does not answer ServerReady
+within 5 s twice (after `sync.cc:105 ASSERTION FAILED: prior > 0` Triton 2.51 may hang in its
+abort handler, HTTP still answering). A crashed server is killed and started again, and the
+rounds go on, so each candidate gets the same load: crashes per round is its crash rate.
+
+Writes <out>.json and <out>.md (device, date, commit, command, one row per candidate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import secrets
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fusedresnet.backend.network import free_ports
+from fusedresnet.backend.serve import TritonServer, exit_cause, grpc_ready
+from fusedresnet.loadtest.client_abuse import abandon, infer_request
+from fusedresnet.loadtest.sweep import describe_device, git_commit
+
+ZERO_MODEL_REPOSITORY = Path(__file__).resolve().parent / "zero_model_repository"
+ZERO_MODEL = "zeros"
+CANDIDATES = {
+    "as shipped": [],
+    "keepalive 10 s + ping strikes 2": ["--grpc-keepalive-time=10000", "--grpc-keepalive-timeout=5000",
+                                        "--grpc-http2-max-ping-strikes=2"],
+    "max connection age 30 s (+5 s grace)": ["--grpc-max-connection-age=30000",
+                                             "--grpc-max-connection-age-grace=5000"],
+    "infer allocation pool 0": ["--grpc-infer-allocation-pool-size=0"],
+}
+
+
+def crashed(server: TritonServer) -> str | None:
+    """Why the server counts as crashed, or None while it answers."""
+    if server.process.poll() is not None:
+        return exit_cause(server.process.returncode)
+    if grpc_ready(server.grpc_url) or grpc_ready(server.grpc_url):
+        return None
+    return "gRPC unanswered (alive: hung)" if server.process.poll() is None else exit_cause(server.process.returncode)
+
+
+def run_candidate(name: str, flags: list[str], rounds: int, in_flight: int, hold_s: float, log_dir: Path,
+                  admin_token: str) -> dict:
+    request = [infer_request(ZERO_MODEL, np.zeros((1, 224, 224, 3), np.uint8))]
+    http_port, grpc_port, metrics_port = free_ports(3)
+    slug = re.sub(r"\W+", "_", name).strip("_")
+    server = TritonServer(ZERO_MODEL_REPOSITORY, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                          admin_token=admin_token, log_file=log_dir / f"{slug}.log", extra_args=flags)
+    crashes, answered, abandoned, sent = [], 0, 0, 0
+    started = time.monotonic()
+    server.start()
+    try:
+        for round_index in range(rounds):
+            outcome = abandon(server.grpc_url, request, 1, in_flight, hold_s)[0]
+            sent += outcome.sent
+            answered += outcome.statuses.get("OK", 0)
+            abandoned += outcome.statuses.get("ABANDONED", 0)
+            cause = crashed(server)
+            print(f"{name}: round {round_index + 1}/{rounds}: {dict(outcome.statuses)}"
+                  + (f"; CRASHED ({cause})" if cause else ""), flush=True)
+            if cause:
+                log = Path(server.log_file).read_text(errors="replace")
+                crashes.append({"round": round_index + 1, "cause": cause,
+                                "assertion": "sync.cc:105" in log.split("Started GRPCInferenceService")[-1]})
+                server.kill()
+                server.restarts += 1
+                server.start()
+    finally:
+        server.kill()
+    return {"candidate": name, "flags": flags, "rounds": rounds, "crashes": len(crashes),
+            "crashes_per_100_rounds": round(100 * len(crashes) / rounds, 1), "crash_details": crashes,
+            "calls_sent": sent, "calls_answered": answered, "calls_abandoned": abandoned,
+            "seconds": round(time.monotonic() - started, 1)}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--in-flight", type=int, default=256)
+    parser.add_argument("--hold", type=float, default=1.5, help="seconds of load before each abandonment")
+    parser.add_argument("--candidates", default=",".join(CANDIDATES), help="comma-separated names of CANDIDATES")
+    parser.add_argument("--out", type=Path, default=Path("build/robustness_abandonment"))
+    args = parser.parse_args(argv)
+    names = [name for name in args.candidates.split(",") if name]
+    unknown = [name for name in names if name not in CANDIDATES]
+    if unknown:
+        parser.error(f"unknown candidates {unknown}; known: {list(CANDIDATES)}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    log_dir = Path("build") / f"{args.out.name}_logs"   # server logs: the crashes' tails are in the report
+    log_dir.mkdir(exist_ok=True)
+    report = {"device": describe_device(), "date": datetime.datetime.now(datetime.timezone.utc).strftime(
+                  "%Y-%m-%dT%H:%M:%SZ"), "commit": git_commit(),
+              "command": "python -m fusedresnet.loadtest.abandonment_trials " + " ".join(argv or sys.argv[1:]),
+              "model": f"{ZERO_MODEL} (loadtest/zero_model_repository)", "in_flight": args.in_flight,
+              "hold_s": args.hold, "candidates": []}
+    token = secrets.token_urlsafe(24)
+    for name in names:
+        report["candidates"].append(run_candidate(name, CANDIDATES[name], args.rounds, args.in_flight, args.hold,
+                                                  log_dir, token))
+        write_report(report, args.out)
+    return 0
+
+
+def write_report(report: dict, out: Path):
+    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = ["# Triton 2.51 under repeated gRPC abandonment: crash rate per candidate", "",
+             f"{report['device']}, {report['date']}, commit {report['commit']}; model {report['model']}; each round "
+             f"keeps {report['in_flight']} calls in flight for {report['hold_s']} s on a fresh connection, then "
+             "closes it with whatever is in flight.", "", f"`{report['command']}`", "",
+             "| candidate | tritonserver flags | rounds | crashes | per 100 rounds | calls answered | calls abandoned "
+             "| crashed at rounds (cause) |", "|---|---|---|---|---|---|---|---|"]
+    for row in report["candidates"]:
+        where = ", ".join(f"{c['round']} ({c['cause']}{', sync.cc:105' if c['assertion'] else ''})"
+                          for c in row["crash_details"]) or "-"
+        flags = " ".join(row["flags"]) or "-"
+        lines.append(f"| {row['candidate']} | {flags} | {row['rounds']} | {row['crashes']} | "
+                     f"{row['crashes_per_100_rounds']} | {row['calls_answered']} | {row['calls_abandoned']} "
+                     f"| {where} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
