@@ -220,6 +220,44 @@ def valid_calls(url: str, requests: list[bytes], count: int, in_flight: int = 8)
     return asyncio.run(_steady(url, requests, count, in_flight, 2, 120.0, None))
 
 
+async def _valid_for(url: str, requests: list[bytes], seconds: float, in_flight: int) -> dict:
+    """Valid calls kept `in_flight` for `seconds` (each answered one replaced by the next, a failed one
+    after 0.2 s): each answer compared with this run's first answer to the same request (relative L2
+    within IMAGE_REL_L2_TOLERANCE); failures kept with their time."""
+    from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, compare_logits
+
+    first_answers: dict[int, np.ndarray] = {}
+    statuses, failures, mismatched, sent = Counter(), [], 0, 0
+    channels, infer = _channels(url, max(1, in_flight // 8))
+    end = time.monotonic() + seconds
+
+    async def worker(slot: int):
+        nonlocal mismatched, sent
+        while time.monotonic() < end:
+            index = (slot + sent) % len(requests)
+            sent += 1
+            outcome = await _outcome(infer[slot % len(infer)](requests[index], timeout=60.0))
+            if isinstance(outcome, np.ndarray):
+                statuses["OK"] += 1
+                reference = first_answers.setdefault(index, outcome)
+                mismatched += compare_logits(outcome, reference)["rel_l2"] > IMAGE_REL_L2_TOLERANCE
+            else:
+                statuses[outcome[0]] += 1
+                failures.append((time.time(), f"{outcome[0]}: {outcome[1][:120]}"))
+                await asyncio.sleep(0.2)
+
+    try:
+        await asyncio.gather(*(worker(slot) for slot in range(in_flight)))
+    finally:
+        for channel in channels:
+            await channel.close(grace=None)
+    return {"sent": sent, "statuses": dict(statuses), "mismatched": int(mismatched), "failures": failures}
+
+
+def valid_for(url: str, requests: list[bytes], seconds: float, in_flight: int = 16) -> dict:
+    return asyncio.run(_valid_for(url, requests, seconds, in_flight))
+
+
 # ---------------------------------------------------------------- connections
 
 
@@ -388,7 +426,7 @@ def parse_h2load(text: str) -> dict:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("behaviour", choices=("abandon", "deadlines", "rst-storm"))
+    parser.add_argument("behaviour", choices=("abandon", "deadlines", "rst-storm", "valid"))
     parser.add_argument("--url", default="127.0.0.1:8001")
     parser.add_argument("--model", default="resnet18_custom")
     parser.add_argument("--images-per-request", type=int, default=1)
@@ -398,12 +436,16 @@ def main(argv=None):
     parser.add_argument("--hold", type=float, default=1.0, help="abandon: seconds before the connections close")
     parser.add_argument("--connections", type=int, default=1)
     parser.add_argument("--deadline", type=float, default=0.05, help="deadlines: seconds")
+    parser.add_argument("--seconds", type=float, default=60.0, help="valid: seconds of valid load")
+    parser.add_argument("--seed", type=int, default=3, help="of the images")
     args = parser.parse_args(argv)
-    from fusedresnet.backend.images import smooth_random_images
-
-    images = smooth_random_images(8, seed=3).numpy()
+    images = np.random.default_rng(args.seed).integers(0, 256, (8 + args.images_per_request, 224, 224, 3),
+                                                       dtype=np.uint8)
     requests = [infer_request(args.model, images[i:i + args.images_per_request])
-                for i in range(len(images) - args.images_per_request + 1)]
+                for i in range(8)]
+    if args.behaviour == "valid":
+        print(json.dumps(valid_for(args.url, requests, args.seconds, args.in_flight)))
+        return
     if args.behaviour == "abandon":
         rounds = abandon(args.url, requests, args.rounds, args.in_flight, args.hold, args.connections)
         outcome = CallOutcomes()
