@@ -1,15 +1,20 @@
-"""The documentation holds together: the README stays a short user's guide, and every relative
-link in the README, docs/ and the reports at the top of results/ reaches a file that exists (and, for a link with an
-anchor into a markdown page, a heading of that page)."""
+"""The documentation holds together: the README stays a short user's guide; every relative link
+in the README, docs/, loadtest/README.md and the reports and READMEs of results/ reaches a file
+that exists (and, for a link with an anchor into a markdown page, a heading of that page); and
+results/README.md indexes every result file."""
 from __future__ import annotations
 
+import fnmatch
 import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "results").glob("*.md"))]
+RESULTS = ROOT / "results"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(RESULTS.glob("*.md")),
+         *sorted(RESULTS.rglob("README.md")), ROOT / "loadtest" / "README.md"]
+PAGES = list(dict.fromkeys(PAGES))
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 README_MAX_LINES = 250   # issue 33: a user's guide of at most about 250 lines
@@ -62,3 +67,41 @@ def test_link_check_finds_a_missing_file_and_a_missing_anchor_outside_code_block
                     "```\n[inside a code block](ignored.md)\n```\n")
     assert broken_links(page) == ["missing.md: no such file", "other.md#nothing: no heading with that anchor",
                                   "other.md#not-a-heading: no heading with that anchor"]
+
+
+def expand_braces(pattern: str) -> list[str]:
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if not match:
+        return [pattern]
+    return [expanded for choice in match.group(1).split(",")
+            for expanded in expand_braces(pattern[:match.start()] + choice + pattern[match.end():])]
+
+
+def unindexed(results: Path) -> list[str]:
+    """Files under results/ that its README.md names neither by path (a glob, with {a,b}), nor by
+    a folder path ending in '/', nor by a link."""
+    index = FENCE.sub("", (results / "README.md").read_text())
+    names = re.findall(r"`([^`]+)`", index) + [target.partition("#")[0] for target in LINK.findall(index)]
+    patterns = [pattern for name in names for pattern in expand_braces(name)]
+    missing = []
+    for path in sorted(results.rglob("*")):
+        relative = path.relative_to(results).as_posix()
+        if path.is_dir() or relative == "README.md":
+            continue
+        if not any(fnmatch.fnmatchcase(relative, pattern) or (pattern.endswith("/") and relative.startswith(pattern))
+                   for pattern in patterns):
+            missing.append(relative)
+    return missing
+
+
+def test_results_readme_indexes_every_result_file():
+    missing = unindexed(RESULTS)
+    assert not missing, f"result files not in results/README.md: {missing}"
+
+
+def test_index_check_finds_a_file_the_index_does_not_name(tmp_path):
+    (tmp_path / "history" / "run").mkdir(parents=True)
+    for name in ("a.json", "a.md", "b_1.png", "b_2.png", "history/run/x.log", "c.csv"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "README.md").write_text("[a.md](a.md), `a.json`, `b_{1,2}.png`, `history/run/`\n")
+    assert unindexed(tmp_path) == ["c.csv"]
