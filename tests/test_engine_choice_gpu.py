@@ -15,6 +15,8 @@ import torch
 from test_engine_config import SHIM_MARK, model_copy
 
 from fusedresnet.backend import spec
+from fusedresnet.backend.engine_config import EngineConfig
+from fusedresnet.backend.engines import ServingEngine, create_engine
 from fusedresnet.backend.images import smooth_random_images
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.prepared_stamp import STAMP_FILE
@@ -65,3 +67,17 @@ def test_fused_engine_library_calls_from_several_threads_each_get_their_own_answ
     for (thread, round_), logits in results.items():
         np.testing.assert_array_equal(logits.numpy(), alone[(thread + round_) % len(batches)].numpy())
     assert len(results) == 6 * 20
+
+
+def test_config_kernel_family_and_launch_mode_reach_the_fused_engine_and_the_environment_overrides_them(
+        prepared_repository, monkeypatch):
+    model_dir = prepared_repository / spec.MODEL_CUSTOM / "1"
+    monkeypatch.delenv("FUSEDRESNET_CONV_PATH", raising=False)
+    monkeypatch.delenv("FUSEDRESNET_PDL", raising=False)
+    engine, reason = create_engine(model_dir, "cuda:0", EngineConfig(conv_path="mma", pdl="off"))
+    assert isinstance(engine, ServingEngine)
+    assert (engine.name, engine.lib.path, engine.lib.pdl) == ("fused-cuda-fp16-mma", "mma", False)
+    assert "config conv_path mma, config pdl off" in reason and "conv path mma" in engine.describe()
+    monkeypatch.setenv("FUSEDRESNET_CONV_PATH", "mma")
+    engine, reason = create_engine(model_dir, "cuda:0", EngineConfig(pdl="off"))
+    assert engine.lib.path == "mma" and "FUSEDRESNET_CONV_PATH=mma overrides config conv_path" in reason
