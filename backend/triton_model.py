@@ -1,6 +1,6 @@
 """Adapter between Triton's Python backend and an engine of `fusedresnet.backend.engines`.
 
-Both `model_repository/*/1/model.py` files are the same two lines: their
+Both `model_repository/*/1/model.py` files are the same file: their
 `TritonPythonModel` is `ResNetTritonModel`, and each model's config.pbtxt says
 which engine it serves (`engine_config.EngineConfig`, parsed and validated once
 at load: a bad parameter fails the load with a message naming it; the engine
