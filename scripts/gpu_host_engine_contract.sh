@@ -30,4 +30,4 @@ if [[ $what == bench || $what == all ]]; then
   rc_bench=${PIPESTATUS[0]}
   (( rc == 0 )) && rc=$rc_bench
 fi
-exit $rc
+exit "$rc"
