@@ -22,7 +22,8 @@ Several servers: a gRPC `url` may name more than one (`grpc_channel`): "10.0.0.1
 "dns:///fusedresnet-headless:8001" (every address the name resolves to) or gRPC's own "ipv4:..." form.
 gRPC's round_robin policy then sends each request to the next ready server, and a call a server could
 not take (UNAVAILABLE: stopped, restarting, unreachable) is retried on another by the channel's retry
-policy. `grpc_channel` is the one place this is set, for this client and the load generators.
+policy (also through a balancer: one address). `grpc_channel` is the one place this is set, for this
+client and the load generators.
 """
 
 from __future__ import annotations
@@ -112,11 +113,11 @@ def grpc_balanced(url: str) -> bool:
     return url.startswith(GRPC_TARGET_SCHEMES) or "," in url
 
 
-def grpc_channel(url: str) -> tuple[str, list[tuple] | None]:
-    """(target, channel_args) for tritonclient's gRPC InferenceServerClient: None, tritonclient's own channel,
-    for one server; for several, round robin with retries on another server (grpc_service_config)."""
-    if not grpc_balanced(url):
-        return url, None
+def grpc_channel(url: str) -> tuple[str, list[tuple]]:
+    """(target, channel_args) for tritonclient's gRPC InferenceServerClient: round robin over the target's
+    addresses, and UNAVAILABLE calls retried (grpc_service_config). Also for one address: behind a balancer
+    (nginx cannot resend a gRPC request whose server died while answering it, and answers 502, UNAVAILABLE)
+    the retry goes to the balancer again, which passes it to a live server."""
     return grpc_target(url), [
         ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
