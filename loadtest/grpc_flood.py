@@ -390,12 +390,14 @@ def main(argv=None) -> int:
     parser.add_argument("--admin-token-file", type=Path,
                         help="admin token for registering shared memory (default: $FUSEDRESNET_ADMIN_TOKEN, "
                              "else build/admin-token)")
+    parser.add_argument("--cuda-device", type=int, default=0,
+                        help="with --shared-memory cuda: the GPU of the regions, as the server numbers its GPUs")
     parser.add_argument("--out", type=Path, help="write the step record here as JSON")
     args = parser.parse_args(argv)
     token = read_admin_token(args.admin_token_file) if args.shared_memory != "none" else None
     record = run_step(args.model, args.url, args.metrics_url, args.concurrency, args.images_per_request,
                       args.processes, args.warmup_s, args.seconds, args.input_format, args.image_pool,
-                      args.pool_size, args.shared_memory, token)
+                      args.pool_size, args.shared_memory, token, args.cuda_device)
     p = {k: "-" if record[k] is None else f"{record[k]:.1f}" for k in ("p50_ms", "p99_ms", "max_ms")}
     print(f"{record['model']} x{record['images_per_request']} {record['input_format']} shm={record['shared_memory']}"
           f" concurrency {record['concurrency']} in {record['processes']} process(es): "
