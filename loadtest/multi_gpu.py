@@ -31,6 +31,8 @@ report beside it. Works for any number of GPUs (2 or more).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import contextlib
 import datetime
 import json
 import os
@@ -294,21 +296,27 @@ def measure(args, gpu_count: int, server_cores: list[int], scratch: Path, result
     log_dir = args.log_dir
     steps = results["steps"]
 
-    def run(label, servers, one_server_gpus=None, gpus=None):
+    def run(label, servers, one_server_gpus=None):
         for s in SERIES:
             for level in s.levels_per_gpu:
-                record = drive(bench, label, servers, s, level, args.processes, one_server_gpus)
-                if gpus is not None:
-                    record["gpus"] = gpus
-                steps.append(record)
+                steps.append(drive(bench, label, servers, s, level, args.processes, one_server_gpus))
                 write()
 
-    # The first server alone compiles the kernels into the CuPy cache; the others then start from it.
-    servers = [GpuServer("0", repository, token_file, log_dir / "server-gpu0.log", server_cores)]
+    # The first server alone compiles the kernels into the CuPy cache (and makes the launcher's backend copy);
+    # the others then start together from both. (os.sched_setaffinity(0) pins the calling thread only.)
+    def start(k: int) -> GpuServer:
+        return GpuServer(str(k), repository, token_file, log_dir / f"server-gpu{k}.log", server_cores)
+
+    servers = [start(0)]
     try:
-        servers += [GpuServer(str(k), repository, token_file, log_dir / f"server-gpu{k}.log", server_cores)
-                    for k in range(1, gpu_count)]
-        run("one-gpu", servers[:1], gpus=1)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=gpu_count) as pool:
+            starting = [pool.submit(start, k) for k in range(1, gpu_count)]
+            for future in starting:
+                with contextlib.suppress(Exception):     # raised again below, after every start has ended
+                    servers.append(future.result())
+            for future in starting:
+                future.result()
+        run("one-gpu", servers[:1])
         run("server-per-gpu", servers)
     finally:
         for server in servers:
