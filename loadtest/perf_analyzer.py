@@ -58,18 +58,18 @@ from fusedresnet.backend.spec import (
     served_model,
 )
 from fusedresnet.loadtest import report, triton_metrics
+from fusedresnet.loadtest.report import ZERO_MODEL
 from fusedresnet.loadtest.step import Series
 
 PERF_ANALYZER = "perf_analyzer"
-ZERO_MODEL = report.ZERO_MODEL
 ZERO_MODEL_FILE = Path(__file__).with_name("zero_model") / "1" / "model.py"
 MODELS_MEASURED = (MODEL_CUSTOM, MODEL_CUDNN, ZERO_MODEL)
 
 # The A/B report's series, for perf_analyzer: levels are requests in flight (--concurrency-range N:N).
-SERIES = ("grpc/1@1,64", "grpc/32@32", "http/1@64", "http/32@32", "grpc/32/system@32", "grpc/32/cuda@32",
-          "http/32/cuda@32")
-# The same traffic from grpc_flood (4 processes), to cross-check the two load generators.
+SERIES = ("grpc/1@1,64", "grpc/32@32", "http/1@64", "grpc/32/system@32", "grpc/32/cuda@32")
+# The same traffic from grpc_flood (4 processes), to cross-check the two load generators, for CROSS_CHECK_MODELS.
 CROSS_CHECK = ("flood:grpc/1/p4@64", "flood:grpc/32/p4@32", "flood:grpc/32/cuda/p4@32")
+CROSS_CHECK_MODELS = (MODEL_CUSTOM, ZERO_MODEL)
 
 # perf_analyzer's CSV (`-f`), as documented upstream (triton-inference-server/perf_analyzer,
 # docs/measurements_metrics.md, "Visualizing Latency vs. Throughput"): latencies and times in microseconds,
@@ -339,8 +339,12 @@ def perf_analyzer_step(run: Run, server, model: str, series: Series, concurrency
 def flood_step(run: Run, server, model: str, series: Series, concurrency: int) -> dict:
     """The same traffic from grpc_flood (its processes inherit this process's cores: --load-cores)."""
     from fusedresnet.loadtest import grpc_flood
+    from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, build_image_pool, save_image_pool
+    pool = run.out / "image_pool.npy"
+    if not pool.is_file():
+        save_image_pool(build_image_pool(DEFAULT_POOL_SIZE), pool)
     record = grpc_flood.run_step(model, server.grpc_url, server.metrics_url, concurrency, series.images_per_request,
-                                 series.processes or 4, 1.0, 4.0, series.input_format,
+                                 series.processes or 4, 1.0, 4.0, series.input_format, image_pool=pool,
                                  shared_memory=series.shared_memory, admin_token=run.token)
     record.update({"index": len(run.records), "processes_asked": series.processes,
                    "load_cores": sorted(run.load_cores)})
@@ -422,8 +426,9 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default=",".join(MODELS_MEASURED))
     parser.add_argument("--series", action="append", help=f"perf_analyzer series (default: {' '.join(SERIES)})")
     parser.add_argument("--cross-check", action="append", help=f"grpc_flood series (default: {' '.join(CROSS_CHECK)})")
+    parser.add_argument("--cross-check-models", default=",".join(CROSS_CHECK_MODELS))
     parser.add_argument("--no-story", action="store_true", help="skip the serving story's server restarts")
-    parser.add_argument("--time-budget-s", type=float, default=420.0,
+    parser.add_argument("--time-budget-s", type=float, default=330.0,
                         help="steps not started within this many seconds are skipped (and listed)")
     args = parser.parse_args(argv)
     load_cores = parse_cores(args.load_cores)
@@ -462,7 +467,7 @@ def main(argv=None) -> int:
                         print_step(perf_analyzer_step(run, server, model, s, level))
         for s in floods:
             for level in s.levels:
-                for model in models:
+                for model in args.cross_check_models.split(","):
                     if in_time(model, s, level):
                         print_step(flood_step(run, server, model, s, level))
         for index, (_, _, text, level, setting) in enumerate(STORY):
