@@ -428,6 +428,8 @@ def main(argv=None) -> int:
     parser.add_argument("--cross-check", action="append", help=f"grpc_flood series (default: {' '.join(CROSS_CHECK)})")
     parser.add_argument("--cross-check-models", default=",".join(CROSS_CHECK_MODELS))
     parser.add_argument("--no-story", action="store_true", help="skip the serving story's server restarts")
+    parser.add_argument("--merge", type=Path, help="a sweep's JSON (loadtest/sweep.py: locust, grpc_flood) of the "
+                                                   "same code, whose steps the report shows beside these")
     parser.add_argument("--time-budget-s", type=float, default=330.0,
                         help="steps not started within this many seconds are skipped (and listed)")
     args = parser.parse_args(argv)
@@ -500,10 +502,11 @@ def main(argv=None) -> int:
             except Exception as error:   # the story goes on without this step; the report says why
                 story_servers[setting] = f"failed: {error}"
                 print(f"story step {setting} failed: {error}", file=sys.stderr)
+    merged = report.read_results(args.merge)["steps"] if args.merge else []
     results = {
         "device": device_name(), "date": started.isoformat(timespec="seconds"), "git_commit": git_commit(),
         "command": "python -m fusedresnet.loadtest.perf_analyzer " + " ".join(argv or sys.argv[1:]),
-        "engines": engines, "steps": run.records, "skipped": skipped,
+        "engines": engines, "steps": merged + run.records, "skipped": skipped,
         "settings": {"server": f"as shipped (127.0.0.1, admin token), its processes on cores {sorted(server_cores)}",
                      "load_cores": sorted(load_cores), "measurement_interval_ms": MEASUREMENT_INTERVAL_MS,
                      "stability_percent": STABILITY_PERCENT, "series": [dataclasses.asdict(s) for s in series],

@@ -6,6 +6,8 @@
 # instances), each step one change and one perf_analyzer command. The load generators run on LOAD_CORES
 # (default: the last quarter of the cores), the server on the others; its CPU use is in every step.
 #   bash scripts/gpu_host_perf_analyzer.sh            # writes $OUT (default build/gpu-host)
+# To show the sweep (loadtest/gpu_host_sweep.sh, run first in the same session) beside it, pass
+#   --merge build/gpu-host/results/loadtest_ab.json with another OUT for the sweep.
 # Commit: $OUT/results/loadtest_ab.{json,csv,md,*.png} and $OUT/results/perf_analyzer_csv/ into results/
 # (the A/B report of this code), $OUT/perf_analyzer.log and $OUT/device.txt beside them if wanted.
 set -uo pipefail
