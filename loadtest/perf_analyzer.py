@@ -366,7 +366,7 @@ def cross_check(records: list[dict]) -> list[dict]:
     """perf_analyzer against grpc_flood on the same (model, images, shared memory, concurrency)."""
     pairs = []
     for flood in (r for r in records if r["load_generator"] == "grpc_flood"):
-        same = [r for r in records if r["load_generator"] == PERF_ANALYZER and r.get("story_step") is None
+        same = [r for r in records if r["load_generator"] == PERF_ANALYZER and not r.get("server_setting")
                 and all(r[k] == flood[k] for k in ("model", "protocol", "images_per_request", "shared_memory",
                                                     "concurrency"))]
         if same and same[0].get("img_per_s") and flood.get("img_per_s"):

@@ -106,7 +106,7 @@ BAD_REQUESTS = [
     BadRequest("both inputs at once", [(INPUT_UINT8, "UINT8", [1, *HWC], bytes(IMAGE_BYTES)),
                                        (INPUT_FP32, "FP32", [1, *CHW], fp32_images(1))],
                ("expected 1 inputs but got 2 inputs",), served_input=INPUT_UINT8),
-    BadRequest("no input at all", [], ("request has 0 inputs",)),
+    BadRequest("no input at all", [], ("expected 1 inputs but got 0 inputs", "missing required input(s) ['IMAGE']")),
     BadRequest("unknown input name", [("PIXELS", "UINT8", [1, *HWC], bytes(IMAGE_BYTES))],
                ("unexpected inference input 'PIXELS'",)),
     BadRequest("unknown output name", [(INPUT_UINT8, "UINT8", [1, *HWC], bytes(IMAGE_BYTES))],

@@ -132,7 +132,9 @@ def test_report_compares_with_the_zero_model_and_checks_the_targets_of_issue_31(
 
 
 def test_cross_check_pairs_the_two_load_generators_on_the_same_traffic():
-    records = [step(MODEL_CUSTOM, perf_analyzer.PERF_ANALYZER, 32, "cuda", 32, 90_000, 10, 12),
+    on_mps = dict(step(MODEL_CUSTOM, perf_analyzer.PERF_ANALYZER, 32, "cuda", 32, 99_000, 9, 11), server_setting="mps")
+    records = [on_mps,   # a serving-story step on another server setting: not the flood's twin
+               dict(step(MODEL_CUSTOM, perf_analyzer.PERF_ANALYZER, 32, "cuda", 32, 90_000, 10, 12), story_step=2),
                step(MODEL_CUSTOM, "grpc_flood", 32, "cuda", 32, 75_000, 12, 20),
                step(MODEL_CUSTOM, "grpc_flood", 1, "none", 64, 20_000, 3, 6)]   # no perf_analyzer twin: no pair
     pairs = perf_analyzer.cross_check(records)
