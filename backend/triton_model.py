@@ -130,7 +130,7 @@ def read_request(request, name: str, max_batch: int) -> torch.Tensor:
     """The tensor of input `name` of one request, or RequestError naming what is wrong.
 
     Triton has already refused a request without the input or with another one, a wrong dtype or
-    a wrong shape; the checks stay for what Triton cannot know (batch limit, values)."""
+    a wrong shape; those checks stay here as the engine buffers' guard, the value checks are the model's own."""
     tensor = torch.from_dlpack(pb_utils.get_input_tensor_by_name(request, name).to_dlpack())
     if name == INPUT_UINT8:
         expected_dtype, expected_shape = torch.uint8, (IMAGE_SIZE, IMAGE_SIZE, CHANNELS)
