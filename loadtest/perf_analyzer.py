@@ -151,8 +151,11 @@ def command(binary: Path, model: str, protocol: str, url: str, images_per_reques
 
 
 def shown(args: list[str], token: str) -> str:
-    """The command as a user would type it, the token replaced by the variable that holds it."""
-    return " ".join(a.replace(token, f"${ADMIN_TOKEN_ENV}") for a in args)
+    """The command as a user would type it: the binary by its name, the CSV by its file name, the token
+    replaced by the variable that holds it."""
+    words = [Path(args[0]).name, *args[1:]]
+    words[words.index("-f") + 1] = Path(words[words.index("-f") + 1]).name
+    return " ".join(word.replace(token, f"${ADMIN_TOKEN_ENV}") for word in words)
 
 
 def parse_cores(text: str) -> set[int]:
@@ -307,7 +310,7 @@ def perf_analyzer_step(run: Run, server, model: str, series: Series, concurrency
         "started_at": started_at, "wall_s": round(elapsed, 2), "command": shown(args, run.token),
         "perf_analyzer_csv": f"perf_analyzer_csv/{csv_path.name}", "exit_code": returncode,
         "output_tail": "\n".join(output.replace(run.token, "***").strip().splitlines()[-25:]),
-        "load_cores": sorted(run.load_cores), "server_cpu_percent": round(server_cpu, 1),
+        "load_cores": ",".join(map(str, sorted(run.load_cores))), "server_cpu_percent": round(server_cpu, 1),
         "host_cpus": psutil.cpu_count(),
         # perf_analyzer counts its own requests only in its stable windows; Triton counts the whole run.
         "sent": delta["triton_success"] + delta["triton_failure"], "failures": delta["triton_failure"],
@@ -343,11 +346,14 @@ def flood_step(run: Run, server, model: str, series: Series, concurrency: int) -
     pool = run.out / "image_pool.npy"
     if not pool.is_file():
         save_image_pool(build_image_pool(DEFAULT_POOL_SIZE), pool)
+    cpu_before, started = server_cpu_seconds(server.process.pid), time.monotonic()
     record = grpc_flood.run_step(model, server.grpc_url, server.metrics_url, concurrency, series.images_per_request,
                                  series.processes or 4, 1.0, 4.0, series.input_format, image_pool=pool,
                                  shared_memory=series.shared_memory, admin_token=run.token)
+    server_cpu = (server_cpu_seconds(server.process.pid) - cpu_before) / (time.monotonic() - started) * 100
     record.update({"index": len(run.records), "processes_asked": series.processes,
-                   "load_cores": sorted(run.load_cores)})
+                   "server_cpu_percent": round(server_cpu, 1),
+                   "load_cores": ",".join(map(str, sorted(run.load_cores)))})
     run.records.append(record)
     return record
 

@@ -62,7 +62,9 @@ def test_commands_carry_the_admin_token_without_a_space_and_the_shared_memory_si
     http = perf_analyzer.command(tmp_path / "pa", MODEL_CUDNN, "http", "127.0.0.1:8000", 1, 1, "none", "s3cret",
                                  tmp_path / "y.csv")
     assert http[http.index("-H") + 1] == f"{ADMIN_TOKEN_HEADER}:s3cret" and "--shared-memory" not in http
-    assert "s3cret" not in perf_analyzer.shown(http, "s3cret")
+    shown = perf_analyzer.shown(http, "s3cret")
+    assert "s3cret" not in shown and "-H admin-key:$FUSEDRESNET_ADMIN_TOKEN" in shown
+    assert shown.startswith("pa -m resnet18_cudnn -i http -u 127.0.0.1:8000 -b 1 ") and " -f y.csv" in shown
 
 
 def test_load_cores_parse_and_the_default_leaves_the_server_cores():
