@@ -1,4 +1,4 @@
-"""resnet18_cudnn_normalized: the model of resnet18_cudnn (same engine, same weights) on the IMAGE_NORMALIZED input."""
+"""resnet18_cudnn_normalized: the model of resnet18_cudnn (same engine and weights) on the IMAGE_NORMALIZED input."""
 
 from fusedresnet.backend.triton_model import model_of_network
 
