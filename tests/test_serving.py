@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from fusedresnet.backend.spec import (
@@ -20,6 +22,7 @@ from fusedresnet.backend.spec import (
     MODELS,
     OUTPUT_LOGITS,
     load_labels,
+    model_config,
     served_model,
 )
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLERANCE, compare_logits
@@ -237,3 +240,20 @@ def test_models_run_on_the_gpu_and_match_reference(triton_server, model, varied_
     assert engine == expected_engine(triton_server, model)
     assert f"{model}: engine {engine} on cuda:" in triton_server.log_file.read_text(errors="replace")
     assert_matches_reference(logits, reference_logits(varied_images[:32]))
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_normalized_entry_config_differs_from_its_networks_only_in_input_name_and_instances(model):
+    """The *_normalized entry's config.pbtxt is kept by hand beside its network's: anything else that differs
+    (batching, queue policy, engine parameters, outputs) is drift."""
+    network, normalized = model_config(model), model_config(served_model(model, INPUT_FP32))
+    assert [(i.name, i.data_type, list(i.dims), i.optional) for i in normalized.input] == \
+        [(INPUT_FP32, model_config_pb2.TYPE_FP32, [3, 224, 224], False)]
+    assert [(i.name, i.optional) for i in network.input] == [(INPUT_UINT8, False)]
+    assert normalized.instance_group[0].count <= network.instance_group[0].count
+    for config in (network, normalized):
+        del config.input[:]
+        config.name = ""
+        for group in config.instance_group:
+            group.count = 0
+    assert text_format.MessageToString(normalized) == text_format.MessageToString(network)
