@@ -12,6 +12,7 @@
 # (the A/B report of this code), $OUT/perf_analyzer.log and $OUT/device.txt beside them if wanted.
 set -uo pipefail
 OUT="${OUT:-build/gpu-host}"; mkdir -p "$OUT/results"
+# shellcheck source=scripts/gpu_host_env.sh
 source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc;
   git rev-parse --short HEAD 2>/dev/null; } | tee "$OUT/device.txt"
