@@ -6,7 +6,8 @@
   (frozen at load time, after the cast to the precision the config asks for)
 - resnet18_custom/1/resnet18_folded.pt: BatchNorm folded into the convolutions,
   KRSC fp16 weights and fp32 biases for the NHWC kernels
-- <model>/labels.txt                   : the ImageNet class names (`label_filename`)
+- <entry>/labels.txt                   : the ImageNet class names (`label_filename`), in every
+  model entry (the *_normalized entries read their network's weights from its folder)
 
 --weights takes a torchvision checkpoint (.pth) or a ResNet-18 ONNX file (.onnx,
 torchvision's export, opset 13 and later, BatchNorm folded or not; see
@@ -41,8 +42,8 @@ from .spec import (
     LABELS_FILENAME,
     MODEL_CUDNN,
     MODEL_CUSTOM,
+    MODEL_ENTRIES,
     MODEL_REPOSITORY,
-    MODELS,
     TORCHSCRIPT_FILE,
 )
 
@@ -61,7 +62,9 @@ def prepare(repository: Path = MODEL_REPOSITORY, weights: str | None = None, see
         repository / MODEL_CUDNN / "1" / TORCHSCRIPT_FILE: lambda path: torch.jit.save(traced, str(path)),
         repository / MODEL_CUSTOM / "1" / FOLDED_PARAMS_FILE: lambda path: torch.save(folded, path),
     }
-    for name in MODELS:
+    # Every entry its labels (Triton's classification extension reads them from the entry's folder); the
+    # *_normalized entries read their network's weights from the network's own entry (triton_model.py).
+    for name in MODEL_ENTRIES:
         writers[repository / name / LABELS_FILENAME] = lambda path: shutil.copyfile(LABELS_FILE, path)
     # The stamp last: `make` and the tests take its presence to mean the other files are complete.
     writers[repository / STAMP_FILE] = lambda path: write_stamp(path, stamp)

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from fusedresnet.backend.spec import (
@@ -20,6 +22,8 @@ from fusedresnet.backend.spec import (
     MODELS,
     OUTPUT_LOGITS,
     load_labels,
+    model_config,
+    served_model,
 )
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.client.preprocess import normalize
@@ -190,16 +194,30 @@ def test_malformed_request_gets_its_own_error_while_batched_good_requests_succee
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_request_with_both_inputs_or_none_is_rejected_clearly(triton_server, model, varied_images):
+def test_each_entry_declares_one_required_input_and_the_old_contract_is_refused_naming_what_changed(
+        triton_server, model, varied_images):
+    """Each network is served as two entries of one required input each (perf_analyzer refuses optional
+    inputs); IMAGE_NORMALIZED sent to the network's name, as before 2026-11-26, is refused by Triton with
+    the input and the entry named, and the metadata says which input each entry takes."""
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)
-    image = grpcclient.InferInput(INPUT_UINT8, [1, 224, 224, 3], "UINT8")
-    image.set_data_from_numpy(varied_images[:1])
+    for input_name in (INPUT_UINT8, INPUT_FP32):
+        metadata = client.get_model_metadata(served_model(model, input_name), as_json=True)
+        assert [tensor["name"] for tensor in metadata["inputs"]] == [input_name]
+        config = client.get_model_config(served_model(model, input_name), as_json=True)["config"]
+        assert [(tensor["name"], tensor.get("optional", False)) for tensor in config["input"]] == [(input_name, False)]
     image_normalized = grpcclient.InferInput(INPUT_FP32, [1, 3, 224, 224], "FP32")
     image_normalized.set_data_from_numpy(normalize(varied_images[0])[None])
-    with pytest.raises(InferenceServerException, match="exactly one of the inputs"):
-        client.infer(model, [image, image_normalized], outputs=[grpcclient.InferRequestedOutput(OUTPUT_LOGITS)])
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer(model, [image_normalized], outputs=[grpcclient.InferRequestedOutput(OUTPUT_LOGITS)])
+    assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert f"unexpected inference input '{INPUT_FP32}' for model '{model}'" in refused.value.message()
     assert client.is_server_live() and client.is_model_ready(model)
     client.close()
+    # The project's client sends each input to the entry that serves it: both give the same classes.
+    with client_for(triton_server, model) as resnet:
+        from_pixels = resnet.infer(varied_images[:2]).logits
+        from_normalized = resnet.infer(np.stack([normalize(image) for image in varied_images[:2]])).logits
+    assert compare_logits(from_normalized, from_pixels)["clear_disagreements"] == 0
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -222,3 +240,20 @@ def test_models_run_on_the_gpu_and_match_reference(triton_server, model, varied_
     assert engine == expected_engine(triton_server, model)
     assert f"{model}: engine {engine} on cuda:" in triton_server.log_file.read_text(errors="replace")
     assert_matches_reference(logits, reference_logits(varied_images[:32]))
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_normalized_entry_config_differs_from_its_networks_only_in_input_name_and_instances(model):
+    """The *_normalized entry's config.pbtxt is kept by hand beside its network's: anything else that differs
+    (batching, queue policy, engine parameters, outputs) is drift."""
+    network, normalized = model_config(model), model_config(served_model(model, INPUT_FP32))
+    assert [(i.name, i.data_type, list(i.dims), i.optional) for i in normalized.input] == \
+        [(INPUT_FP32, model_config_pb2.TYPE_FP32, [3, 224, 224], False)]
+    assert [(i.name, i.optional) for i in network.input] == [(INPUT_UINT8, False)]
+    assert normalized.instance_group[0].count <= network.instance_group[0].count
+    for config in (network, normalized):
+        del config.input[:]
+        config.name = ""
+        for group in config.instance_group:
+            group.count = 0
+    assert text_format.MessageToString(normalized) == text_format.MessageToString(network)
