@@ -658,6 +658,53 @@ def name_expressions(arch: str | None = None) -> list[str]:
             + [shortcut_name_expression(t) for t in CONV_TILES if shortcut_applies(t)] + list(OTHER_KERNELS) + wgmma)
 
 
+def kernel_smem(arch: str | None = None) -> dict[str, int]:
+    """{name expression: the dynamic shared memory its launches may ask for} of every kernel instantiation the
+    launcher can use on `arch` (`name_expressions`: the tuner's candidates and what the checks run)."""
+    tiles = CONV_TILES + tuple(STEM_TILES.values()) + PATCH_TILES
+    if wgmma_arch(arch):
+        tiles += WGMMA_CONV_TILES + PATCH_WGMMA_TILES
+    smem = {}
+    for tile in tiles:
+        smem[tile.name_expression] = tile.smem_bytes
+        if shortcut_applies(tile):
+            smem[shortcut_name_expression(tile)] = tile.smem_bytes
+    smem.update(dict.fromkeys(STEM_KERNELS.values(), STEM_SMEM_BYTES))
+    smem.update(dict.fromkeys(STEM_POOL_KERNELS.values(), STEM_POOL_SMEM_BYTES))
+    smem.update(dict.fromkeys(("splitk_epilogue", "maxpool_3x3s2", f"avgpool_fc<{HEAD_IMGS}>"), 0))
+    if wgmma_arch(arch):
+        smem.update(dict.fromkeys(STEM_POOL_WGMMA_KERNELS.values(), STEM_WGMMA_SMEM_BYTES))
+    return smem
+
+
+def untuned_tiles(path: str) -> tuple:
+    """Every tile `untuned_plan` and `plan_default` can choose on a path (any input size, any GPU)."""
+    patch = tuple(t for t in PATCH_WGMMA_TILES if t.label in UNTUNED_PATCH_WGMMA) if path in (MIXED, "wgmma") else ()
+    return conv_tiles(path) + patch
+
+
+def served_name_expressions(arch: str | None, path: str, tuned: dict, bindings_launch: bool) -> list[str]:
+    """The kernels a library on `path` compiled for `arch` can launch when it serves the network: what it
+    compiles at load (the rest of `name_expressions`, the tuner's candidates, only when asked for).
+
+    - the stem + max-pool of its module (stem_pool_wgmma on sm_90a, else stem_pool_conv7x7s2), the head and
+      splitk_epilogue;
+    - the tile of every tuned plan (`tuned`, from `load_tuned_plans`: the fused-shortcut instantiation for a
+      "_sc" key), or its twin where cuda.bindings cannot launch it (`without_cuda_bindings`);
+    - every tile the untuned plans can choose (`untuned_tiles`), plain and with the fused shortcut.
+    """
+    stem_pool = STEM_POOL_WGMMA_KERNELS if wgmma_arch(arch) else STEM_POOL_KERNELS
+    names = dict.fromkeys([*stem_pool.values(), "splitk_epilogue", f"avgpool_fc<{HEAD_IMGS}>"])
+    for key, (tile, _) in sorted(tuned.items()):
+        tile = tile if bindings_launch else without_cuda_bindings(tile)
+        names[shortcut_name_expression(tile) if "_sc" in key else tile.name_expression] = None
+    for tile in untuned_tiles(path):
+        names[tile.name_expression] = None
+        if shortcut_applies(tile):
+            names[shortcut_name_expression(tile)] = None
+    return list(names)
+
+
 def source_text(arch: str | None = None) -> str:
     """The kernel sources for `arch` as one translation unit: the geometry, the HEADERS once, the .cu files.
 

@@ -610,3 +610,152 @@ def test_a_cluster_splitk_plan_needs_no_workspace_and_falls_back_to_its_workspac
         assert make_plan(twin, 1, 49, 512, 72).workspace_floats(outputs) == 0
     for t in WGMMA_TILES:
         assert without_cuda_bindings(t) is t
+
+
+def _key_shape(key: str) -> tuple[int, ...]:
+    """(n, h, w, c, k, r, stride, shortcut_c) of a tuned-table key such as n128_h14_w14_c256_k256_r3_s1_sc128."""
+    fields = dict(re.findall(r"([a-z]+)(\d+)", key))
+    return tuple(int(fields.get(name, 0)) for name in ("n", "h", "w", "c", "k", "r", "s", "sc"))
+
+
+def test_served_kernels_are_those_the_tuned_plans_and_the_untuned_plans_can_choose():
+    """What the engine compiles at load on each path (configs.served_name_expressions): the kernel of every
+    plan in kernels/tuned_plans.json for its GPU, of every untuned plan (other batch sizes, input sizes and
+    GPUs), the stem + max-pool of its module and the head; not the tuner's other candidates (the
+    warp-specialised conv_wgmma_ws, which it never chose), which a library compiles only when asked."""
+    import json
+
+    from fusedresnet.kernels.configs import (
+        MIXED,
+        STEM_POOL_KERNELS,
+        TUNED_PLANS,
+        load_tuned_plans,
+        path_arch,
+        served_name_expressions,
+        tile_by_label,
+        untuned_plan,
+    )
+    table = json.loads(TUNED_PLANS.read_text())
+    device = table["device"]
+
+    def kernel(tile, shortcut_c):
+        return shortcut_name_expression(tile) if shortcut_c else tile.name_expression
+
+    for path in (MIXED, "wgmma", "mma"):
+        arch = path_arch(path)
+        served = served_name_expressions(arch, path, load_tuned_plans(device, path), True)
+        assert len(set(served)) == len(served) and set(served) <= set(name_expressions(arch))
+        assert not any(name.startswith("conv_wgmma_ws<") for name in served)
+        for key, entry in table["plans"].items():
+            chosen = entry if path == MIXED else entry["by_family"][path]
+            assert kernel(tile_by_label(chosen["tile"]), _key_shape(key)[-1]) in served, (path, key)
+            n, h, w, c, k, r, stride, shortcut_c = _key_shape(key)
+            for batch in (1, 3, 5, 96, 200, n):   # untuned: batches outside the table, other input sizes
+                for hw in ((h, w), (h + 3, w + 5)):
+                    plan = untuned_plan(batch, *hw, c, k, r, stride, r // 2, 132, path, shortcut_c)
+                    assert kernel(plan.tile, shortcut_c) in served, (path, batch, hw, key, plan.tile.label)
+                    plan = untuned_plan(batch, *hw, c, k, r, stride, r // 2, 78, path, shortcut_c)   # an H20
+                    assert kernel(plan.tile, shortcut_c) in served, (path, batch, hw, key, plan.tile.label)
+        stems = {"stem_pool_wgmma<1>", "stem_pool_wgmma<2>"} if arch == WGMMA_ARCH else set(STEM_POOL_KERNELS.values())
+        assert stems | {"avgpool_fc<8>", "splitk_epilogue"} <= set(served)
+    # On the table's GPU (H100: 90 plans, all wgmma) the sm_90a module shrinks to less than half of the candidates
+    mixed = served_name_expressions(WGMMA_ARCH, MIXED, load_tuned_plans(device, MIXED), True)
+    assert len(mixed) < len(name_expressions(WGMMA_ARCH)) / 2
+    # Without cuda.bindings the tuned "wc", "wt" and "wq" tiles are served by their twins: none of theirs compiled
+    twins = served_name_expressions(WGMMA_ARCH, MIXED, load_tuned_plans(device, MIXED), False)
+    assert not any(n.startswith("conv_wgmma_tma<") or re.match(r"conv_wgmma<\d+,\d+,\d+,\d+,(true|false),true>", n)
+                   for n in twins)
+    # another GPU: only what the untuned plans can choose
+    other = served_name_expressions(WGMMA_ARCH, MIXED, load_tuned_plans("NVIDIA H200", MIXED), True)
+    assert set(other) < set(mixed) and not any(n.startswith("conv_wgmma_tma<") for n in other)
+
+
+class _CtypesNvrtc:
+    """The calls of cupy_backends.cuda.libs.nvrtc that kernels/nvrtc_build.py makes, on libnvrtc through ctypes
+    (CuPy needs a GPU to import; ctypes, like CuPy, lets other threads run during a call)."""
+
+    class NVRTCError(RuntimeError):
+        pass
+
+    def __init__(self, lib):
+        import ctypes
+        self.lib, self.ctypes = lib, ctypes
+        self.compiles = []
+
+    def _check(self, result):
+        if result != 0:
+            raise self.NVRTCError(result)
+
+    def getVersion(self):
+        major, minor = self.ctypes.c_int(), self.ctypes.c_int()
+        self._check(self.lib.nvrtcVersion(self.ctypes.byref(major), self.ctypes.byref(minor)))
+        return major.value, minor.value
+
+    def createProgram(self, source, name, headers, include_names):
+        program = self.ctypes.c_void_p()
+        self._check(self.lib.nvrtcCreateProgram(self.ctypes.byref(program), source.encode(), name.encode(), 0,
+                                                None, None))
+        return program
+
+    def addNameExpression(self, program, name):
+        self._check(self.lib.nvrtcAddNameExpression(program, name.encode()))
+
+    def compileProgram(self, program, options):
+        self.compiles.append(options)
+        encoded = [o.encode() for o in options]
+        array = (self.ctypes.c_char_p * len(encoded))(*encoded)
+        self._check(self.lib.nvrtcCompileProgram(program, len(encoded), array))
+
+    def getProgramLog(self, program):
+        size = self.ctypes.c_size_t()
+        self._check(self.lib.nvrtcGetProgramLogSize(program, self.ctypes.byref(size)))
+        log = self.ctypes.create_string_buffer(size.value)
+        self._check(self.lib.nvrtcGetProgramLog(program, log))
+        return log.value.decode()
+
+    def getCUBIN(self, program):
+        size = self.ctypes.c_size_t()
+        self._check(self.lib.nvrtcGetCUBINSize(program, self.ctypes.byref(size)))
+        cubin = self.ctypes.create_string_buffer(size.value)
+        self._check(self.lib.nvrtcGetCUBIN(program, cubin))
+        return cubin.raw
+
+    def getLoweredName(self, program, name):
+        lowered = self.ctypes.c_char_p()
+        self._check(self.lib.nvrtcGetLoweredName(program, name.encode(), self.ctypes.byref(lowered)))
+        return lowered.value.decode()
+
+    def destroyProgram(self, program):
+        self._check(self.lib.nvrtcDestroyProgram(self.ctypes.byref(program)))
+
+
+def test_kernel_cache_compiles_each_kernel_once_across_processes_and_reads_it_back(tmp_path):
+    """kernels/nvrtc_build.py, the sm_90a build of the engine, with the real NVRTC: one program per kernel,
+    compiled in parallel threads, each cubin with its lowered name on disk; two caches of the same source
+    (Triton's instances of a model, in processes of their own) starting together compile each kernel once
+    between them (a lock file per kernel) and get the same files; a changed source is another key."""
+    import concurrent.futures
+
+    from fusedresnet.kernels.nvrtc_build import KernelCache
+    lib = _find_nvrtc()
+    if lib is None:
+        pytest.skip("libnvrtc not found (CUDA toolkit or the nvidia-cuda-nvrtc wheel)")
+    names = ["splitk_epilogue", "avgpool_fc<8>", "maxpool_3x3s2"]
+    source, options = source_text(WGMMA_ARCH), nvrtc_options(WGMMA_ARCH)
+    first, second = _CtypesNvrtc(lib), _CtypesNvrtc(lib)
+    caches = [KernelCache(source, options, nvrtc, tmp_path) for nvrtc in (first, second)]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda cache: cache.get(names, workers=3), caches))
+    assert results[0] == results[1] and sorted(results[0]) == sorted(names)
+    assert len(first.compiles) + len(second.compiles) == len(names)
+    assert all(options == list(nvrtc_options(WGMMA_ARCH)) for options in first.compiles + second.compiles)
+    lowered = {name: hit[1] for name, hit in results[0].items()}
+    assert lowered["avgpool_fc<8>"].startswith("_Z10avgpool_fcILi8EE") and lowered["splitk_epilogue"].startswith("_Z")
+    for cubin, _ in results[0].values():
+        assert cubin.read_bytes()[:4] == b"\x7fELF" and cubin.parent == tmp_path
+    again = _CtypesNvrtc(lib)
+    assert KernelCache(source, options, again, tmp_path).get(names) == results[0] and not again.compiles
+    changed = KernelCache(source + "\n// changed\n", options, again, tmp_path)
+    assert changed.key(names[0]) != caches[0].key(names[0]) and changed.cached(names[0]) is None
+    with pytest.raises(RuntimeError, match="failed to compile conv_wgmma<1,2,3,4>"):
+        changed.get(["conv_wgmma<1,2,3,4>"])
