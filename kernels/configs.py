@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parent
+DEV_DIR = KERNEL_DIR / "dev"   # experiments beside the served kernels, each runnable as a check and a benchmark
 TUNED_PLANS = KERNEL_DIR / "tuned_plans.json"   # written by `python -m fusedresnet.harness.tune`
 MMA_SOURCES = ("conv_implicit_gemm.cu", "conv3x3_patch.cu", "stem.cu", "pool_head.cu")
 WGMMA_SOURCES = ("conv_wgmma.cu", "conv3x3_patch_wgmma.cu", "stem_wgmma.cu")     # sm_90a only
@@ -311,15 +312,8 @@ WGMMA_TILES = (
     # Three blocks per SM (<= 170 registers): batch-128 layer4 (M = 6272, K = 512) as 392 blocks in one
     # wave of 396, where 128x256 gives 98 blocks for 132 SMs (NOTES.md outcome 21).
     WgmmaConfig(64, 128, 1, 3, efficiency=0.8, blocks_per_sm=3),    # 73 KB
-    # Warp-specialised (conv_wgmma_ws, v2): 2 consumer warpgroups + 1 producer warpgroup (384 threads),
-    # per-stage mbarriers, no __syncthreads in the k-loop (NOTES.md "Next": the suspect after outcome 8).
-    # Measured on the H100 (NOTES.md outcome 11): correct, 17-23% slower than the wg tiles, never chosen;
-    # the untuned cost model never picks them, the tuner times them.
-    WgmmaConfig(128, 128, 2, 4, efficiency=1.2, blocks_per_sm=1, warp_specialized=True),   # 129 KB
-    WgmmaConfig(128, 128, 2, 6, efficiency=1.2, blocks_per_sm=1, warp_specialized=True),   # 193 KB
-    WgmmaConfig(128, 256, 2, 4, efficiency=1.5, blocks_per_sm=1, warp_specialized=True),   # 193 KB
-    WgmmaConfig(256, 128, 2, 4, efficiency=1.5, blocks_per_sm=1, warp_specialized=True),   # 193 KB
 )
+# (The warp-specialised conv_wgmma_ws tiles, "ws", never chosen by the tuner: kernels/dev/conv_wgmma_ws.py.)
 # Each conv_wgmma tile again with its split-K reduced in a cluster of its slices (v3; NOTES.md outcome 24):
 # at batch 1, 12 of the 20 convolutions split K 3-12 ways and each was followed by a splitk_epilogue kernel.
 # Only the tuner chooses them (not `measured`), with 2 .. CLUSTER_SPLITK_MAX slices.
@@ -348,7 +342,7 @@ WGMMA_TMA_TILES = (
     WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True, vec_epilogue=True),   # 129 KB
     WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, persistent=True, tma=True, vec_epilogue=True),   # 193 KB
 )
-# Every conv_wgmma / conv_wgmma_ws / conv_wgmma_tma instantiation's tile: what the sm_90a module compiles and
+# Every conv_wgmma / conv_wgmma_tma instantiation's tile: what the sm_90a module compiles and
 # the tuner times.
 WGMMA_CONV_TILES = WGMMA_TILES + WGMMA_CLUSTER_TILES + WGMMA_PERSISTENT_TILES + WGMMA_TMA_TILES
 
@@ -705,11 +699,11 @@ def served_name_expressions(arch: str | None, path: str, tuned: dict, bindings_l
     return list(names)
 
 
-def source_text(arch: str | None = None) -> str:
+def source_text(arch: str | None = None, dev_sources: tuple[Path, ...] = ()) -> str:
     """The kernel sources for `arch` as one translation unit: the geometry, the HEADERS once, the .cu files.
 
     WGMMA_HEADERS and WGMMA_SOURCES are part of it only for sm_90a, after the others (wgmma does not
-    assemble for any other target).
+    assemble for any other target); `dev_sources` (experiments of kernels/dev/, never served) last.
     """
     parts = [geometry_preamble(arch)] + [_drop_includes((KERNEL_DIR / name).read_text()) for name in HEADERS]
     for name in MMA_SOURCES:
@@ -718,13 +712,15 @@ def source_text(arch: str | None = None) -> str:
         parts += [_drop_includes((KERNEL_DIR / name).read_text()) for name in WGMMA_HEADERS]
         for name in WGMMA_SOURCES:
             parts.append(f"// ---- {name} ----\n" + _drop_includes((KERNEL_DIR / name).read_text()))
+    for path in dev_sources:
+        parts.append(f"// ---- dev/{path.name} ----\n" + _drop_includes(path.read_text()))
     return "\n".join(parts)
 
 
 def _drop_includes(text: str) -> str:
     """The text without its `#include "<header>"` lines (every header is pasted once, first)."""
     for name in HEADERS + WGMMA_HEADERS:
-        text = text.replace(f'#include "{name}"', "")
+        text = text.replace(f'#include "{name}"', "").replace(f'#include "../{name}"', "")
     return text
 
 

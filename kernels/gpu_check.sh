@@ -3,7 +3,8 @@
 #   bash kernels/gpu_check.sh [check|bench|all|tuned|full|tune|pytest|profile|served] [extra bench args]
 # served = time to ready of the real Triton server, both models, from an empty kernel cache and with a
 # warm one (harness/cold_start.py: results/cold_start.json, also in $OUT/results), then the quick check
-# of every kernel the engine can serve and every other candidate (check_quick.json):
+# of every kernel the engine can serve and every other candidate (check_quick.json), then each
+# experiment of kernels/dev/ (check, then benchmark: dev_<name>.log):
 #   bash kernels/gpu_check.sh served      (~3-5 min on the H100)
 # all = check + bench; tuned = quick check of every tile (check_pretune.json:
 # a faulting or wrong new tile shows up here, not as a crash inside the tune;
@@ -85,6 +86,13 @@ if [[ $what == served ]]; then
     | grep -v "^ok " ; rc_check=${PIPESTATUS[0]}
   echo "check ($path path, quick: every kernel) exit $rc_check after $(( $(date +%s) - t0 ))s"
   (( rc == 0 )) && rc=$rc_check
+  # the experiments of kernels/dev/: each checks itself against float32, then times itself beside the served plans
+  for runner in "$REPO"/kernels/dev/[a-z]*.py; do
+    name=$(basename "$runner" .py)
+    python3 -m "fusedresnet.kernels.dev.$name" 2>&1 | tee "$OUT/dev_$name.log" | tail -40; rc_dev=${PIPESTATUS[0]}
+    echo "dev $name exit $rc_dev after $(( $(date +%s) - t0 ))s"
+    (( rc == 0 )) && rc=$rc_dev
+  done
 fi
 if [[ $what == pytest ]]; then
   # --noconftest: the suite's conftest needs the Triton client libraries, which this host lacks

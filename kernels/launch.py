@@ -197,9 +197,12 @@ def _launch_ex(kernel, grid, threads: int, args: tuple, shared_mem: int, program
 class KernelLibrary:
     """The compiled kernels on one device."""
 
-    def __init__(self, device_id: int, path: str | None = None, pdl: bool | None = None):
+    def __init__(self, device_id: int, path: str | None = None, pdl: bool | None = None, dev_sources=(),
+                 dev_kernels: dict | None = None):
         """`path`: "mma", "wgmma", "mixed" or None (FUSEDRESNET_CONV_PATH, else by compute capability);
-        `pdl`: programmatic dependent launch, None = FUSEDRESNET_PDL, else where possible (`pdl_choice`)."""
+        `pdl`: programmatic dependent launch, None = FUSEDRESNET_PDL, else where possible (`pdl_choice`);
+        `dev_sources`, `dev_kernels`: an experiment of kernels/dev/ (its .cu files, appended to the
+        translation unit, and {name expression: dynamic shared memory} of its kernels), never served."""
         self.device_id = device_id
         with cp.cuda.Device(device_id):
             device = cp.cuda.Device(device_id)
@@ -219,8 +222,9 @@ class KernelLibrary:
             # this path (one family's best, or the best of both on mixed); other shapes and GPUs
             # use the cost model.
             self.tuned = load_tuned_plans(self.device_name, self.path)
-            self.source = source_text(self.arch)
-            self.smem = kernel_smem(self.arch)   # every kernel this module can have: the tuner's candidates
+            self.source = source_text(self.arch, tuple(dev_sources))
+            # every kernel this module can have: the tuner's candidates (and an experiment's)
+            self.smem = {**kernel_smem(self.arch), **(dev_kernels or {})}
             # The sm_90a module, and the mma.sync one on the architectures the compile tests build
             # (configs.ARCHS), through nvrtc_build: a cubin per kernel, in parallel, cached on disk (CuPy's
             # RawModule never reads its cache for name expressions: it compiles them at every start).

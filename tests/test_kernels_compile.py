@@ -256,24 +256,51 @@ def test_wgmma_stem_is_compiled_for_sm_90a_only_and_its_blocks_fit_an_sm():
     assert 56 % GEOMETRY["SW_PH"] == 0 and 56 % GEOMETRY["SW_PW"] == 0
 
 
-def test_warp_specialised_wgmma_tiles_are_sm_90a_only_distinct_and_fit_an_sm():
-    """conv_wgmma_ws (conv_wgmma.cu v2): "ws" labels, one producer warpgroup on top of the consumers, the
-    ring plus two 8-byte mbarriers per stage within the 227 KB a block may have, never an untuned choice."""
+def test_warp_specialised_wgmma_tiles_live_in_kernels_dev_fit_an_sm_and_are_never_served():
+    """conv_wgmma_ws (kernels/dev/conv_wgmma_ws.cu, v2 of conv_wgmma, never chosen by the tuner): "ws" labels,
+    one producer warpgroup on top of the consumers, the ring plus two 8-byte mbarriers per stage within the
+    227 KB a block may have; in no module the engine or the tuner compiles, no tuned table names one."""
     from fusedresnet.kernels.configs import GEOMETRY, tile_by_label, tile_family
-    ws = [t for t in WGMMA_TILES if t.warp_specialized]
-    assert 2 <= len(ws) <= 4
-    labels = [t.label for t in WGMMA_TILES]
-    assert len(set(labels)) == len(labels) and all(t.label.startswith("ws") for t in ws)
-    names = {t.name_expression for t in ws}
-    assert all(n.startswith("conv_wgmma_ws<") for n in names) and len(names) == len(ws)
-    assert names <= set(name_expressions(WGMMA_ARCH)) and not names & set(name_expressions("sm_90"))
-    for t in ws:
-        assert tile_by_label(t.label) is t and tile_family(t) == "wgmma" and not t.measured
+    from fusedresnet.kernels.dev import DEV_SOURCES, dev_name_expressions
+    from fusedresnet.kernels.dev.conv_wgmma_ws import SOURCE, TILES
+    assert 2 <= len(TILES) <= 4 and SOURCE in DEV_SOURCES
+    assert dev_name_expressions()[SOURCE] == [t.name_expression for t in TILES]
+    labels = [t.label for t in TILES]
+    assert len(set(labels)) == len(labels) and all(label.startswith("ws") for label in labels)
+    names = {t.name_expression for t in TILES}
+    assert all(n.startswith("conv_wgmma_ws<") for n in names) and len(names) == len(TILES)
+    assert not names & (set(name_expressions(WGMMA_ARCH)) | set(name_expressions("sm_90")))
+    assert "conv_wgmma_ws(" not in source_text(WGMMA_ARCH) and "conv_wgmma_ws(" in SOURCE.read_text()
+    for t in TILES:
+        assert tile_by_label(t.label) is None and tile_family(t) == "wgmma" and not t.measured
         assert t.threads == (t.warpgroups + 1) * 128
         ring = t.stages * (t.bm + t.bn) * GEOMETRY["BK"] * 2
         sm, reserved = GEOMETRY["SM_SMEM_BYTES"], GEOMETRY["SM_BLOCK_RESERVED_SMEM"]
         assert t.smem_bytes == ring + GEOMETRY["WGMMA_SMEM_ALIGN"] + 16 * t.stages <= sm - reserved
         assert t.blocks_per_sm * (t.smem_bytes + reserved) <= sm
+
+
+@needs_nvcc
+def test_dev_kernels_compile_for_sm_90a_without_warnings_or_spills(tmp_path):
+    """Every experiment of kernels/dev/ builds with the served sources as its runner builds it
+    (configs.source_text with dev_sources), warnings as errors, its registers within one block per SM."""
+    from fusedresnet.kernels.dev import DEV_SOURCES, dev_name_expressions
+    names = [name for names in dev_name_expressions().values() for name in names]
+    source = source_text(WGMMA_ARCH, DEV_SOURCES) + "\nvoid *fusedresnet_instances[] = {" + ", ".join(
+        f"(void *)&{name}" for name in names) + "};\n"
+    path = tmp_path / "fusedresnet_dev.cu"
+    path.write_text(source)
+    cmd = [NVCC, f"-arch={WGMMA_ARCH}", *COMPILE_OPTIONS, "-cubin", "-Werror", "all-warnings", "--resource-usage",
+           "-o", str(tmp_path / "dev.cubin"), str(path)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr}"
+    report = result.stdout + result.stderr
+    blocks = [b for b in report.split("Function properties for ")[1:] if b.startswith("_Z13conv_wgmma_ws")]
+    assert len(blocks) == len(names), report
+    for block in blocks:
+        assert " 0 bytes spill stores" in block, block
+        assert blocks_by_registers(int(re.search(r"Used (\d+) registers", block).group(1)), 384) >= 1, block
+    assert "Potential Performance Loss" not in report, report
 
 
 def test_cluster_splitk_tiles_are_the_plain_tiles_again_and_their_staged_tile_fits_the_ring():
