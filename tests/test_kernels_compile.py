@@ -67,19 +67,23 @@ def test_every_cu_file_is_part_of_the_compiled_source():
     assert not wgmma_names & set(name_expressions("sm_80"))
 
 
-@needs_nvcc
-@pytest.mark.parametrize("arch", ARCHS)
-def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
-    names = name_expressions(arch)
-    source = source_text(arch) + "\nvoid *fusedresnet_instances[] = {" + ", ".join(
-        f"(void *)&{name}" for name in names) + "};\n"
+def nvcc_report(tmp_path, arch: str, source: str, names: list[str]) -> str:
+    """nvcc's resource report of `source` with every kernel of `names` instantiated (warnings are errors)."""
     path = tmp_path / "fusedresnet_kernels.cu"
-    path.write_text(source)
+    path.write_text(source + "\nvoid *fusedresnet_instances[] = {" + ", ".join(f"(void *)&{name}" for name in names)
+                    + "};\n")
     cmd = [NVCC, f"-arch={arch}", *COMPILE_OPTIONS, "-cubin", "-Werror", "all-warnings", "--resource-usage",
            "-o", str(tmp_path / "kernels.cubin"), str(path)]
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr}"
-    report = result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ARCHS)
+def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
+    names = name_expressions(arch)
+    report = nvcc_report(tmp_path, arch, source_text(arch), names)
     compiled = re.findall(r"Function properties for (\S+)", report)
     assert len(compiled) == len(names), report
     # The matrix kernels must keep their accumulators (and the wgmma stem its A fragments) in registers.
@@ -286,15 +290,7 @@ def test_dev_kernels_compile_for_sm_90a_without_warnings_or_spills(tmp_path):
     (configs.source_text with dev_sources), warnings as errors, its registers within one block per SM."""
     from fusedresnet.kernels.dev import DEV_SOURCES, dev_name_expressions
     names = [name for names in dev_name_expressions().values() for name in names]
-    source = source_text(WGMMA_ARCH, DEV_SOURCES) + "\nvoid *fusedresnet_instances[] = {" + ", ".join(
-        f"(void *)&{name}" for name in names) + "};\n"
-    path = tmp_path / "fusedresnet_dev.cu"
-    path.write_text(source)
-    cmd = [NVCC, f"-arch={WGMMA_ARCH}", *COMPILE_OPTIONS, "-cubin", "-Werror", "all-warnings", "--resource-usage",
-           "-o", str(tmp_path / "dev.cubin"), str(path)]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr}"
-    report = result.stdout + result.stderr
+    report = nvcc_report(tmp_path, WGMMA_ARCH, source_text(WGMMA_ARCH, DEV_SOURCES), names)
     blocks = [b for b in report.split("Function properties for ")[1:] if b.startswith("_Z13conv_wgmma_ws")]
     assert len(blocks) == len(names), report
     for block in blocks:
