@@ -67,13 +67,13 @@ def test_every_cu_file_is_part_of_the_compiled_source():
     assert not wgmma_names & set(name_expressions("sm_80"))
 
 
-def nvcc_report(tmp_path, arch: str, source: str, names: list[str]) -> str:
+def nvcc_report(tmp_path, arch: str, source: str, names: list[str], *options: str) -> str:
     """nvcc's resource report of `source` with every kernel of `names` instantiated (warnings are errors)."""
     path = tmp_path / "fusedresnet_kernels.cu"
     path.write_text(source + "\nvoid *fusedresnet_instances[] = {" + ", ".join(f"(void *)&{name}" for name in names)
                     + "};\n")
-    cmd = [NVCC, f"-arch={arch}", *COMPILE_OPTIONS, "-cubin", "-Werror", "all-warnings", "--resource-usage",
-           "-o", str(tmp_path / "kernels.cubin"), str(path)]
+    cmd = [NVCC, f"-arch={arch}", *COMPILE_OPTIONS, *options, "-cubin", "-Werror", "all-warnings",
+           "--resource-usage", "-o", str(tmp_path / "kernels.cubin"), str(path)]
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr}"
     return result.stdout + result.stderr
@@ -287,10 +287,12 @@ def test_warp_specialised_wgmma_tiles_live_in_kernels_dev_fit_an_sm_and_are_neve
 @needs_nvcc
 def test_dev_kernels_compile_for_sm_90a_without_warnings_or_spills(tmp_path):
     """Every experiment of kernels/dev/ builds with the served sources as its runner builds it
-    (configs.source_text with dev_sources), warnings as errors, its registers within one block per SM."""
+    (configs.source_text with dev_sources), warnings as errors, its registers within one block per SM. Only the
+    dev kernels are instantiated: the served ones compile in the test above."""
     from fusedresnet.kernels.dev import DEV_SOURCES, dev_name_expressions
     names = [name for names in dev_name_expressions().values() for name in names]
-    report = nvcc_report(tmp_path, WGMMA_ARCH, source_text(WGMMA_ARCH, DEV_SOURCES), names)
+    # (177: a constant of a served kernel that no dev kernel uses is declared but never referenced)
+    report = nvcc_report(tmp_path, WGMMA_ARCH, source_text(WGMMA_ARCH, DEV_SOURCES), names, "-diag-suppress", "177")
     blocks = [b for b in report.split("Function properties for ")[1:] if b.startswith("_Z13conv_wgmma_ws")]
     assert len(blocks) == len(names), report
     for block in blocks:
