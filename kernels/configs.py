@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parent
@@ -203,23 +204,45 @@ CONV_TILES = (
 )
 
 
+class Schedule(Enum):
+    """How a wgmma tile's blocks load their operands and walk their tiles (CUTLASS names its kernel schedules the
+    same way: KernelTmaWarpSpecializedPingpong, ...). The value is the label's prefix."""
+
+    MULTISTAGE = "wg"                   # conv_wgmma (v1): every thread loads a cp.async ring, one tile per block
+    CLUSTER_SPLIT_K = "wc"              # conv_wgmma (v3): a tile's split-K slices one thread-block cluster, added
+                                        # up through distributed shared memory; no workspace, no splitk_epilogue
+    PERSISTENT = "wp"                   # conv_wgmma (v4): blocks_per_sm blocks per SM run tile after tile, the
+                                        # cp.async ring going on across them; no split-K
+    TMA_WARP_SPECIALIZED = "wt"         # conv_wgmma_tma (v6): persistent, every operand tile loaded by the TMA from
+                                        # one producer thread onto an mbarrier ring; needs cuda.bindings
+    TMA_PINGPONG = "wq"                 # conv_wgmma_tma (v6) PINGPONG: each consumer warpgroup whole tiles in turn,
+                                        # one's epilogue under the other's wgmma (two warpgroups, one block per SM)
+    CP_ASYNC_WARP_SPECIALIZED = "ws"    # conv_wgmma_ws (v2, kernels/dev): a producer warpgroup issues the
+                                        # cp.async loads onto mbarriers; never chosen, not served
+
+
+TMA_SCHEDULES = (Schedule.TMA_WARP_SPECIALIZED, Schedule.TMA_PINGPONG)
+PERSISTENT_SCHEDULES = (Schedule.PERSISTENT, *TMA_SCHEDULES)
+
+
+class Epilogue(Enum):
+    """How a wgmma tile's epilogue stores its outputs. The value is the label's suffix."""
+
+    FRAGMENTS = ""    # each thread its accumulator fragments, 4 bytes at a time (epilogue.cuh)
+    VEC16 = "v"       # a quad transpose, then 16-byte stores (epilogue.cuh epilogue_store16); conv_wgmma_tma's VEC
+
+
+# The epilogues each schedule has (VEC16 not on the ping-pong tiles: 128 accumulators per thread, it spilled).
+SCHEDULE_EPILOGUES = {schedule: (Epilogue.FRAGMENTS,) for schedule in Schedule} | {
+    Schedule.TMA_WARP_SPECIALIZED: (Epilogue.FRAGMENTS, Epilogue.VEC16)}
+
+
 @dataclass(frozen=True)
 class WgmmaConfig:
-    """One instantiation of conv_wgmma (sm_90a): BM x BN tile, `warpgroups` consumers of 128 threads.
-
-    warp_specialized: conv_wgmma_ws instead (conv_wgmma.cu, v2): one more warpgroup, the producer,
-    issues every load; per-stage mbarriers instead of a __syncthreads per k-tile. Labels "ws...".
-    cluster_splitk: the split-K slices of a tile run as one thread-block cluster and add up their partial
-    sums through distributed shared memory, then apply the epilogue (conv_wgmma.cu, v3): no fp32
-    workspace, no splitk_epilogue launch; at most CLUSTER_SPLITK_MAX slices. Labels "wc...".
-    persistent: conv_wgmma's PERSISTENT loop: at most blocks_per_sm blocks per SM, each running tiles
-    blockIdx.x, + gridDim.x, ... with its cp.async ring going on across them; no split-K. Labels "wp...".
-    tma: conv_wgmma_tma (conv_wgmma.cu, v6): the persistent walk with every operand tile loaded by the
-    TMA, issued by one thread of a producer warp, on conv_wgmma_ws's mbarrier ring. Always persistent;
-    needs cuda.bindings (the tensor maps, and their launch). Labels "wt...".
-    pingpong: conv_wgmma_tma's PINGPONG: each consumer warpgroup computes whole bm x bn tiles, alternating
-    with the other (one's epilogue under the other's wgmma). Labels "wq...".
-    """
+    """One instantiation of conv_wgmma (sm_90a): BM x BN tile, `warpgroups` consumers of 128 threads, run on a
+    named `schedule` (Schedule: MULTISTAGE, CLUSTER_SPLIT_K, PERSISTENT, TMA_WARP_SPECIALIZED, TMA_PINGPONG,
+    CP_ASYNC_WARP_SPECIALIZED) with a named `epilogue` (Epilogue). Labels are derived from both names:
+    Schedule's prefix, the shape, Epilogue's suffix ("wt128x128g2s4v": TMA_WARP_SPECIALIZED, VEC16)."""
 
     bm: int
     bn: int
@@ -228,24 +251,42 @@ class WgmmaConfig:
     efficiency: float = 1.0   # cost model, relative to the mma.sync 128x128 tile (see plan_conv)
     blocks_per_sm: int = 1
     measured: bool = False    # efficiency calibrated on a GPU run: only these are untuned (cost-model) choices
-    warp_specialized: bool = False
-    cluster_splitk: bool = False
-    persistent: bool = False
-    tma: bool = False
-    pingpong: bool = False
-    vec_epilogue: bool = False   # conv_wgmma_tma's VEC: 16-byte stores after a quad transpose. Labels "...v"
+    schedule: Schedule = Schedule.MULTISTAGE
+    epilogue: Epilogue = Epilogue.FRAGMENTS
 
     def __post_init__(self):
-        if self.tma and not self.persistent:
-            raise ValueError("the TMA tiles are persistent")
-        if self.tma and (self.warp_specialized or self.cluster_splitk):
-            raise ValueError("the TMA tiles are their own kernel: not conv_wgmma_ws, no split-K")
+        if self.epilogue not in SCHEDULE_EPILOGUES[self.schedule]:
+            raise ValueError(f"the {self.schedule.name} schedule has no {self.epilogue.name} epilogue (the 16-byte "
+                             f"epilogue is TMA_WARP_SPECIALIZED's)")
         if self.tma and self.blocks_per_sm != self.launch_blocks:
             raise ValueError("a TMA tile's blocks per SM are those its launch bounds ask registers for")
-        if self.vec_epilogue and not self.tma:
-            raise ValueError("the 16-byte epilogue is conv_wgmma_tma's")
-        if self.pingpong and not (self.tma and self.warpgroups == 2 and self.blocks_per_sm == 1):
-            raise ValueError("the ping-pong schedule is a TMA tile's, of two warpgroups and one block per SM")
+        if self.schedule is Schedule.TMA_PINGPONG and not (self.warpgroups == 2 and self.blocks_per_sm == 1):
+            raise ValueError("the TMA_PINGPONG schedule takes two warpgroups and one block per SM")
+
+    # What the launcher and the cost model ask of a schedule.
+    @property
+    def warp_specialized(self) -> bool:   # conv_wgmma_ws: a producer warpgroup beside the consumers
+        return self.schedule is Schedule.CP_ASYNC_WARP_SPECIALIZED
+
+    @property
+    def cluster_splitk(self) -> bool:
+        return self.schedule is Schedule.CLUSTER_SPLIT_K
+
+    @property
+    def persistent(self) -> bool:
+        return self.schedule in PERSISTENT_SCHEDULES
+
+    @property
+    def tma(self) -> bool:
+        return self.schedule in TMA_SCHEDULES
+
+    @property
+    def pingpong(self) -> bool:
+        return self.schedule is Schedule.TMA_PINGPONG
+
+    @property
+    def vec_epilogue(self) -> bool:
+        return self.epilogue is Epilogue.VEC16
 
     @property
     def threads(self) -> int:
@@ -265,22 +306,19 @@ class WgmmaConfig:
 
     @property
     def name_expression(self) -> str:
+        shape = f"{self.bm},{self.bn},{self.warpgroups},{self.stages}"
         if self.tma:
             flags = (f",{'true' if self.pingpong else 'false'},true" if self.vec_epilogue
                      else ",true" if self.pingpong else "")
-            return f"conv_wgmma_tma<{self.bm},{self.bn},{self.warpgroups},{self.stages}{flags}>"
-        if self.cluster_splitk:   # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = true
-            return f"conv_wgmma<{self.bm},{self.bn},{self.warpgroups},{self.stages},false,true>"
-        if self.persistent:       # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = false, PERSISTENT = true
-            return f"conv_wgmma<{self.bm},{self.bn},{self.warpgroups},{self.stages},false,false,true>"
-        kernel = "conv_wgmma_ws" if self.warp_specialized else "conv_wgmma"
-        return f"{kernel}<{self.bm},{self.bn},{self.warpgroups},{self.stages}>"
+            return f"conv_wgmma_tma<{shape}{flags}>"
+        return {Schedule.MULTISTAGE: f"conv_wgmma<{shape}>",
+                Schedule.CLUSTER_SPLIT_K: f"conv_wgmma<{shape},false,true>",       # SHORTCUT, CLUSTER_SPLITK
+                Schedule.PERSISTENT: f"conv_wgmma<{shape},false,false,true>",      # ..., PERSISTENT
+                Schedule.CP_ASYNC_WARP_SPECIALIZED: f"conv_wgmma_ws<{shape}>"}[self.schedule]
 
     @property
     def label(self) -> str:
-        kind = ("ws" if self.warp_specialized else "wc" if self.cluster_splitk else "wq" if self.pingpong
-                else "wt" if self.tma else "wp" if self.persistent else "wg")
-        return f"{kind}{self.bm}x{self.bn}g{self.warpgroups}s{self.stages}" + ("v" if self.vec_epilogue else "")
+        return f"{self.schedule.value}{self.bm}x{self.bn}g{self.warpgroups}s{self.stages}{self.epilogue.value}"
 
 
 # wgmma tiles. `efficiency` is relative to the mma.sync 128x128 tile (1.0, which
@@ -318,29 +356,30 @@ WGMMA_TILES = (
 # at batch 1, 12 of the 20 convolutions split K 3-12 ways and each was followed by a splitk_epilogue kernel.
 # Only the tuner chooses them (not `measured`), with 2 .. CLUSTER_SPLITK_MAX slices.
 CLUSTER_SPLITK_MAX = 8   # slices per cluster: the portable cluster size (a launch limit, not compiled in)
-WGMMA_CLUSTER_TILES = tuple(replace(t, cluster_splitk=True, measured=False) for t in WGMMA_TILES
-                            if not t.warp_specialized)
+WGMMA_CLUSTER_TILES = tuple(replace(t, schedule=Schedule.CLUSTER_SPLIT_K, measured=False) for t in WGMMA_TILES)
 # conv_wgmma tiles again as persistent blocks (NOTES.md outcome 32): for the convolutions with few k-tiles
 # per tile (layer2.0's stride-2 3x3 conv, K = 9 x 64), where each block's prologue and ring fill weighed
 # on a short k-loop. Only the tuner chooses them (not `measured`), without split-K.
-WGMMA_PERSISTENT_TILES = tuple(replace(t, persistent=True, measured=False) for t in WGMMA_TILES
-                               if not t.warp_specialized and (t.bm, t.bn, t.stages) in
+WGMMA_PERSISTENT_TILES = tuple(replace(t, schedule=Schedule.PERSISTENT, measured=False) for t in WGMMA_TILES
+                               if (t.bm, t.bn, t.stages) in
                                ((128, 128, 3), (128, 128, 4), (64, 128, 3), (256, 128, 4)))
 # conv_wgmma_tma (v6, NOTES.md outcome 36): the persistent tiles with TMA loads. The 128x128 s3 and 64x128
 # s4 rings fit two blocks per SM (each block's epilogue under the other's main loop); 128x128 s4 and s6 and
 # 256x128 s4 (48 KB per k-tile) one, deeper. Only the tuner chooses them (not `measured`).
 WGMMA_TMA_TILES = (
-    WgmmaConfig(128, 128, 2, 3, blocks_per_sm=2, persistent=True, tma=True),   # 97 KB
-    WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True),   # 129 KB
-    WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, persistent=True, tma=True),   # 193 KB
-    WgmmaConfig(64, 128, 1, 4, blocks_per_sm=2, persistent=True, tma=True),    # 97 KB
-    WgmmaConfig(256, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True),   # 193 KB
+    WgmmaConfig(128, 128, 2, 3, blocks_per_sm=2, schedule=Schedule.TMA_WARP_SPECIALIZED),   # 97 KB
+    WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, schedule=Schedule.TMA_WARP_SPECIALIZED),   # 129 KB
+    WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, schedule=Schedule.TMA_WARP_SPECIALIZED),   # 193 KB
+    WgmmaConfig(64, 128, 1, 4, blocks_per_sm=2, schedule=Schedule.TMA_WARP_SPECIALIZED),    # 97 KB
+    WgmmaConfig(256, 128, 2, 4, blocks_per_sm=1, schedule=Schedule.TMA_WARP_SPECIALIZED),   # 193 KB
     # ping-pong: each warpgroup a whole 128x128 tile (128 accumulators per thread), one block per SM
-    WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True, pingpong=True),   # 129 KB
-    WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, persistent=True, tma=True, pingpong=True),   # 193 KB
+    WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, schedule=Schedule.TMA_PINGPONG),   # 129 KB
+    WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, schedule=Schedule.TMA_PINGPONG),   # 193 KB
     # 16-byte epilogue stores (not on the ping-pong tiles: 128 accumulators per thread, it spilled 468 bytes)
-    WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True, vec_epilogue=True),   # 129 KB
-    WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, persistent=True, tma=True, vec_epilogue=True),   # 193 KB
+    WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, schedule=Schedule.TMA_WARP_SPECIALIZED,
+                epilogue=Epilogue.VEC16),   # 129 KB
+    WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, schedule=Schedule.TMA_WARP_SPECIALIZED,
+                epilogue=Epilogue.VEC16),   # 193 KB
 )
 # Every conv_wgmma / conv_wgmma_tma instantiation's tile: what the sm_90a module compiles and
 # the tuner times.

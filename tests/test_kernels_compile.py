@@ -36,6 +36,8 @@ from fusedresnet.kernels.configs import (
     WGMMA_HEADERS,
     WGMMA_SOURCES,
     WGMMA_TILES,
+    Epilogue,
+    Schedule,
     WgmmaConfig,
     name_expressions,
     nvrtc_options,
@@ -396,19 +398,34 @@ def test_tma_tiles_are_persistent_sm_90a_tiles_with_a_producer_warp_and_a_twin_w
         assert twin.label[:2] in ("wp", "wg")
         plan = make_plan(t, 1, 100352, 128, 9)   # layer2.0's stride-2 conv at batch 128
         assert plan.grid == (-(-100352 // t.bm) * -(-128 // t.bn), 1, 1) and plan.splits == 1
-    with pytest.raises(ValueError, match="persistent"):
-        WgmmaConfig(128, 128, 2, 3, tma=True)
-    for other_kernel in ({"warp_specialized": True}, {"cluster_splitk": True}):
-        with pytest.raises(ValueError, match="their own kernel"):
-            WgmmaConfig(128, 128, 2, 3, persistent=True, tma=True, **other_kernel)
+    tma = Schedule.TMA_WARP_SPECIALIZED
     with pytest.raises(ValueError, match="no cp.async twin"):   # no wp64x64g1s5 or wg64x64g1s5 tile
-        without_cuda_bindings(WgmmaConfig(64, 64, 1, 5, blocks_per_sm=2, persistent=True, tma=True))
+        without_cuda_bindings(WgmmaConfig(64, 64, 1, 5, blocks_per_sm=2, schedule=tma))
     with pytest.raises(ValueError, match="launch bounds"):   # two 97 KB blocks fit: the launch bounds ask two
-        WgmmaConfig(128, 128, 2, 3, blocks_per_sm=1, persistent=True, tma=True)
-    with pytest.raises(ValueError, match="ping-pong"):
-        WgmmaConfig(128, 128, 2, 3, persistent=True, pingpong=True)
-    with pytest.raises(ValueError, match="16-byte epilogue"):
-        WgmmaConfig(128, 128, 2, 3, persistent=True, vec_epilogue=True)
+        WgmmaConfig(128, 128, 2, 3, blocks_per_sm=1, schedule=tma)
+    with pytest.raises(ValueError, match="TMA_PINGPONG schedule takes two warpgroups"):
+        WgmmaConfig(128, 128, 1, 4, schedule=Schedule.TMA_PINGPONG)
+    for schedule in set(Schedule) - {tma}:   # the 16-byte epilogue is the TMA warp-specialised tiles' only
+        with pytest.raises(ValueError, match=f"the {schedule.name} schedule has no VEC16 epilogue"):
+            WgmmaConfig(128, 128, 2, 4, schedule=schedule, epilogue=Epilogue.VEC16)
+
+
+def test_wgmma_schedules_and_epilogues_have_names_and_the_labels_come_from_them():
+    """Each wgmma tile names its schedule (configs.Schedule) and its epilogue (configs.Epilogue); its label is
+    the schedule's prefix, the shape and the epilogue's suffix, the labels of kernels/tuned_plans.json."""
+    from fusedresnet.kernels.configs import SCHEDULE_EPILOGUES, WGMMA_CONV_TILES, tile_by_label
+    assert {s.name: s.value for s in Schedule} == {
+        "MULTISTAGE": "wg", "CLUSTER_SPLIT_K": "wc", "PERSISTENT": "wp", "TMA_WARP_SPECIALIZED": "wt",
+        "TMA_PINGPONG": "wq", "CP_ASYNC_WARP_SPECIALIZED": "ws"}
+    assert {e.name: e.value for e in Epilogue} == {"FRAGMENTS": "", "VEC16": "v"}
+    for t in WGMMA_CONV_TILES:
+        assert t.label == f"{t.schedule.value}{t.bm}x{t.bn}g{t.warpgroups}s{t.stages}{t.epilogue.value}"
+        assert t.epilogue in SCHEDULE_EPILOGUES[t.schedule]
+    served = {t.schedule for t in WGMMA_CONV_TILES}
+    assert served == set(Schedule) - {Schedule.CP_ASYNC_WARP_SPECIALIZED}   # that one lives in kernels/dev
+    assert tile_by_label("wt128x128g2s4v").schedule is Schedule.TMA_WARP_SPECIALIZED
+    assert tile_by_label("wt128x128g2s4v").epilogue is Epilogue.VEC16
+    assert tile_by_label("wq128x128g2s6").schedule is Schedule.TMA_PINGPONG
 
 
 def test_every_wgmma_tile_fits_its_blocks_per_sm_and_the_launch_bounds_ask_for_them():

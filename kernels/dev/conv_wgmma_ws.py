@@ -20,15 +20,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..configs import BK, WgmmaConfig, make_plan
+from ..configs import BK, Schedule, WgmmaConfig, make_plan
 
 SOURCE = Path(__file__).resolve().with_suffix(".cu")
 # 2 consumer warpgroups + 1 producer warpgroup (384 threads), one block per SM
+WS = Schedule.CP_ASYNC_WARP_SPECIALIZED
 TILES = (
-    WgmmaConfig(128, 128, 2, 4, efficiency=1.2, blocks_per_sm=1, warp_specialized=True),   # 129 KB
-    WgmmaConfig(128, 128, 2, 6, efficiency=1.2, blocks_per_sm=1, warp_specialized=True),   # 193 KB
-    WgmmaConfig(128, 256, 2, 4, efficiency=1.5, blocks_per_sm=1, warp_specialized=True),   # 193 KB
-    WgmmaConfig(256, 128, 2, 4, efficiency=1.5, blocks_per_sm=1, warp_specialized=True),   # 193 KB
+    WgmmaConfig(128, 128, 2, 4, efficiency=1.2, blocks_per_sm=1, schedule=WS),   # 129 KB
+    WgmmaConfig(128, 128, 2, 6, efficiency=1.2, blocks_per_sm=1, schedule=WS),   # 193 KB
+    WgmmaConfig(128, 256, 2, 4, efficiency=1.5, blocks_per_sm=1, schedule=WS),   # 193 KB
+    WgmmaConfig(256, 128, 2, 4, efficiency=1.5, blocks_per_sm=1, schedule=WS),   # 193 KB
 )
 # ResNet-18's 3x3 convolutions after the stem at 224 x 224: (name, input H = W, C, K, stride)
 LAYERS = (("layer1", 56, 64, 64, 1), ("layer2.0.conv1", 56, 64, 128, 2), ("layer2", 28, 128, 128, 1),
