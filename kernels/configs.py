@@ -151,6 +151,10 @@ def geometry_preamble(arch: str | None = None) -> str:
             lines.append(f"__host__ __device__ constexpr int {name}({args}) {{ return {expr}; }}")
         else:
             lines.append(f"constexpr int {key} = {expr};")
+    if wgmma_arch(arch):   # the wgmma tiles' named schedules and epilogues: template arguments of conv_wgmma*
+        for enum in (Schedule, Epilogue):
+            lines.append(f"enum class {enum.__name__} : int {{ " + ", ".join(
+                f"{member.name} = {index}" for index, member in enumerate(enum)) + " };")
     return "\n".join(lines) + "\n"
 
 
@@ -306,15 +310,15 @@ class WgmmaConfig:
 
     @property
     def name_expression(self) -> str:
+        """conv_wgmma<BM, BN, WGS, STAGES, Schedule SCHEDULE[, bool SHORTCUT]>, conv_wgmma_tma<..., Schedule,
+        Epilogue> (the C++ enum classes are generated from Schedule and Epilogue: geometry_preamble), or the
+        dev kernel conv_wgmma_ws<BM, BN, WGS, STAGES>."""
         shape = f"{self.bm},{self.bn},{self.warpgroups},{self.stages}"
         if self.tma:
-            flags = (f",{'true' if self.pingpong else 'false'},true" if self.vec_epilogue
-                     else ",true" if self.pingpong else "")
-            return f"conv_wgmma_tma<{shape}{flags}>"
-        return {Schedule.MULTISTAGE: f"conv_wgmma<{shape}>",
-                Schedule.CLUSTER_SPLIT_K: f"conv_wgmma<{shape},false,true>",       # SHORTCUT, CLUSTER_SPLITK
-                Schedule.PERSISTENT: f"conv_wgmma<{shape},false,false,true>",      # ..., PERSISTENT
-                Schedule.CP_ASYNC_WARP_SPECIALIZED: f"conv_wgmma_ws<{shape}>"}[self.schedule]
+            return f"conv_wgmma_tma<{shape},Schedule::{self.schedule.name},Epilogue::{self.epilogue.name}>"
+        if self.warp_specialized:
+            return f"conv_wgmma_ws<{shape}>"
+        return f"conv_wgmma<{shape},Schedule::{self.schedule.name}>"
 
     @property
     def label(self) -> str:
@@ -844,8 +848,7 @@ def shortcut_name_expression(tile) -> str:
     branch for it."""
     if isinstance(tile, TileConfig):
         return f"conv_implicit_gemm<{tile.bm},{tile.bn},{tile.warps_m},{tile.warps_n},{tile.stages},3>"
-    cluster = ",true" if tile.cluster_splitk else ""
-    return f"conv_wgmma<{tile.bm},{tile.bn},{tile.warpgroups},{tile.stages},true{cluster}>"
+    return f"conv_wgmma<{tile.bm},{tile.bn},{tile.warpgroups},{tile.stages},Schedule::{tile.schedule.name},true>"
 
 
 def patch_applies(tile: PatchConfig, c: int, k: int, r: int, stride: int, pad: int) -> bool:

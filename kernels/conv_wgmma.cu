@@ -67,7 +67,7 @@
 //       the cp.async loads, the consumer warpgroups only wgmma and the
 //       epilogue, per-stage full / empty mbarriers instead of a __syncthreads
 //       per k-tile (configs: the "ws" tiles).
-//   v3  CLUSTER_SPLITK (configs: the "wc" tiles): the gridDim.z split-K
+//   v3  Schedule::CLUSTER_SPLIT_K (configs: the "wc" tiles): the gridDim.z split-K
 //       slices of a tile are one thread-block cluster (launched with cluster
 //       dims (1, 1, splits)); each stages its fp32 partial tile over its
 //       drained ring, and after a cluster barrier each block adds a share of
@@ -75,11 +75,11 @@
 //       applies the epilogue (wgmma_cluster_splitk_epilogue). The main loop is
 //       the plain kernel's; the workspace and the splitk_epilogue kernel (one
 //       more launch per split convolution) are gone.
-//   v4  PERSISTENT (configs: the "wp" tiles): blocks_per_sm blocks per SM run
+//   v4  Schedule::PERSISTENT (configs: the "wp" tiles): blocks_per_sm blocks per SM run
 //       tile after tile with one ring (conv_wgmma_persistent_tiles, below).
 //   v6  conv_wgmma_tma (at the end of this file; configs: the "wt" tiles): the
 //       persistent walk with every operand tile loaded by the TMA, issued by
-//       one producer thread on conv_wgmma_ws's mbarrier ring; its PINGPONG
+//       one producer thread on conv_wgmma_ws's mbarrier ring (Schedule::TMA_WARP_SPECIALIZED); Schedule::TMA_PINGPONG
 //       ("wq" tiles): the two consumer warpgroups take whole tiles in turn.
 
 #include "common.cuh"
@@ -360,8 +360,7 @@ __device__ __forceinline__ void conv_wgmma_persistent_tiles(float (&acc)[MB][BN 
     cp_async_wait<0>();   // only empty groups remain: no copy outlives the block
 }
 
-template <int BM, int BN, int WGS, int STAGES, bool SHORTCUT = false, bool CLUSTER_SPLITK = false,
-          bool PERSISTENT = false>
+template <int BM, int BN, int WGS, int STAGES, Schedule SCHEDULE = Schedule::MULTISTAGE, bool SHORTCUT = false>
 __global__ void __launch_bounds__(WGS * 128, wgmma_min_blocks(BM, BN, STAGES))
 conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
            const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
@@ -372,8 +371,11 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
     // arithmetic below reads no memory another kernel writes, so it overlaps the kernel before this one.
     // (PERSISTENT: grid (blocks, 1, 1), k_tiles_per_split = num_k_tiles, and every block may run every
     // output-channel tile, so the slice is the whole filter: bn = K.)
-    pdl_begin_prefetch_filter(w, PERSISTENT ? K : BN, K, ldw, num_k_tiles, k_tiles_per_split, false, false);
-    static_assert(!(PERSISTENT && CLUSTER_SPLITK), "a persistent block runs whole tiles (no split-K)");
+    pdl_begin_prefetch_filter(w, SCHEDULE == Schedule::PERSISTENT ? K : BN, K, ldw, num_k_tiles, k_tiles_per_split,
+                              false, false);
+    static_assert(SCHEDULE == Schedule::MULTISTAGE || SCHEDULE == Schedule::CLUSTER_SPLIT_K
+                  || SCHEDULE == Schedule::PERSISTENT, "conv_wgmma's schedules (the TMA ones: conv_wgmma_tma)");
+    constexpr bool CLUSTER_SPLITK = SCHEDULE == Schedule::CLUSTER_SPLIT_K, PERSISTENT = SCHEDULE == Schedule::PERSISTENT;
     constexpr int THREADS = WGS * 128;
     constexpr int WM = BM / WGS;              // rows per warpgroup
     constexpr int MB = WM / 64;               // m64 blocks per warpgroup
@@ -488,7 +490,7 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
 // (q * stride - pad, p * stride - pad): the tensor map's element strides and bounding box (the
 // launcher) make the walk the implicit GEMM's rows in order; rows past M read zeros and are not
 // stored. No fused shortcut, no split-K. Tensor maps: kernels/launch.py (tma_maps).
-// PINGPONG (configs: the "wq" tiles; CUTLASS's "ping-pong" kernel schedule): each consumer warpgroup
+// Schedule::TMA_PINGPONG (PINGPONG; configs: the "wq" tiles; CUTLASS's "ping-pong" kernel schedule): each consumer warpgroup
 // owns whole BM x BN tiles, warpgroup g the block's tiles j = g, g + WGS, ... (tile j is t = blockIdx.x
 // + j * gridDim.x), so one warpgroup's epilogue runs while the other's wgmma run. The producer's ring
 // order is unchanged (tile after tile, k-tile after k-tile): the block's k-tile i = j * num_k_tiles + kt
@@ -505,7 +507,8 @@ __host__ __device__ constexpr int wgmma_tma_min_blocks(int bm, int bn, int stage
     return wgmma_launch_blocks(wgmma_ws_smem_bytes(bm, bn, stages));
 }
 
-template <int BM, int BN, int WGS, int STAGES, bool PINGPONG = false, bool VEC = false>
+template <int BM, int BN, int WGS, int STAGES, Schedule SCHEDULE = Schedule::TMA_WARP_SPECIALIZED,
+          Epilogue EPILOGUE = Epilogue::FRAGMENTS>
 __global__ void __launch_bounds__(WGS * 128 + TMA_PRODUCER_THREADS, wgmma_tma_min_blocks(BM, BN, STAGES))
 conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
                const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
@@ -514,6 +517,9 @@ conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w,
                int shortcut_h, int shortcut_w, int shortcut_c, int shortcut_stride, int main_k_tiles,
                const __grid_constant__ TmaDescriptor x_map, const __grid_constant__ TmaDescriptor w_map) {
     pdl_begin_prefetch_filter(w, K, K, ldw, num_k_tiles, num_k_tiles, false, false);   // as PERSISTENT
+    static_assert(SCHEDULE == Schedule::TMA_WARP_SPECIALIZED || SCHEDULE == Schedule::TMA_PINGPONG,
+                  "conv_wgmma_tma's schedules");
+    constexpr bool PINGPONG = SCHEDULE == Schedule::TMA_PINGPONG, VEC = EPILOGUE == Epilogue::VEC16;
     constexpr int WM = PINGPONG ? BM : BM / WGS;   // rows per consumer warpgroup (PINGPONG: whole tiles)
     constexpr int MB = WM / 64;               // m64 blocks per consumer warpgroup
     constexpr int NACC = BN / 2;

@@ -108,20 +108,17 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
     # (An L2 prefetch added to the prologue once took the s3 128x128 tile from 124 to 132 registers: one
     # block per SM instead of two, layer2 at batch 128 1.5x slower.)
     if arch == WGMMA_ARCH:
-        by_args = {(t.bm, t.bn, t.warpgroups, t.stages, t.warp_specialized, t.cluster_splitk, t.persistent, t.tma,
-                    t.pingpong): t for t in WGMMA_CONV_TILES}
+        schedules, epilogues = list(Schedule), list(Epilogue)   # the C++ enum classes' values: their order
+        by_args = {(t.bm, t.bn, t.warpgroups, t.stages, schedules.index(t.schedule), epilogues.index(t.epilogue)): t
+                   for t in WGMMA_CONV_TILES}
         seen = 0
         for block in report.split("Function properties for ")[1:]:
-            # conv_wgmma<BM, BN, WGS, STAGES, SHORTCUT, CLUSTER_SPLITK, PERSISTENT> (Lb1: true);
-            # conv_wgmma_ws<BM, BN, WGS, STAGES>; conv_wgmma_tma<BM, BN, WGS, STAGES> (persistent)
-            # conv_wgmma_tma<BM, BN, WGS, STAGES, PINGPONG> (persistent)
-            match = re.match(r"_Z1[034](conv_wgmma(?:_ws|_tma)?)ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E"
-                             r"(?:Lb[01]ELb([01])ELb([01])E|Lb([01])E)?", block)
+            # conv_wgmma<BM, BN, WGS, STAGES, Schedule, bool SHORTCUT>;
+            # conv_wgmma_tma<BM, BN, WGS, STAGES, Schedule, Epilogue>
+            match = re.match(r"_Z1[04](conv_wgmma(?:_tma)?)ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)EL8Schedule(\d+)E"
+                             r"(?:Lb[01]E|L8Epilogue(\d+)E)E", block)
             if match:
-                args = tuple(int(v) for v in match.groups()[1:5])
-                tma = match.group(1) == "conv_wgmma_tma"
-                tile = by_args[args + (match.group(1) == "conv_wgmma_ws", match.group(6) == "1",
-                                       match.group(7) == "1" or tma, tma, match.group(8) == "1")]
+                tile = by_args[tuple(int(v) for v in match.groups()[1:6]) + (int(match.group(7) or 0),)]
                 registers = int(re.search(r"Used (\d+) registers", block).group(1))
                 assert blocks_by_registers(registers, tile.threads) >= tile.blocks_per_sm, (tile.label, registers)
                 seen += 1
