@@ -313,9 +313,10 @@ def test_cluster_splitk_tiles_are_the_plain_tiles_again_and_their_staged_tile_fi
         assert c.label == "wc" + t.label.removeprefix("wg") and tile_by_label(c.label) is c
         assert (c.bm, c.bn, c.warpgroups, c.stages, c.smem_bytes, c.blocks_per_sm, c.threads) == (
             t.bm, t.bn, t.warpgroups, t.stages, t.smem_bytes, t.blocks_per_sm, t.threads)
-        assert c.name_expression == f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},false,true>"
+        assert c.name_expression == f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},Schedule::CLUSTER_SPLIT_K>"
         assert c.name_expression in wgmma_90a and c.name_expression not in names_90
-        assert shortcut_name_expression(c) == f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},true,true>"
+        assert shortcut_name_expression(c) == (
+            f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},Schedule::CLUSTER_SPLIT_K,true>")
         ring = t.stages * (t.bm + t.bn) * GEOMETRY["BK"] * 2
         assert smem_bytes("cluster_stage_bytes", BM=c.bm, BN=c.bn) == c.bm * (c.bn + 8) * 4 <= ring, c.label
         assert c not in conv_tiles("wgmma") + conv_tiles("mixed")
@@ -344,7 +345,7 @@ def test_persistent_tiles_are_plain_tiles_that_run_whole_tiles_from_a_capped_gri
         assert runs_persistent(t) and not runs_persistent(twin) and tile_by_label(t.label) is t
         assert (t.bm, t.bn, t.warpgroups, t.stages, t.smem_bytes, t.blocks_per_sm, t.threads) == (
             twin.bm, twin.bn, twin.warpgroups, twin.stages, twin.smem_bytes, twin.blocks_per_sm, twin.threads)
-        assert t.name_expression == f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},false,false,true>"
+        assert t.name_expression == f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},Schedule::PERSISTENT>"
         assert not shortcut_applies(t) and shortcut_applies(twin)
         assert t.name_expression in wgmma_90a and t.name_expression not in names_90
         assert t not in conv_tiles("wgmma") + conv_tiles("mixed")
@@ -386,8 +387,9 @@ def test_tma_tiles_are_persistent_sm_90a_tiles_with_a_producer_warp_and_a_twin_w
         # the ring of BM + BN rows of 128 bytes per stage, the 1024-byte alignment, two 8-byte barriers per stage
         assert t.smem_bytes == t.stages * (t.bm + t.bn) * 128 + 1024 + t.stages * 16
         assert t.smem_bytes == smem_bytes("wgmma_ws", BM=t.bm, BN=t.bn, STAGES=t.stages)
-        flags = ",false,true" if t.vec_epilogue else ",true" if t.pingpong else ""
-        assert t.name_expression == f"conv_wgmma_tma<{t.bm},{t.bn},{t.warpgroups},{t.stages}{flags}>"
+        names = ("TMA_PINGPONG" if t.pingpong else "TMA_WARP_SPECIALIZED", "VEC16" if t.vec_epilogue else "FRAGMENTS")
+        assert t.name_expression == (f"conv_wgmma_tma<{t.bm},{t.bn},{t.warpgroups},{t.stages},Schedule::{names[0]},"
+                                     f"Epilogue::{names[1]}>")
         assert t.name_expression in wgmma_90a and t.name_expression not in names_90
         assert t not in conv_tiles("wgmma") + conv_tiles("mixed")
         twin = without_cuda_bindings(t)
@@ -702,7 +704,7 @@ def test_served_kernels_are_those_the_tuned_plans_and_the_untuned_plans_can_choo
     assert len(mixed) < len(name_expressions(WGMMA_ARCH)) / 2
     # Without cuda.bindings the tuned "wc", "wt" and "wq" tiles are served by their twins: none of theirs compiled
     twins = served_name_expressions(WGMMA_ARCH, MIXED, load_tuned_plans(device, MIXED), False)
-    assert not any(n.startswith("conv_wgmma_tma<") or re.match(r"conv_wgmma<\d+,\d+,\d+,\d+,(true|false),true>", n)
+    assert not any(n.startswith("conv_wgmma_tma<") or "CLUSTER_SPLIT_K" in n
                    for n in twins)
     # another GPU: only what the untuned plans can choose
     other = served_name_expressions(WGMMA_ARCH, MIXED, load_tuned_plans("NVIDIA H200", MIXED), True)
