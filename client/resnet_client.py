@@ -22,6 +22,7 @@ load generators (loadtest/locustfile.py, loadtest/grpc_flood.py).
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +114,18 @@ def output_shape(result, name: str) -> tuple[int, ...] | None:
     if output is None:
         return None
     return tuple(int(d) for d in (output["shape"] if isinstance(output, dict) else output.shape))
+
+
+def response_bytes(result) -> int:
+    """Bytes of the response as received: gRPC, the serialised ModelInferResponse; HTTP, the JSON header
+    (re-serialised compactly, as Triton writes it) plus the binary outputs it declares. Outputs written to
+    shared memory are not received, so they do not count."""
+    response = result.get_response()
+    if isinstance(response, dict):
+        header = len(json.dumps(response, separators=(",", ":")))
+        return header + sum(int(output.get("parameters", {}).get("binary_data_size", 0))
+                            for output in response.get("outputs", []))
+    return response.ByteSize()
 
 
 def check_logits_received(result, images_sent: int, in_shared_memory: bool):

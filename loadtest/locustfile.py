@@ -58,6 +58,7 @@ from fusedresnet.client.resnet_client import (  # noqa: E402
     SharedMemorySlot,
     build_request,
     check_logits_received,
+    response_bytes,
 )
 from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS, read_admin_token, request_regions  # noqa: E402
 from fusedresnet.loadtest.image_pool import (  # noqa: E402
@@ -262,21 +263,26 @@ class TritonUser(User):
         kwargs = {"client_timeout": REQUEST_TIMEOUT_S} if self.protocol == "grpc" else {}
         return self.client.infer(self.model, inputs, outputs=outputs, **kwargs)
 
-    def on_request_done(self, started_at: float, latency_ms: float, exception: Exception | None):
+    def on_request_done(self, started_at: float, latency_ms: float, exception: Exception | None,
+                        received_bytes: int = 0):
         REQUEST_LOG.add(started_at, latency_ms, exception is None)
         name = self.request_name + (WARMUP_SUFFIX if time.time() < self.warmup_ends_at else "")
+        # response_length is bytes (locust reports it as the content size); the images of a request are in
+        # its name ("x8") and in the context.
         self.environment.events.request.fire(request_type=self.protocol, name=name, response_time=latency_ms,
-                                             response_length=self.windows.images_per_request,
-                                             exception=exception, context={})
+                                             response_length=received_bytes, exception=exception,
+                                             context={"images": self.windows.images_per_request})
 
     @task
     def classify_batch(self):
         images = self.windows.next()
         started_at, started = time.time(), time.perf_counter()
         REQUEST_LOG.sent += 1
-        exception = None
+        exception, received = None, 0
         try:
-            check_logits_received(self.infer(images), len(images), in_shared_memory=self.regions is not None)
+            result = self.infer(images)
+            received = response_bytes(result)
+            check_logits_received(result, len(images), in_shared_memory=self.regions is not None)
         except Exception as error:  # every failure is a failed request, reported to locust
             exception = error
-        self.on_request_done(started_at, (time.perf_counter() - started) * 1e3, exception)
+        self.on_request_done(started_at, (time.perf_counter() - started) * 1e3, exception, received)

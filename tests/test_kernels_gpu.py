@@ -52,8 +52,8 @@ def test_engine_serves_through_create_custom_engine(checker, tmp_path):
     torch.save(checker.params, tmp_path / "folded.pt")
     engine, reason = create_custom_engine(tmp_path / "folded.pt", "cuda:0")
     assert engine.name.startswith("fused-cuda-fp16-"), reason   # not a fallback engine
-    # the name says which kernel families its plans run on: on the GPU of the tuned table (the mixed path),
-    # the families the table names, beside the wgmma stem
+    # the name says which kernel families its plans run on (docs/ENGINE.md, *Kernel families*): on the GPU
+    # of the tuned table (the mixed path), the families the table names, beside the wgmma stem
     import json
 
     from fusedresnet.kernels.configs import MIXED, TUNED_PLANS

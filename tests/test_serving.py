@@ -27,7 +27,7 @@ from fusedresnet.client.preprocess import normalize
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.kernels.configs import TUNED_PLANS
 
-# The engine each model must run, by name (README, *The service*): on a GPU the custom model runs
+# The engine each model must run, by name (README, *Using the service*): on a GPU the custom model runs
 # our fused kernels and nothing else; a fallback there is a failure, not another valid answer.
 EXPECTED_ENGINE = {
     (MODEL_CUSTOM, "cpu"): "torch-folded-cpu-fp32",
@@ -37,7 +37,7 @@ EXPECTED_ENGINE = {
 
 
 def custom_gpu_engine() -> str:
-    """The fused engine's name by the kernel families its plans run on (README, *The fused CUDA engine*):
+    """The fused engine's name by the kernel families its plans run on (docs/ENGINE.md, *Kernel families*):
     mma.sync before compute capability 9.0; on 9.0 the wgmma stem and the families of the tuned table's
     plans for this GPU (kernels/tuned_plans.json), both without a table; one family where
     FUSEDRESNET_CONV_PATH (inherited by the server) forces it."""
