@@ -95,8 +95,16 @@ def _demangle(names: list[str]) -> dict[str, str]:
 
 
 def _safe(name: str) -> str:
-    """"conv_wgmma[128,128,2,4]" for "void conv_wgmma<128, 128, 2, 4>(...)" (template arguments tell kernels apart)."""
-    name = name.removeprefix("void ").split("(")[0].replace(" ", "")
+    """"conv_wgmma[128,128,2,4,_Schedule_0]" for "void conv_wgmma<128, 128, 2, 4, (Schedule)0>(...)" (template
+    arguments tell kernels apart; an enum argument's parentheses are not the parameter list's)."""
+    name = name.removeprefix("void ")
+    depth, end = 0, len(name)
+    for index, char in enumerate(name):
+        depth += (char == "<") - (char == ">")
+        if char == "(" and depth == 0:
+            end = index
+            break
+    name = name[:end].replace(" ", "")
     return re.sub(r"[^A-Za-z0-9_,<>-]", "_", name).replace("<", "[").replace(">", "]")
 
 
@@ -135,8 +143,11 @@ def dump(out: Path, archs, dev: bool = False) -> int:
         if directory.exists():
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
-        for mangled, demangled in _demangle(sorted(kernels)).items():
-            (directory / f"{_safe(demangled)}.sass").write_text(kernels[mangled])
+        files = {_safe(demangled): mangled for mangled, demangled in _demangle(sorted(kernels)).items()}
+        if len(files) != len(kernels):
+            raise SystemExit(f"sass_diff: {arch}: {len(kernels)} kernels but {len(files)} distinct file names")
+        for name, mangled in files.items():
+            (directory / f"{name}.sass").write_text(kernels[mangled])
         print(f"{arch}: {len(kernels)} kernels -> {directory}", flush=True)
     return 0
 
