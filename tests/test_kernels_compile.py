@@ -230,6 +230,16 @@ def test_kernels_compile_under_nvrtc_like_the_engine(arch):
     assert "warning" not in log, log
     assert not compiled["not_lowered"], compiled["not_lowered"]
     assert compiled["cubin_size"] > 0
+    # ... among them every kernel the engine serves on this architecture's paths (with the committed table)
+    import json
+
+    from fusedresnet.kernels.configs import MIXED, TUNED_PLANS, load_tuned_plans, served_name_expressions
+    device = json.loads(TUNED_PLANS.read_text())["device"]
+    for path in ((MIXED, "wgmma") if arch == WGMMA_ARCH else ("mma",)):
+        for bindings in (True, False):
+            served = served_name_expressions(arch if arch == WGMMA_ARCH else None, path,
+                                             load_tuned_plans(device, path), bindings)
+            assert set(served) <= set(names), (path, set(served) - set(names))
     # Programmatic dependent launch (common.cuh pdl_begin): every kernel of a cc >= 9.0 module waits for
     # the kernels before it (griddepcontrol.wait, once per kernel, inlined); none of an sm_8x module does.
     ptx = compiled["ptx"]
