@@ -8,7 +8,9 @@ Options (fields of the web UI too; each also read from FUSEDRESNET_<OPTION>, e.g
 FUSEDRESNET_IMAGES_PER_REQUEST=8):
   --model               resnet18_custom | resnet18_cudnn
   --protocol            grpc | http
-  --triton-url          host:port (default: locust's --host, else the protocol's default port)
+  --triton-url          host:port (default: locust's --host, else the protocol's default port); over gRPC
+                        several servers: "host:port,host:port" or "dns:///name:port", spread per request
+                        by gRPC's round robin (client/resnet_client.py, grpc_channel)
   --images-per-request  images in each request (1, 8, 32, ...)
   --input-format        IMAGE (uint8 pixels, the server normalises) | IMAGE_NORMALIZED (normalised here)
   --image-pool          .npy file of uint8 crops, or of the crops already as the --input-format input
@@ -46,8 +48,7 @@ from locust.runners import MasterRunner, WorkerRunner
 
 grpc_gevent.init_gevent()
 
-import tritonclient.grpc as grpcclient  # noqa: E402  (after init_gevent)
-import tritonclient.http as httpclient  # noqa: E402
+import tritonclient.http as httpclient  # noqa: E402  (this and the gRPC client of resnet_client: after init_gevent)
 
 from fusedresnet.backend.spec import INPUT_UINT8, MODEL_CUSTOM, MODELS  # noqa: E402
 from fusedresnet.client.preprocess import INPUT_FORMATS, model_input  # noqa: E402
@@ -57,7 +58,9 @@ from fusedresnet.client.resnet_client import (  # noqa: E402
     PROTOCOLS,
     SharedMemorySlot,
     build_request,
+    check_endpoints,
     check_logits_received,
+    grpc_client,
     response_bytes,
 )
 from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS, read_admin_token, request_regions  # noqa: E402
@@ -235,8 +238,9 @@ class TritonUser(User):
             self.request_name += f" {options.shared_memory}-shm"
         self.warmup_ends_at = REQUEST_LOG.test_started_at + options.warmup_s
         self.resources = contextlib.ExitStack()   # the client and its shared-memory regions, closed in on_stop
+        check_endpoints(self.protocol, url, options.shared_memory)
         if self.protocol == "grpc":
-            self.client = grpcclient.InferenceServerClient(url)
+            self.client = grpc_client(url)
         else:
             self.client = httpclient.InferenceServerClient(url, network_timeout=REQUEST_TIMEOUT_S,
                                                            connection_timeout=REQUEST_TIMEOUT_S)
