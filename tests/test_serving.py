@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import time
 
@@ -28,6 +29,7 @@ from fusedresnet.backend.spec import (
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.client.preprocess import normalize
 from fusedresnet.client.resnet_client import ResNetClient
+from fusedresnet.kernels.configs import TUNED_PLANS
 
 # The engine each model must run, by name (README, *Using the service*): on a GPU the custom model runs
 # our fused kernels and nothing else; a fallback there is a failure, not another valid answer.
@@ -39,13 +41,20 @@ EXPECTED_ENGINE = {
 
 
 def custom_gpu_engine() -> str:
-    """The fused engine's name by its kernel families (docs/ENGINE.md, *Kernel families*): wgmma + mma.sync on
-    compute capability 9.0, mma.sync elsewhere, one family where FUSEDRESNET_CONV_PATH (inherited by the
-    server) forces it."""
+    """The fused engine's name by the kernel families its plans run on (docs/ENGINE.md, *Kernel families*):
+    mma.sync before compute capability 9.0; on 9.0 the wgmma stem and the families of the tuned table's
+    plans for this GPU (kernels/tuned_plans.json), both without a table; one family where
+    FUSEDRESNET_CONV_PATH (inherited by the server) forces it."""
     forced = os.environ.get("FUSEDRESNET_CONV_PATH", "").strip().lower()
     if forced in ("mma", "wgmma"):
         return f"fused-cuda-fp16-{forced}"
-    return "fused-cuda-fp16-wgmma+mma" if torch.cuda.get_device_capability() == (9, 0) else "fused-cuda-fp16-mma"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return "fused-cuda-fp16-mma"
+    table = json.loads(TUNED_PLANS.read_text())
+    families = {"wgmma", "mma"}
+    if table["device"] == torch.cuda.get_device_name():
+        families = {"wgmma"} | {entry["family"] for entry in table["plans"].values()}
+    return "fused-cuda-fp16-" + "+".join(f for f in ("wgmma", "mma") if f in families)
 
 
 def expected_engine(server, model) -> str:
