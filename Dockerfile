@@ -10,7 +10,9 @@
 # nvidia-pytriton wheel), Ubuntu 22.04, Python 3.10, CUDA 12.6. torch 2.13.0 has cp310 wheels
 # and brings its own CUDA 13 libraries (pip packages; NVIDIA driver >= 580, as on the GPU host);
 # cupy-cuda12x compiles the fused kernels with the image's CUDA 12.6 NVRTC.
-# Why each setting: README.md, section "Docker".
+# Why each setting: docs/DEPLOYMENT.md, section "Docker".
+# From Triton 26.05 client shared memory is opt-in: a base image of 26.05 or later needs
+# --allow-client-shm among the server's Triton arguments (docs/DEPLOYMENT.md, Several GPUs).
 ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3
 ARG LOADTEST_IMAGE=python:3.12-slim-bookworm
 

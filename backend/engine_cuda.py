@@ -1,7 +1,8 @@
 """The fused CUDA engine: ResNet-18 on our own kernels (``fusedresnet.kernels``).
 
 Importing this module needs CuPy: on a host without it the import raises
-ImportError and `create_custom_engine` falls back to the PyTorch folded graph.
+ImportError, and a GPU instance of `resnet18_custom` refuses to load, naming
+it (`engines.custom_engine_plan`: no silent fallback).
 
 How a batch runs:
 1. The input (uint8 [N,H,W,3] or fp32 [N,3,H,W], CPU or CUDA) is copied into a
@@ -25,6 +26,11 @@ How a batch runs:
    kernel on a second captured stream, concurrent with the block's first
    conv -> avgpool + fc in one kernel.
 3. The first N rows of the logits are copied out and handed to PyTorch by DLPack.
+
+Threads: the library calls (classify_uint8, classify_normalized, features,
+checkpoint_outputs) may come from several threads; the engine's lock holds
+each call's copy-in, replay, copy-out and synchronisation together. The
+serving interface has one caller at a time (see `backend/engines.py`).
 
 A CUDA input is read on the engine's own stream after the caller's current torch
 stream has reached this point (the engine's stream waits on it), so an input
@@ -57,7 +63,15 @@ from .folding import (
     resnet18_blocks,
     shortcut_params,
 )
-from .spec import IMAGENET_MEAN, IMAGENET_STD, INPUT_FP32, INPUT_UINT8, MIN_INPUT_SIZE, power_of_two_buckets
+from .spec import (
+    IMAGE_SIZE,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    INPUT_FP32,
+    INPUT_UINT8,
+    MIN_INPUT_SIZE,
+    power_of_two_buckets,
+)
 
 BATCH_BUCKETS = power_of_two_buckets(256)
 # The kernels' name for the dtype of each Triton input.
@@ -201,7 +215,8 @@ class FusedCudaEngine:
     def drop_graphs(self):
         """Forget every captured graph and its buffers: the next `plan` captures afresh, with the library's
         plans as they are then (the tuner's network refinement, harness.capture_spread)."""
-        self._plans.clear()
+        with self._lock:
+            self._plans.clear()
 
     def plan(self, batch: int, input_name: str, h: int, w: int) -> _Plan:
         key = (batch, input_name, h, w)
@@ -255,17 +270,26 @@ class FusedCudaEngine:
             x = step.out
         lib.avgpool_fc(x, self.fc_weight, self.fc_bias, plan.logits)
 
-    # -- serving interface (backend/engines.py) -------------------------------
+    # -- serving interface (backend/engines.py: ServingEngine) ----------------
+    def describe(self) -> str:
+        lib = self.lib
+        return (f"fused CUDA kernels on {self.device} ({lib.device_name}, cc {lib.cc[0]}.{lib.cc[1]}), conv path "
+                f"{lib.path}, {len(lib.tuned)} tuned plans, programmatic dependent launch {lib.pdl} "
+                f"({lib.pdl_reason}; batches <= {self.pdl_max_batch})")
+
     def bucket(self, count: int) -> int:
         if count > BATCH_BUCKETS[-1]:
             raise ValueError(f"batch of {count}: the serving interface runs at most {BATCH_BUCKETS[-1]} images")
         return next_power_of_two(count)
 
-    def input_buffer(self, input_name: str, bucket: int, h: int = 224, w: int = 224) -> torch.Tensor:
+    # One caller at a time (a Triton model instance): it writes the buffer input_buffer returns, then calls
+    # run_buffer. The lock keeps plan building apart from library calls on other threads, nothing more.
+    def input_buffer(self, input_name: str, bucket: int, h: int = IMAGE_SIZE, w: int = IMAGE_SIZE) -> torch.Tensor:
         with self._lock:
             return self.plan(bucket, input_name, h, w).input_torch
 
-    def run_buffer(self, input_name: str, bucket: int, count: int, h: int = 224, w: int = 224) -> torch.Tensor:
+    def run_buffer(self, input_name: str, bucket: int, count: int, h: int = IMAGE_SIZE,
+                   w: int = IMAGE_SIZE) -> torch.Tensor:
         """Replay the plan's graph on its input buffer (queued on `stream`); fp32 logits [count, 1000]."""
         with self._lock:
             plan = self.plan(bucket, input_name, h, w)

@@ -17,27 +17,41 @@ load log and in every response, so nobody mistakes one engine for another.
   folded parameters on our own kernels; `create_custom_engine` picks it when a
   GPU and CuPy are present.
 
-Serving interface (what the Triton models use, `backend/triton_model.py`), the
-same for every engine so that both models get the same treatment:
+Serving interface (`ServingEngine`, what the Triton models use, `backend/triton_model.py`),
+the same for every engine so that both models get the same treatment:
 
     bucket = engine.bucket(count)                  # batch size actually run for `count` images
     buffer = engine.input_buffer(input_name, bucket)   # device tensor the batch is written into
     logits = engine.run_buffer(input_name, bucket, count)  # fp32 [count, 1000] on the device
+    engine.describe()                              # what the load log says about the engine
 
 `input_name` is the Triton input the batch came in (`INPUT_UINT8`: uint8
 [N,224,224,3] pixels; `INPUT_FP32`: float32 [N,3,224,224] normalised). The work
 is queued on `engine.stream` (a torch stream; None on the CPU), which the caller
 also uses for its copies. An engine that replays CUDA graphs pads a batch to the
 next captured power of two; an eager engine runs exactly `count` images.
+
+Threads: the serving interface has one caller at a time (a Triton model
+instance calls execute() serially): the caller writes the buffer that
+`input_buffer` returns and then runs it, two steps no lock of the engine's
+could join. The library calls (`classify_uint8`, `classify_normalized`, and
+the fused engine's `features` / `checkpoint_outputs`) may come from several
+threads: the fused engine serialises them on its lock, the PyTorch engines
+share no state between calls.
+
+`create_engine` is the one factory: it builds the engine a model's
+`EngineConfig` (`backend/engine_config.py`) asks for.
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 
+from .engine_config import CUSTOM_ENGINES, EngineConfig
 from .folding import (
     LOGITS_CHECKPOINT,
     MAXPOOL_KERNEL,
@@ -50,7 +64,7 @@ from .folding import (
     resnet18_blocks,
 )
 from .images import normalize_uint8
-from .spec import CHANNELS, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8
+from .spec import CHANNELS, FOLDED_PARAMS_FILE, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8, TORCHSCRIPT_FILE
 
 # Warm-up and CUDA-graph capture run each bucket a few times first (cuDNN's algorithm
 # choice and TorchScript's profiling executor settle in the first runs).
@@ -68,6 +82,24 @@ def input_shape(input_name: str, batch: int, h: int = IMAGE_SIZE, w: int = IMAGE
 
 def next_power_of_two(count: int) -> int:
     return 1 << (count - 1).bit_length()
+
+
+@runtime_checkable
+class ServingEngine(Protocol):
+    """What the Triton models use of an engine (see the module doc); every engine here has it."""
+
+    name: str                              # the ENGINE output and the load log: which implementation ran
+    stream: torch.cuda.Stream | None       # where the engine queues its work (None on the CPU)
+
+    def bucket(self, count: int) -> int: ...
+
+    def input_buffer(self, input_name: str, bucket: int) -> torch.Tensor: ...
+
+    def run_buffer(self, input_name: str, bucket: int, count: int) -> torch.Tensor: ...
+
+    def describe(self) -> str:
+        """One line for the load log: how the engine runs (precision, graphs, kernel family, launches)."""
+        ...
 
 
 class TorchServing:
@@ -166,6 +198,10 @@ class TorchScriptEngine(TorchServing):
         self.name = (f"torchscript-{library}-{precision}" + ("-channels-last" if precision == "fp16" else "")
                      + ("-cuda-graphs" if self.cuda_graphs else ""))
 
+    def describe(self) -> str:
+        graphs = "a CUDA graph per power-of-two batch bucket" if self.cuda_graphs else "eager"
+        return f"{self.precision} TorchScript on {self.device}, {graphs}"
+
     @torch.inference_mode()
     def classify_normalized(self, images: torch.Tensor) -> torch.Tensor:
         x = images.to(self.device, self.dtype, non_blocking=True)
@@ -193,6 +229,9 @@ class TorchFoldedEngine(TorchServing):
             self.weights[name] = (weight.to(self.device), conv["bias"].float().to(self.device))
         self.fc_weight = params["fc"]["weight"].float().to(self.device)
         self.fc_bias = params["fc"]["bias"].float().to(self.device)
+
+    def describe(self) -> str:
+        return f"folded graph on PyTorch ops on {self.device}, fp32, eager (not our fused kernels)"
 
     def _conv(self, spec, x, residual=None):
         weight, bias = self.weights[spec.name]
@@ -232,33 +271,71 @@ class TorchFoldedEngine(TorchServing):
         return self.classify_normalized(normalize_uint8(images.to(self.device)))
 
 
+# What installs the fused engine's dependencies (CuPy, NVRTC, cuda.bindings: pyproject's gpu extra).
+GPU_INSTALL_COMMAND = (".venv/bin/python -m pip install -e '.[gpu]' "
+                       "(installed from a wheel: pip install 'fusedresnet[gpu]')")
+
+
+class EngineUnavailable(RuntimeError):
+    """The configured engine cannot run on this instance; the message names what is missing and the fix."""
+
+
 def custom_engine_plan(device: str, choice: str = "auto") -> tuple[str, str]:
     """(engine kind, reason): "cuda" (our fused kernels) or "torch" (folded PyTorch graph).
 
-    `choice` is "auto", "cuda" (fail if the kernels cannot run) or "torch".
+    `choice` is "auto", "cuda" or "torch". No silent fallback on a GPU: a GPU
+    instance runs the fused kernels unless the config says `engine: torch`;
+    if they cannot load (CuPy or another dependency missing) the instance
+    refuses to load (EngineUnavailable), naming the missing module and the
+    command that installs it. Serving the PyTorch graph on a GPU is slower and
+    not what this model is for, so it is an explicit opt-in, never a quiet
+    substitute that only the ENGINE output would reveal. A CPU instance with
+    `auto` runs the folded graph: there is no GPU to run the kernels on.
     """
-    if choice not in ("auto", "cuda", "torch"):
-        raise ValueError(f"engine must be auto, cuda or torch, not {choice!r}")
+    if choice not in CUSTOM_ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(CUSTOM_ENGINES)}, not {choice!r}")
     on_gpu = str(device).startswith("cuda")
     if choice == "torch":
-        return "torch", "asked for in the config"
+        return "torch", "config engine torch"
     if not on_gpu:
         if choice == "cuda":
-            raise ValueError("engine cuda asked for, but this instance has no GPU")
+            raise EngineUnavailable("config engine cuda asks for the fused CUDA kernels, but this instance has no "
+                                    "GPU (engine auto runs the PyTorch graph on a CPU instance)")
         return "torch", "no GPU for this instance"
     try:
         from . import engine_cuda  # noqa: F401
     except ImportError as error:
-        if choice == "cuda":
-            raise
-        return "torch", f"fused CUDA engine unavailable ({error})"
-    return "cuda", "GPU present"
+        missing = error.name or "a dependency"
+        raise EngineUnavailable(
+            f"the fused CUDA engine cannot load on {device}: {missing} is missing ({error}). Install it with "
+            f"`{GPU_INSTALL_COMMAND}` and restart the server; or set parameter engine to torch in this model's "
+            f"config.pbtxt to serve the (slower) PyTorch graph on the GPU instead") from error
+    return "cuda", f"GPU instance, config engine {choice}"
 
 
-def create_custom_engine(params_path, device: str = "cpu", choice: str = "auto"):
-    """The custom model's engine and why it was chosen: fused CUDA kernels on a GPU, else the folded graph."""
+def create_custom_engine(params_path, device: str = "cpu", choice: str = "auto", conv_path: str | None = None,
+                         pdl: bool | None = None):
+    """The custom model's engine and why it was chosen: fused CUDA kernels on a GPU, else the folded graph.
+    `conv_path`, `pdl`: the fused engine's kernel family and launch mode (None: its defaults)."""
     kind, reason = custom_engine_plan(device, choice)
     if kind == "torch":
         return TorchFoldedEngine(params_path, device), reason
     from .engine_cuda import FusedCudaEngine
-    return FusedCudaEngine(params_path, device), reason
+    return FusedCudaEngine(params_path, device, conv_path=conv_path, pdl=pdl), reason
+
+
+def create_engine(model_dir, device: str, config: EngineConfig) -> tuple[ServingEngine, str]:
+    """The engine `config` asks for, on `device`, from the files `prepare` wrote into `model_dir`
+    (a model's version folder), and why: (engine, reason)."""
+    if config.engine == "torchscript":
+        engine = TorchScriptEngine(f"{model_dir}/{TORCHSCRIPT_FILE}", device, config.precision, config.cuda_graphs)
+        reason = (f"config precision {config.precision}" if engine.precision == config.precision
+                  else f"{config.precision} needs a GPU")
+        return engine, reason
+    conv_path, conv_path_source = config.conv_path_request()
+    pdl, pdl_source = config.pdl_request()
+    engine, reason = create_custom_engine(f"{model_dir}/{FOLDED_PARAMS_FILE}", device, config.engine,
+                                          conv_path=conv_path, pdl=pdl)
+    if not isinstance(engine, TorchFoldedEngine):
+        reason += f"; {conv_path_source}, {pdl_source}"
+    return engine, reason

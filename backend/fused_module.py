@@ -25,7 +25,8 @@ engine's stream waits for that stream before reading them. ``forward`` returns
 when the outputs are complete (the engine synchronises its stream), so they
 can be used at once, on any stream; the host blocks for the duration of the
 forward pass. The outputs are new tensors, not views of the engine's buffers.
-Calls from several threads are serialised by the engine.
+Calls may come from several threads: the fused engine serialises them on its
+lock, the folded graph shares no state between calls.
 
 Inference only: BatchNorm is folded and the kernels have no backward pass, so
 the outputs do not require grad, an input that requires grad (with grad mode

@@ -1,7 +1,10 @@
 """Adapter between Triton's Python backend and an engine of `fusedresnet.backend.engines`.
 
-Both `model_repository/*/1/model.py` files are thin subclasses of
-`ResNetTritonModel`; everything they share lives here:
+Both `model_repository/*/1/model.py` files are the same file: their
+`TritonPythonModel` is `ResNetTritonModel`, and each model's config.pbtxt says
+which engine it serves (`engine_config.EngineConfig`, parsed and validated once
+at load: a bad parameter fails the load with a message naming it; the engine
+comes from the one factory `engines.create_engine`). Everything lives here:
 
 - placement: the instance kind and device id Triton gives (`KIND_AUTO`
   becomes GPU on a GPU host, CPU elsewhere);
@@ -45,7 +48,8 @@ import time
 import torch
 import triton_python_backend_utils as pb_utils
 
-from .engines import input_shape
+from .engine_config import ConfigError, EngineConfig, parse_engine_config
+from .engines import EngineUnavailable, ServingEngine, create_engine, input_shape
 from .spec import (
     CHANNELS,
     EXECUTE_PHASE_METRIC,
@@ -74,20 +78,15 @@ class RequestError(ValueError):
     """A request that cannot be answered as sent; its message goes back to the client."""
 
 
-def config_parameter(model_config: dict, key: str, default: str) -> str:
-    return model_config.get("parameters", {}).get(key, {}).get("string_value", default)
-
-
-def torch_threads(model_config: dict, on_gpu: bool) -> int:
+def torch_threads(model_config: dict, config: EngineConfig, on_gpu: bool) -> int:
     """Intra-op threads of this instance: config `torch_threads`, or auto.
 
     Auto: 1 on a GPU (the host work per batch is a few copies; more threads in each
     of several stub processes only fight over the cores); on a CPU-only host the
     usable cores shared among this model's instances.
     """
-    value = config_parameter(model_config, "torch_threads", "auto")
-    if value != "auto":
-        return max(1, int(value))
+    if config.torch_threads is not None:
+        return config.torch_threads
     if on_gpu:
         return 1
     instances = sum(int(group.get("count", 1)) for group in model_config.get("instance_group", [])) or 1
@@ -193,11 +192,9 @@ def gpu_uuid(device: str) -> str:
 
 
 class ResNetTritonModel:
-    """Base of both models' `TritonPythonModel`; a subclass implements `create_engine`."""
+    """Both models' `TritonPythonModel`: the engine their config names, behind Triton's Python backend."""
 
-    def create_engine(self, model_dir: str, device: str, model_config: dict):
-        """Return (engine, reason the engine was chosen); the engine has the serving interface of engines.py."""
-        raise NotImplementedError
+    engine: ServingEngine
 
     def initialize(self, args):
         self.model_config = json.loads(args["model_config"])
@@ -207,8 +204,12 @@ class ResNetTritonModel:
         if not {OUTPUT_LOGITS, OUTPUT_ENGINE} <= outputs:
             raise pb_utils.TritonModelException(
                 f"{self.model_name}: config must declare outputs {OUTPUT_LOGITS} and {OUTPUT_ENGINE}")
+        try:
+            config = parse_engine_config(self.model_config)
+        except ConfigError as error:
+            raise pb_utils.TritonModelException(f"{self.model_name}: {error}") from error
         on_gpu = args["model_instance_kind"] == "GPU"
-        threads = torch_threads(self.model_config, on_gpu)
+        threads = torch_threads(self.model_config, config, on_gpu)
         torch.set_num_threads(threads)
         try:
             torch.set_num_interop_threads(1)
@@ -221,7 +222,10 @@ class ResNetTritonModel:
             device = "cpu"
         model_dir = f"{args['model_repository']}/{args['model_version']}"
         started = time.perf_counter()
-        self.engine, reason = self.create_engine(model_dir, device, self.model_config)
+        try:
+            self.engine, reason = create_engine(model_dir, device, config)
+        except EngineUnavailable as error:
+            raise pb_utils.TritonModelException(f"{self.model_name}: {error}") from error
         self.device = torch.device(device)
         self.on_gpu = on_gpu
         self.engine_name_bytes = torch.frombuffer(bytearray(self.engine.name.encode()), dtype=torch.uint8)
@@ -232,12 +236,12 @@ class ResNetTritonModel:
         self.timer = ExecuteTimer(self.model_name, args["model_instance_name"], device, gpu_uuid(device))
         self._warm_up()
         self.timer.discard()     # the figures describe served requests only
-        lib = getattr(self.engine, "lib", None)   # the fused engine's kernel library: how it launches
-        launches = (f", programmatic dependent launch {lib.pdl} ({lib.pdl_reason}; batches <= "
-                    f"{self.engine.pdl_max_batch})" if lib is not None else "")
         pb_utils.Logger.log_info(
-            f"{self.model_name}: engine {self.engine.name} on {device} ({reason}), {threads} torch thread(s)"
-            f"{launches}; loaded and warmed up in {time.perf_counter() - started:.1f} s")
+            f"{self.model_name}: engine {self.engine.name} on {device} ({reason}), {threads} torch thread(s); "
+            f"{self.engine.describe()}; loaded and warmed up in {time.perf_counter() - started:.1f} s")
+        if on_gpu and not self.engine.name.startswith("fused-cuda") and config.engine != "torchscript":
+            pb_utils.Logger.log_warn(f"{self.model_name}: serving {self.engine.name} on a GPU, not the fused "
+                                     f"kernels, because the config says engine {config.engine}")
 
     def _warm_up(self):
         generator = torch.Generator().manual_seed(0)

@@ -3,6 +3,7 @@
     python -m fusedresnet.client.classify photo.jpg other.png --model resnet18_cudnn --top-k 5
     python -m fusedresnet.client.classify client/samples/* --protocol http --batch-size 2 --input IMAGE_NORMALIZED
     python -m fusedresnet.client.classify photo.jpg --shared-memory system --admin-token-file build/admin-token
+    python -m fusedresnet.client.classify client/samples/* --batch-size 1 --url 10.0.0.1:8001,10.0.0.2:8001
 
 Images are resized and centre-cropped as torchvision does; with `--input IMAGE`
 (default) the server normalises, with `--input IMAGE_NORMALIZED` the client does.
@@ -21,14 +22,15 @@ from tritonclient.utils import InferenceServerException
 
 from fusedresnet.backend.spec import INPUT_UINT8, MODEL_CUSTOM, MODELS
 from fusedresnet.client.preprocess import INPUT_FORMATS, model_input, preprocess_files
-from fusedresnet.client.resnet_client import DEFAULT_URLS, PROTOCOLS, ResNetClient
+from fusedresnet.client.resnet_client import DEFAULT_URLS, PROTOCOLS, ResNetClient, check_endpoints
 from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--protocol", choices=PROTOCOLS, default="grpc")
     parser.add_argument("--url", help=f"server address (default {DEFAULT_URLS['grpc']} for gRPC, "
-                                      f"{DEFAULT_URLS['http']} for HTTP)")
+                                      f"{DEFAULT_URLS['http']} for HTTP); over gRPC several servers, "
+                                      "host:port,host:port or dns:///name:port, take the requests in turn")
 
 
 def classify_files(client: ResNetClient, paths: list[Path], top_k: int, batch_size: int, input_format: str):
@@ -54,6 +56,10 @@ def main(argv=None) -> int:
                         help="file holding the admin token that registering shared memory needs "
                              "(default: $FUSEDRESNET_ADMIN_TOKEN, else build/admin-token)")
     args = parser.parse_args(argv)
+    try:
+        check_endpoints(args.protocol, args.url or DEFAULT_URLS[args.protocol], args.shared_memory)
+    except ValueError as error:
+        parser.error(str(error))
     try:
         with ResNetClient(args.model, args.protocol, args.url, shared_memory=args.shared_memory,
                           admin_token_file=args.admin_token_file) as client:

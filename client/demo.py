@@ -58,6 +58,8 @@ def run_demo(grpc_url: str) -> int:
             result = client.classify(images, top_k=3)
             logits[model] = client.infer(images).logits
         print(f"\n== {model} (engine {result.engine}) over gRPC {grpc_url}")
+        if result.engine.startswith("torch-folded-cuda"):   # docs/CONFIGURATION.md: no silent fallback on a GPU
+            print("  note: the PyTorch graph on the GPU, not the fused kernels (its config says engine: torch)")
         for path, top in zip(paths, result.top):
             print(f"  {path.name:24s} " + ", ".join(f"{label} ({score:.2f})" for score, _, label in top))
         print(f"  median latency: {statistics.median(batched):.1f} ms per request of {len(images)} images, "

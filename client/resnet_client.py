@@ -17,11 +17,21 @@ top-k answer in the response: Triton's classification output cannot go to shared
 
 `build_request` is the one place requests are built, for this client and for the
 load generators (loadtest/locustfile.py, loadtest/grpc_flood.py).
+
+Several servers: a gRPC `url` may name more than one (`grpc_channel`): "10.0.0.1:8001,10.0.0.2:8001",
+"dns:///fusedresnet-headless:8001" (every address the name resolves to) or gRPC's own "ipv4:..." form.
+gRPC's round_robin policy then sends each request to the next ready server, and a call a server could
+not take (UNAVAILABLE: stopped, restarting, unreachable) is retried on another by the channel's retry
+policy (also through a balancer: one address). `grpc_channel` is the one place this is set, for this
+client and the load generators.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import json
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +54,95 @@ from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS, RequestRegions
 
 PROTOCOLS = ("grpc", "http")
 DEFAULT_URLS = {"grpc": f"{DEFAULT_HOST}:{DEFAULT_GRPC_PORT}", "http": f"{DEFAULT_HOST}:{DEFAULT_HTTP_PORT}"}
+
+
+GRPC_SERVICE = "inference.GRPCInferenceService"    # Triton's gRPC service (grpc_service.proto)
+GRPC_TARGET_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:")
+GRPC_RETRY_ATTEMPTS = 5            # the first try and up to 4 retries, each on the next server of the round
+GRPC_RETRY_BUFFER_BYTES = 64 << 20  # a call is retried only while its request fits gRPC's retry buffer (256 KiB
+                                    # by default: less than two 224x224 images), so the buffer holds a full batch
+GRPC_MAX_MESSAGE_BYTES = 2**31 - 1  # what tritonclient sets on its own channels
+
+
+def grpc_service_config() -> str:
+    """gRPC service config: round robin over the target's addresses, and UNAVAILABLE calls retried.
+
+    Inference is idempotent, so a request the stopped server never answered may be sent again. A retry
+    waits initialBackoff (x backoffMultiplier per attempt, randomised by gRPC) and goes to the next ready
+    address, so a stopped server costs a retried call a few milliseconds, not an error."""
+    return json.dumps({
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "methodConfig": [{
+            "name": [{"service": GRPC_SERVICE}],
+            "retryPolicy": {"maxAttempts": GRPC_RETRY_ATTEMPTS, "initialBackoff": "0.05s", "maxBackoff": "1s",
+                            "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
+        }],
+    })
+
+
+def _address_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+
+
+def grpc_target(url: str) -> str:
+    """The gRPC target of `url`: gRPC's own forms as they are; "host:port,host:port" as "ipv4:"/"ipv6:" lists
+    (names in such a list are resolved once, here: a name with several addresses belongs in "dns:///")."""
+    if url.startswith(GRPC_TARGET_SCHEMES) or "," not in url:
+        return url
+    addresses = []
+    for endpoint in (e.strip() for e in url.split(",")):
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not port.isdigit() or not host:
+            raise ValueError(f"gRPC endpoint {endpoint!r} of {url!r} is not host:port")
+        literal = _address_literal(host)
+        if literal is None:
+            found = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)
+            literal = ipaddress.ip_address(found[0][4][0])
+        addresses.append(f"[{literal}]:{port}" if literal.version == 6 else f"{literal}:{port}")
+    versions = {"[" if a.startswith("[") else "4" for a in addresses}
+    if len(versions) > 1:
+        raise ValueError(f"{url!r} mixes IPv4 and IPv6 endpoints: gRPC takes one family per target")
+    return ("ipv6:" if versions == {"["} else "ipv4:") + ",".join(addresses)
+
+
+def grpc_balanced(url: str) -> bool:
+    """Whether `url` names several servers (or a DNS name that may resolve to several)."""
+    return url.startswith(GRPC_TARGET_SCHEMES) or "," in url
+
+
+def grpc_channel(url: str) -> tuple[str, list[tuple]]:
+    """(target, channel_args) for tritonclient's gRPC InferenceServerClient: round robin over the target's
+    addresses, and UNAVAILABLE calls retried (grpc_service_config). Also for one address: behind a balancer
+    (nginx cannot resend a gRPC request whose server died while answering it, and answers 502, UNAVAILABLE)
+    the retry goes to the balancer again, which passes it to a live server."""
+    return grpc_target(url), [
+        ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
+        ("grpc.lb_policy_name", "round_robin"),
+        ("grpc.service_config", grpc_service_config()),
+        ("grpc.enable_retries", 1),
+        ("grpc.per_rpc_retry_buffer_size", GRPC_RETRY_BUFFER_BYTES),
+        ("grpc.retry_buffer_size", 4 * GRPC_RETRY_BUFFER_BYTES),
+    ]
+
+
+def check_endpoints(protocol: str, url: str, shared_memory: str = "none"):
+    """Several servers in one `url` only over gRPC, and without shared memory (a region is registered with
+    one server, so each client of shared memory talks to its own local server)."""
+    if grpc_balanced(url) and protocol != "grpc":
+        raise ValueError(f"{url!r} names several servers: only gRPC spreads requests over them "
+                         "(for HTTP, put a balancer such as nginx in front)")
+    if grpc_balanced(url) and shared_memory != "none":
+        raise ValueError(f"{url!r} names several servers: shared memory needs one server (its own host's)")
+
+
+def grpc_client(url: str, client_class=grpcclient.InferenceServerClient):
+    """A tritonclient gRPC client (or `client_class`, e.g. tritonclient.grpc.aio's) for one server or several."""
+    target, channel_args = grpc_channel(url)
+    return client_class(target, channel_args=channel_args)
 
 
 @dataclass
@@ -115,6 +214,18 @@ def output_shape(result, name: str) -> tuple[int, ...] | None:
     return tuple(int(d) for d in (output["shape"] if isinstance(output, dict) else output.shape))
 
 
+def response_bytes(result) -> int:
+    """Bytes of the response as received: gRPC, the serialised ModelInferResponse; HTTP, the JSON header
+    (re-serialised compactly, as Triton writes it) plus the binary outputs it declares. Outputs written to
+    shared memory are not received, so they do not count."""
+    response = result.get_response()
+    if isinstance(response, dict):
+        header = len(json.dumps(response, separators=(",", ":")))
+        return header + sum(int(output.get("parameters", {}).get("binary_data_size", 0))
+                            for output in response.get("outputs", []))
+    return response.ByteSize()
+
+
 def check_logits_received(result, images_sent: int, in_shared_memory: bool):
     """Raise unless the response holds (or, with shared memory, declares) LOGITS [images_sent, 1000]."""
     expected = (images_sent, NUM_CLASSES)
@@ -137,6 +248,7 @@ class ResNetClient:
             raise ValueError(f"shared_memory must be one of {SHARED_MEMORY_KINDS}, not {shared_memory!r}")
         self.model, self.protocol = model, protocol
         self.url = url or DEFAULT_URLS[protocol]
+        check_endpoints(protocol, self.url, shared_memory)
         self.timeout_s, self.headers = timeout_s, headers
         self.shared_memory, self.cuda_device = shared_memory, cuda_device
         self.admin_token = admin_token
@@ -145,7 +257,7 @@ class ResNetClient:
         self._regions: RequestRegions | None = None
         self._regions_exit = contextlib.ExitStack()
         if protocol == "grpc":
-            self.client = grpcclient.InferenceServerClient(self.url)
+            self.client = grpc_client(self.url)
         else:
             self.client = httpclient.InferenceServerClient(self.url, network_timeout=timeout_s,
                                                            connection_timeout=timeout_s)

@@ -4,8 +4,13 @@
                                         [--features-batches 1,32,128,512]
                                         [--accuracy check.json] [--out results/]
 
-(a) Whole network, 224x224, median milliseconds per batch over CUDA-event-timed
-    repetitions: our engine (its captured CUDA graph, uint8 input already on the
+(a) Whole network, 224x224, milliseconds per batch, each engine timed two ways,
+    as its users run it: back-to-back (`_b2b_ms`: about 100 ms of calls queued
+    between two CUDA events, no sync in between, median of 3 such runs: the
+    throughput of a loop that keeps the GPU fed; img/s come from it) and one
+    call at a time (`_ms`: CUDA events around a single call, then a sync, median
+    over repetitions: the latency of one request on an idle GPU, host launch
+    overhead included). Our engine (its captured CUDA graph, uint8 input already on the
     device, normalisation included) against the same ResNet-18 as TorchScript
     fp32, TorchScript fp16 channels-last, and fp16 channels-last replayed from a
     CUDA graph (fp16 normalised input already on the device); with --compile also
@@ -49,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -67,6 +71,7 @@ from ..backend.spec import INPUT_UINT8
 from ..kernels.configs import SHORTCUT_FUSION_MIN_BATCH
 from ..kernels.launch import conv_out_size
 from ..kernels.tune import time_graph
+from .bench_report import record, summary_table, write_result
 from .check import layer_shapes
 
 GFLOP_PER_IMAGE = 3.63
@@ -86,6 +91,36 @@ def time_ms(fn, reps: int, warmup: int = 5, stream=None) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+# Back-to-back: each run queues about this many ms of calls (at least BACK_TO_BACK_MIN_CALLS).
+BACK_TO_BACK_TARGET_MS = 100.0
+BACK_TO_BACK_MIN_CALLS, BACK_TO_BACK_MAX_CALLS = 20, 500
+BACK_TO_BACK_RUNS = 3
+
+
+def back_to_back_ms(fn, one_call_ms: float, stream=None) -> float:
+    """ms per call of fn() called back-to-back (no sync between calls) between two CUDA events on `stream`
+    (a torch stream; default the current one): median of BACK_TO_BACK_RUNS runs. `one_call_ms` (the call
+    timed alone) sets how many calls make a run of about BACK_TO_BACK_TARGET_MS."""
+    calls = max(BACK_TO_BACK_MIN_CALLS, min(BACK_TO_BACK_MAX_CALLS, round(BACK_TO_BACK_TARGET_MS / one_call_ms)))
+    stream = stream if stream is not None else torch.cuda.current_stream()
+    runs = []
+    for _ in range(BACK_TO_BACK_RUNS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        for _ in range(calls):
+            fn()
+        end.record(stream)
+        end.synchronize()
+        runs.append(start.elapsed_time(end) / calls)
+    return statistics.median(runs)
+
+
+def both_timings(fn, reps: int, stream=None) -> tuple[float, float]:
+    """(one call at a time ms, back-to-back ms) of fn() on torch's current stream."""
+    one = time_ms(fn, reps)
+    return one, back_to_back_ms(fn, one, stream)
 
 
 def reps_for(batch: int) -> int:
@@ -109,6 +144,14 @@ def bench_custom(engine: FusedCudaEngine, batch: int, size: int = 224) -> float:
     return statistics.median(times)
 
 
+def custom_timings(engine: FusedCudaEngine, batch: int, size: int = 224) -> tuple[float, float]:
+    """(one replay at a time ms, back-to-back ms) of the engine's graph for `batch` (see `bench_custom`)."""
+    one = bench_custom(engine, batch, size)
+    plan = engine.plan(batch, INPUT_UINT8, size, size)
+    with cp.cuda.Device(engine.device_id):
+        return one, back_to_back_ms(lambda: plan.graph.launch(engine.cupy_stream), one, engine.stream)
+
+
 class FeaturesOnly(torch.nn.Module):
     """The network up to its features (N,512,H/32,W/32): the seed workload's output."""
 
@@ -120,20 +163,22 @@ class FeaturesOnly(torch.nn.Module):
         return self.model.features(x)
 
 
-def bench_torch(model_fp32, batch: int, which: str, size: int = 224, features: bool = False) -> float:
+def bench_torch(model_fp32, batch: int, which: str, size: int = 224,
+                features: bool = False) -> tuple[float, float]:
+    """(one call at a time ms, back-to-back ms) of the baseline `which` at `batch`."""
     x = torch.randn(batch, 3, size, size, device="cuda")
     if features:
         model_fp32 = FeaturesOnly(model_fp32)
     with torch.inference_mode():
         if which == "ts_fp32":
             module = torch.jit.freeze(torch.jit.trace(model_fp32, x).eval())
-            return time_ms(lambda: module(x), reps_for(batch))
+            return both_timings(lambda: module(x), reps_for(batch))
         x16 = x.half().contiguous(memory_format=torch.channels_last)
         model16 = model_fp32.half().to(memory_format=torch.channels_last)
         try:
             if which == "ts_fp16":
                 module = torch.jit.freeze(torch.jit.trace(model16, x16).eval())
-                return time_ms(lambda: module(x16), reps_for(batch))
+                return both_timings(lambda: module(x16), reps_for(batch))
             if which == "graph_fp16":
                 module = torch.jit.freeze(torch.jit.trace(model16, x16).eval())
                 static = x16.clone()
@@ -146,7 +191,7 @@ def bench_torch(model_fp32, batch: int, which: str, size: int = 224, features: b
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     module(static)
-                return time_ms(graph.replay, reps_for(batch))
+                return both_timings(graph.replay, reps_for(batch))
             if which == "compile_max_autotune":
                 # A fresh, static-shape compile per batch size: without the reset, Dynamo's automatic
                 # dynamic shapes would serve every batch size after the first from one dynamic-shape
@@ -155,7 +200,7 @@ def bench_torch(model_fp32, batch: int, which: str, size: int = 224, features: b
                 compiled = torch.compile(model16, mode="max-autotune", dynamic=False)
                 for _ in range(3):
                     compiled(x16)
-                return time_ms(lambda: compiled(x16), reps_for(batch))
+                return both_timings(lambda: compiled(x16), reps_for(batch))
         finally:
             model_fp32.float().to(memory_format=torch.contiguous_format)
     raise ValueError(which)
@@ -256,105 +301,6 @@ def shortcut_fusion(engine: FusedCudaEngine, batches) -> list[dict]:
     return rows
 
 
-def plot(rows, path: Path, device: str):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    keys = [("custom_ms", "fused CUDA (ours)"), ("custom_no_pdl_ms", "fused CUDA, plain launches"),
-            ("custom_mma_ms", "fused CUDA, mma.sync path"),
-            ("custom_wgmma_ms", "fused CUDA, wgmma path"),
-            ("graph_fp16_ms", "cuDNN fp16 CL + graph"),
-            ("ts_fp16_ms", "TorchScript fp16 CL"), ("ts_fp32_ms", "TorchScript fp32"),
-            ("compile_max_autotune_ms", "torch.compile max-autotune")]
-    keys = [(k, n) for k, n in keys if any(r.get(k) for r in rows)]
-    batches = [r["batch"] for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-    width = 0.8 / len(keys)
-    for i, (key, name) in enumerate(keys):
-        xs = [j + i * width for j in range(len(batches))]
-        axes[0].bar(xs, [r.get(key) or 0 for r in rows], width, label=name)
-        axes[1].bar(xs, [(r["batch"] * 1000 / r[key]) if r.get(key) else 0 for r in rows], width, label=name)
-    for ax, title in zip(axes, ("latency per batch (ms, lower is better)", "throughput (img/s, higher is better)")):
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(batches))])
-        ax.set_xticklabels([str(b) for b in batches])
-        ax.set_xlabel("batch size")
-        ax.set_title(title)
-    axes[0].set_yscale("log")
-    axes[1].legend(fontsize=8)
-    fig.suptitle(f"ResNet-18 224x224 on {device}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def markdown(result: dict) -> str:
-    lines = ["# Fused CUDA engine benchmark", "",
-             f"- device: {result['device']}", f"- date: {result['date']}", f"- command: `{result['command']}`",
-             "- measured tensor-core peak (cuBLAS fp16 8192^3, best of the runs after the whole-network and the "
-             f"per-layer timings: "
-             f"{', '.join(f'{v:.0f}' for v in result.get('peak_tflops_runs', []))}): "
-             f"{result['peak_tflops']:.0f} TFLOP/s",
-             "- GPU state (nvidia-smi: SM clock MHz, max, power W, temperature C, throttle reasons, compute "
-             "processes): " + "; ".join(f"{when}: {' '.join(str(v) for v in state.values())}"
-                                        for when, state in result.get("gpu_state", {}).items()),
-             f"- convolution path: {result.get('conv_path', 'mma')}, {result.get('tuned_plans', 0)} tuned plans for "
-             "this GPU (custom mma.sync / wgmma ms: the same engine forced to one kernel family)",
-             f"- programmatic dependent launch: {result.get('pdl', False)} "
-             f"({result.get('pdl_reason', 'not recorded')}, batches <= {result.get('pdl_max_batch', 'all')}; "
-             "custom without PDL ms: the same engine launched "
-             "plainly)", "",
-             "| batch | custom ms (img/s) | custom without PDL ms | custom mma.sync ms | custom wgmma ms | TS fp32 ms "
-             "| TS fp16 CL ms | fp16 CL + graph ms | compile max-autotune ms | custom vs graph | custom vs compile |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in result["whole_network"]:
-        fmt = lambda k: f"{r[k]:.3f}" if r.get(k) else "-"   # noqa: E731
-        lines.append(f"| {r['batch']} | {r['custom_ms']:.3f} ({r['custom_img_s']:,.0f}) | {fmt('custom_no_pdl_ms')} | "
-                     f"{fmt('custom_mma_ms')} | "
-                     f"{fmt('custom_wgmma_ms')} | "
-                     f"{fmt('ts_fp32_ms')} | {fmt('ts_fp16_ms')} | {fmt('graph_fp16_ms')} | "
-                     f"{fmt('compile_max_autotune_ms')} | {r['graph_fp16_ms'] / r['custom_ms']:.2f}x | "
-                     + (f"{r['compile_max_autotune_ms'] / r['custom_ms']:.2f}x |" if r.get("compile_max_autotune_ms")
-                        else "- |"))
-    if not any(r.get("compile_max_autotune_ms") for r in result["whole_network"]):
-        lines += ["", "torch.compile(mode=\"max-autotune\") fp16 channels-last was not run here (`--compile`; minutes "
-                      "of compiling per batch size). The issue's figures, same GPU model and day: 0.289 ms at batch 1, "
-                      "0.420 ms at batch 8, 1.954 ms at batch 128 (65.5k img/s)."]
-    if result.get("shortcut_fusion"):
-        lines += ["", "## Fused shortcut", "",
-                  "A downsampling block's conv2 with the block's 1x1 projection fused into its reduction (as the "
-                  "engine runs it) against the same conv2 with a plain residual add, each alone: the difference "
-                  "is what the fused projection costs (it has no kernel of its own).", "",
-                  "| block | N | conv2 + residual ms | conv2 + fused projection ms | cost of the projection ms |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {r['block']} | {r['N']} | {r['conv2_residual_ms']:.4f} | {r['conv2_fused_shortcut_ms']:.4f} | "
-                  f"{r['fused_shortcut_cost_ms']:.4f} |" for r in result["shortcut_fusion"]]
-    if result.get("features_64"):
-        lines += ["", "## Seed workload: 64x64 inputs to features (N,512,2,2)", "",
-                  "Our engine's graph includes the head (avgpool + fc) beyond the features; the baselines stop "
-                  "at the features.", "",
-                  "| N | custom ms | TS fp32 ms | TS fp16 CL ms | fp16 CL + graph ms | custom vs graph |",
-                  "|---|---|---|---|---|---|"]
-        for r in result["features_64"]:
-            fmt = lambda k: f"{r[k]:.3f}" if r.get(k) else "-"   # noqa: E731
-            ratio = f"{r['graph_fp16_ms'] / r['custom_ms']:.2f}x" if r.get("graph_fp16_ms") else "-"
-            lines.append(f"| {r['batch']} | {r['custom_ms']:.3f} | {fmt('ts_fp32_ms')} | {fmt('ts_fp16_ms')} | "
-                         f"{fmt('graph_fp16_ms')} | {ratio} |")
-    acc = result.get("accuracy")
-    if acc:
-        lines += ["", f"Accuracy (whole network vs float32 PyTorch, {acc['inputs']} inputs): top-1 agreement "
-                      f"{acc['top1_agree']}/{acc['inputs']}, near-tie disagreements {acc['near_tie_disagreements']}, "
-                      f"clear disagreements {acc.get('clear_disagreements')}, relative L2 {acc['rel_l2']:.2e}, "
-                      f"max abs {acc.get('max_abs', float('nan')):.3g}."]
-    return "\n".join(lines) + "\n"
-
-
-def write_result(result: dict, out: Path):
-    (out / "kernels_bench.json").write_text(json.dumps(result, indent=1) + "\n")
-    rows = result["whole_network"]
-    if all(r.get("graph_fp16_ms") for r in rows):
-        plot(rows, out / "kernels_bench.png", result["device"])
-        (out / "kernels_bench.md").write_text(markdown(result))
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", default="1,8,32,64,128,256")
@@ -396,15 +342,16 @@ def main(argv=None):
     for warm in [engine, *forced.values(), *([plain] if plain is not None else [])]:
         bench_custom(warm, batches[0])
     for batch in batches:
-        row = {"batch": batch, "custom_ms": round(bench_custom(engine, batch), 4)}
+        row = {"batch": batch}
+        record(row, "custom", custom_timings(engine, batch))
         for family, forced_engine in forced.items():
-            row[f"custom_{family}_ms"] = round(bench_custom(forced_engine, batch), 4)
+            record(row, f"custom_{family}", custom_timings(forced_engine, batch))
         if plain is not None:
-            row["custom_no_pdl_ms"] = round(bench_custom(plain, batch), 4)
+            record(row, "custom_no_pdl", custom_timings(plain, batch))
         for w in [] if args.skip_baselines else ["ts_fp32", "ts_fp16", "graph_fp16"]:
-            row[f"{w}_ms"] = round(bench_torch(model, batch, w), 4)
-        row["custom_img_s"] = round(batch * 1000 / row["custom_ms"], 1)
-        row["custom_tflops"] = round(batch * GFLOP_PER_IMAGE / row["custom_ms"], 1)
+            record(row, w, bench_torch(model, batch, w))
+        row["custom_img_s"] = round(batch * 1000 / row["custom_b2b_ms"], 1)     # throughput: back-to-back
+        row["custom_tflops"] = round(batch * GFLOP_PER_IMAGE / row["custom_b2b_ms"], 1)
         print(json.dumps(row), flush=True)
         rows.append(row)
         torch.cuda.empty_cache()
@@ -415,9 +362,10 @@ def main(argv=None):
     features = []
     which = [] if args.skip_baselines else ["ts_fp32", "ts_fp16", "graph_fp16"]
     for batch in [int(b) for b in args.features_batches.split(",") if b]:
-        row = {"batch": batch, "custom_ms": round(bench_custom(engine, batch, 64), 4)}
+        row = {"batch": batch}
+        record(row, "custom", custom_timings(engine, batch, 64))
         for w in which:
-            row[f"{w}_ms"] = round(bench_torch(model, batch, w, 64, features=True), 4)
+            record(row, w, bench_torch(model, batch, w, 64, features=True))
         print("features 64x64", json.dumps(row), flush=True)
         features.append(row)
         torch.cuda.empty_cache()
@@ -454,20 +402,12 @@ def main(argv=None):
         # size must not cost the rest of the run if the machine is taken back. Same process, same inputs
         # as the custom column of the row.
         for row in rows:
-            row["compile_max_autotune_ms"] = round(bench_torch(model, row["batch"], "compile_max_autotune"), 4)
-            print(f"compile max-autotune batch {row['batch']}: {row['compile_max_autotune_ms']} ms "
-                  f"(custom {row['custom_ms']} ms)", flush=True)
+            record(row, "compile_max_autotune", bench_torch(model, row["batch"], "compile_max_autotune"))
+            print(f"compile max-autotune batch {row['batch']}: {row['compile_max_autotune_b2b_ms']} ms back-to-back, "
+                  f"{row['compile_max_autotune_ms']} ms one at a time (custom {row['custom_b2b_ms']} / "
+                  f"{row['custom_ms']} ms)", flush=True)
             states["after_compile"] = gpu_state()
             write_result(result, out)
-    print(f"{'batch':>5} {'custom':>8} {'no-pdl':>8} {'mma':>8} {'wgmma':>8} {'ts32':>8} {'ts16':>8} {'graph16':>8} "
-          f"{'img/s':>9}")
-    for r in rows:
-        print(f"{r['batch']:>5} {r['custom_ms']:>8.3f} {r.get('custom_no_pdl_ms', math.nan):>8.3f} "
-              f"{r.get('custom_mma_ms', math.nan):>8.3f} "
-              f"{r.get('custom_wgmma_ms', math.nan):>8.3f} "
-              f"{r.get('ts_fp32_ms', math.nan):>8.3f} "
-              f"{r.get('ts_fp16_ms', math.nan):>8.3f} {r.get('graph_fp16_ms', math.nan):>8.3f} "
-              f"{r['custom_img_s']:>9.0f}")
     for n in sorted({r["N"] for r in layers}):   # kernels alone, summed over the network's layers
         sums = {}
         for r in layers:
@@ -483,6 +423,8 @@ def main(argv=None):
         if r["N"] == 128 and r["R"] == 3 and r["path"] == engine.lib.path:
             print(f"3x3 N=128 {r['path']:>5} {r['layer']:<16} {r['tile']:<22} {r['ms']:.4f} ms "
                   f"{r['TFLOP/s']:6.1f} TFLOP/s {r['pct_peak']:5.1f}% of peak")
+    # Last, so that the tail of the log (kernels/gpu_check.sh prints it) holds the whole-network table.
+    print(summary_table(rows))
     return 0
 
 

@@ -23,7 +23,8 @@ off. Checks, in order:
 
 The convolutions run on the path the engine takes on this GPU (mixed on
 compute capability 9.0: each plan names its family; mma.sync elsewhere;
---conv-path or FUSEDRESNET_CONV_PATH=mma|wgmma forces one family): the first
+--conv-path or FUSEDRESNET_CONV_PATH=mma|wgmma forces one family, --conv-path
+auto takes this GPU's own path whatever the variable says): the first
 check says which, every engine plan must be of a family the path allows
 (forced wgmma: wgmma tiles only; mma: no wgmma tile), and where the sm_90a
 module is loaded the forced-tile checks cover the wgmma tiles as well as the
@@ -409,8 +410,9 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="batches 1 and 7 only for the per-layer checks")
     parser.add_argument("--network-seed", type=int, default=DEFAULT_SEED,
                         help="seed of the whole-network input set (default: the fixed reference set)")
-    parser.add_argument("--conv-path", choices=("mma", "wgmma"),
-                        help=f"force a convolution path (default: ${CONV_PATH_ENV}, else mixed on cc 9.0)")
+    parser.add_argument("--conv-path", choices=("auto", "mma", "wgmma"),
+                        help=f"force a convolution path, or auto: this GPU's own (mixed on cc 9.0, else mma) "
+                             f"whatever ${CONV_PATH_ENV} says (default: ${CONV_PATH_ENV}, else auto)")
     args = parser.parse_args(argv)
     checker = Checker(args.quick, args.network_seed, args.conv_path)
     started = time.time()

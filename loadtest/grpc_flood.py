@@ -24,6 +24,10 @@ CPU use (psutil, user + system, of every process, summed) is taken over the wind
 `client_cpu_saturated` says a process ran above 90% of its core, where this
 generator, not the server, may be the limit.
 
+Several servers: `--url` "host:port,host:port" (or "dns:///name:port") spreads the requests over
+them by gRPC's round robin (client/resnet_client.py, grpc_channel), and `--metrics-url` takes every
+server's metrics URL, comma-separated: Triton's counts are then the servers' sums.
+
 `run_step(...) -> dict` is the entry point (the sweep's); the CLI prints and writes it.
 """
 
@@ -60,7 +64,9 @@ from fusedresnet.client.resnet_client import (
     LOGITS_BYTES_PER_IMAGE,
     SharedMemorySlot,
     build_request,
+    check_endpoints,
     check_logits_received,
+    grpc_client,
 )
 from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS, read_admin_token, registered_region
 from fusedresnet.loadtest import measurements, triton_metrics
@@ -171,7 +177,7 @@ async def flood(settings: FloodSettings, slots: int, offset: int, logits_region:
     pool = model_input(load_image_pool(Path(settings.image_pool)), settings.input_format)
     inputs = prebuilt_inputs(settings, pool, offset)
     outputs = slot_outputs(settings, pool[:settings.images_per_request], logits_region, slots)
-    async with grpcaio.InferenceServerClient(settings.url) as client:
+    async with grpc_client(settings.url, grpcaio.InferenceServerClient) as client:
         await client.is_server_ready()        # the channel is connected before the clock starts
         ready()
         while not go.is_set():
@@ -252,6 +258,7 @@ def run_step(model: str, url: str, metrics_url: str, concurrency: int, images_pe
 
     if shared_memory not in SHARED_MEMORY_KINDS:
         raise ValueError(f"shared memory must be one of {SHARED_MEMORY_KINDS}, not {shared_memory!r}")
+    check_endpoints("grpc", url, shared_memory)
     if shared_memory != "none" and admin_token is None:
         admin_token = read_admin_token()
     shares = split_concurrency(concurrency, processes)
@@ -367,8 +374,10 @@ def drive(workers, results, go, start_at, settings: FloodSettings, metrics_url: 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=MODELS, default=MODEL_CUSTOM)
-    parser.add_argument("--url", default=f"{DEFAULT_HOST}:{DEFAULT_GRPC_PORT}", help="Triton's gRPC endpoint")
-    parser.add_argument("--metrics-url", default=f"http://{DEFAULT_HOST}:{DEFAULT_METRICS_PORT}/metrics")
+    parser.add_argument("--url", default=f"{DEFAULT_HOST}:{DEFAULT_GRPC_PORT}",
+                        help="Triton's gRPC endpoint; several: host:port,host:port or dns:///name:port")
+    parser.add_argument("--metrics-url", default=f"http://{DEFAULT_HOST}:{DEFAULT_METRICS_PORT}/metrics",
+                        help="Triton's metrics; with several servers, each one's URL, comma-separated")
     parser.add_argument("--concurrency", type=int, required=True, help="requests in flight, over all processes")
     parser.add_argument("--images-per-request", type=int, default=1)
     parser.add_argument("--processes", type=int, default=1)
@@ -381,12 +390,14 @@ def main(argv=None) -> int:
     parser.add_argument("--admin-token-file", type=Path,
                         help="admin token for registering shared memory (default: $FUSEDRESNET_ADMIN_TOKEN, "
                              "else build/admin-token)")
+    parser.add_argument("--cuda-device", type=int, default=0,
+                        help="with --shared-memory cuda: the GPU of the regions, as the server numbers its GPUs")
     parser.add_argument("--out", type=Path, help="write the step record here as JSON")
     args = parser.parse_args(argv)
     token = read_admin_token(args.admin_token_file) if args.shared_memory != "none" else None
     record = run_step(args.model, args.url, args.metrics_url, args.concurrency, args.images_per_request,
                       args.processes, args.warmup_s, args.seconds, args.input_format, args.image_pool,
-                      args.pool_size, args.shared_memory, token)
+                      args.pool_size, args.shared_memory, token, args.cuda_device)
     p = {k: "-" if record[k] is None else f"{record[k]:.1f}" for k in ("p50_ms", "p99_ms", "max_ms")}
     print(f"{record['model']} x{record['images_per_request']} {record['input_format']} shm={record['shared_memory']}"
           f" concurrency {record['concurrency']} in {record['processes']} process(es): "

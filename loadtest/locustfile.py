@@ -8,7 +8,9 @@ Options (fields of the web UI too; each also read from FUSEDRESNET_<OPTION>, e.g
 FUSEDRESNET_IMAGES_PER_REQUEST=8):
   --model               resnet18_custom | resnet18_cudnn
   --protocol            grpc | http
-  --triton-url          host:port (default: locust's --host, else the protocol's default port)
+  --triton-url          host:port (default: locust's --host, else the protocol's default port); over gRPC
+                        several servers: "host:port,host:port" or "dns:///name:port", spread per request
+                        by gRPC's round robin (client/resnet_client.py, grpc_channel)
   --images-per-request  images in each request (1, 8, 32, ...)
   --input-format        IMAGE (uint8 pixels, the server normalises) | IMAGE_NORMALIZED (normalised here)
   --image-pool          .npy file of uint8 crops, or of the crops already as the --input-format input
@@ -46,8 +48,7 @@ from locust.runners import MasterRunner, WorkerRunner
 
 grpc_gevent.init_gevent()
 
-import tritonclient.grpc as grpcclient  # noqa: E402  (after init_gevent)
-import tritonclient.http as httpclient  # noqa: E402
+import tritonclient.http as httpclient  # noqa: E402  (this and the gRPC client of resnet_client: after init_gevent)
 
 from fusedresnet.backend.spec import INPUT_UINT8, MODEL_CUSTOM, MODELS  # noqa: E402
 from fusedresnet.client.preprocess import INPUT_FORMATS, model_input  # noqa: E402
@@ -57,7 +58,10 @@ from fusedresnet.client.resnet_client import (  # noqa: E402
     PROTOCOLS,
     SharedMemorySlot,
     build_request,
+    check_endpoints,
     check_logits_received,
+    grpc_client,
+    response_bytes,
 )
 from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS, read_admin_token, request_regions  # noqa: E402
 from fusedresnet.loadtest.image_pool import (  # noqa: E402
@@ -234,8 +238,9 @@ class TritonUser(User):
             self.request_name += f" {options.shared_memory}-shm"
         self.warmup_ends_at = REQUEST_LOG.test_started_at + options.warmup_s
         self.resources = contextlib.ExitStack()   # the client and its shared-memory regions, closed in on_stop
+        check_endpoints(self.protocol, url, options.shared_memory)
         if self.protocol == "grpc":
-            self.client = grpcclient.InferenceServerClient(url)
+            self.client = grpc_client(url)
         else:
             self.client = httpclient.InferenceServerClient(url, network_timeout=REQUEST_TIMEOUT_S,
                                                            connection_timeout=REQUEST_TIMEOUT_S)
@@ -262,21 +267,26 @@ class TritonUser(User):
         kwargs = {"client_timeout": REQUEST_TIMEOUT_S} if self.protocol == "grpc" else {}
         return self.client.infer(self.model, inputs, outputs=outputs, **kwargs)
 
-    def on_request_done(self, started_at: float, latency_ms: float, exception: Exception | None):
+    def on_request_done(self, started_at: float, latency_ms: float, exception: Exception | None,
+                        received_bytes: int = 0):
         REQUEST_LOG.add(started_at, latency_ms, exception is None)
         name = self.request_name + (WARMUP_SUFFIX if time.time() < self.warmup_ends_at else "")
+        # response_length is bytes (locust reports it as the content size); the images of a request are in
+        # its name ("x8") and in the context.
         self.environment.events.request.fire(request_type=self.protocol, name=name, response_time=latency_ms,
-                                             response_length=self.windows.images_per_request,
-                                             exception=exception, context={})
+                                             response_length=received_bytes, exception=exception,
+                                             context={"images": self.windows.images_per_request})
 
     @task
     def classify_batch(self):
         images = self.windows.next()
         started_at, started = time.time(), time.perf_counter()
         REQUEST_LOG.sent += 1
-        exception = None
+        exception, received = None, 0
         try:
-            check_logits_received(self.infer(images), len(images), in_shared_memory=self.regions is not None)
+            result = self.infer(images)
+            received = response_bytes(result)
+            check_logits_received(result, len(images), in_shared_memory=self.regions is not None)
         except Exception as error:  # every failure is a failed request, reported to locust
             exception = error
-        self.on_request_done(started_at, (time.perf_counter() - started) * 1e3, exception)
+        self.on_request_done(started_at, (time.perf_counter() - started) * 1e3, exception, received)

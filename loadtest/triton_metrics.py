@@ -86,9 +86,13 @@ class MetricsSnapshot:
 
 
 def scrape(metrics_url: str, timeout_s: float = 5.0) -> MetricsSnapshot:
-    with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:
-        text = response.read().decode()
-    return MetricsSnapshot(time.time(), parse_prometheus_text(text))
+    """One snapshot of Triton's metrics; of several servers (URLs separated by commas) their samples
+    together, so that totals are the servers' sums."""
+    samples = []
+    for url in metrics_url.split(","):
+        with urllib.request.urlopen(url.strip(), timeout=timeout_s) as response:
+            samples += parse_prometheus_text(response.read().decode())
+    return MetricsSnapshot(time.time(), samples)
 
 
 def requests_seen(snapshot: MetricsSnapshot, model: str) -> float:

@@ -221,16 +221,42 @@ def test_compose_file_validates_against_the_compose_specification(tmp_path):
     assert run_compose_validator(broken).returncode != 0
 
 
-def test_compose_server_runs_the_image_with_a_gpu_and_the_secret():
-    server = compose()["services"]["server"]
-    check_launcher_arguments(server["command"], "compose server command")
-    token_file = server["command"][server["command"].index("--admin-token-file") + 1]
-    assert token_file == f"/run/secrets/{server['secrets'][0]}"
-    assert compose()["secrets"][server["secrets"][0]] == {"environment": spec.ADMIN_TOKEN_ENV}
-    assert {f"127.0.0.1:{p}:{p}" for p in PORTS.values()} == set(server["ports"])
-    devices = server["deploy"]["resources"]["reservations"]["devices"]
-    assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
-    assert server["build"]["target"] == "server" and server["shm_size"]
+def compose_servers() -> dict[str, dict]:
+    """The Triton services of docker-compose.yml (server-0, server-1, ...: one per GPU)."""
+    servers = {name: service for name, service in compose()["services"].items() if re.fullmatch(r"server-\d+", name)}
+    assert len(servers) >= 2, "one server per GPU behind the balancer"
+    return servers
+
+
+def test_compose_servers_run_the_image_each_on_its_own_gpu_with_the_secret():
+    published = []
+    gpus = []
+    for name, server in compose_servers().items():
+        check_launcher_arguments(server["command"], f"compose {name} command")
+        token_file = server["command"][server["command"].index("--admin-token-file") + 1]
+        assert token_file == f"/run/secrets/{server['secrets'][0]}"
+        assert compose()["secrets"][server["secrets"][0]] == {"environment": spec.ADMIN_TOKEN_ENV}
+        (device,) = server["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"] and len(device["device_ids"]) == 1
+        gpus.append(device["device_ids"][0])
+        assert server["build"]["target"] == "server" and server["shm_size"]
+        ports = dict(p.rsplit(":", 1)[::-1] for p in server["ports"])   # container port -> host address:port
+        assert set(ports) == {str(PORTS["http"]), str(PORTS["metrics"])}, f"{name}: gRPC goes through the balancer"
+        assert all(address.startswith("127.0.0.1:") for address in ports.values())
+        published += ports.values()
+    assert len(set(gpus)) == len(gpus) and len(set(published)) == len(published)
+
+
+def test_compose_balancer_passes_grpc_to_every_server():
+    balancer = compose()["services"]["balancer"]
+    assert balancer["ports"] == [f"127.0.0.1:{spec.DEFAULT_GRPC_PORT}:{spec.DEFAULT_GRPC_PORT}"]
+    mounts = dict(v.split(":")[:2] for v in balancer["volumes"])
+    config = (ROOT / {c: h for h, c in mounts.items()}["/etc/nginx/nginx.conf"]).read_text()
+    upstreams = re.findall(r"^\s*server (\S+):(\d+)\b", config, re.M)
+    assert upstreams == [(name, str(spec.DEFAULT_GRPC_PORT)) for name in compose_servers()]
+    assert re.search(rf"listen {spec.DEFAULT_GRPC_PORT} http2;", config)
+    assert "grpc_pass grpc://" in config
+    assert "unprivileged" in balancer["image"]    # nginx as a non-root user
 
 
 def test_compose_bind_mounts_exist_and_prometheus_scrapes_the_metrics_port():
@@ -241,11 +267,11 @@ def test_compose_bind_mounts_exist_and_prometheus_scrapes_the_metrics_port():
                 assert (ROOT / source).exists(), f"{name}: {source} does not exist"
     prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     targets = [t for job in prometheus["scrape_configs"] for c in job["static_configs"] for t in c["targets"]]
-    assert targets == [f"server:{spec.DEFAULT_METRICS_PORT}"]
+    assert targets == [f"{name}:{spec.DEFAULT_METRICS_PORT}" for name in compose_servers()]
     for locust in ("locust-master", "locust-worker"):
         service = compose()["services"][locust]
         assert service["build"]["target"] == "loadtest"
-        assert service["environment"]["FUSEDRESNET_TRITON_URL"] == f"server:{spec.DEFAULT_GRPC_PORT}"
+        assert service["environment"]["FUSEDRESNET_TRITON_URL"] == f"balancer:{spec.DEFAULT_GRPC_PORT}"
         assert service["environment"]["FUSEDRESNET_MODEL"] in spec.MODELS
     assert compose()["services"]["locust-master"]["command"][-1] == str(
         compose()["services"]["locust-worker"]["deploy"]["replicas"])
@@ -308,7 +334,8 @@ def test_manifests_validate_against_the_kubernetes_schemas():
         if manifest["apiVersion"] == "monitoring.coreos.com/v1":
             continue  # a CRD: no schema in kubernetes-validate; test_service_monitor_scrapes_the_metrics_port
         kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
-    assert kinds == {"Deployment", "Service", "ServiceMonitor", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
+    assert kinds == {"Deployment", "Service", "ServiceMonitor", "HorizontalPodAutoscaler", "PodDisruptionBudget",
+                     "Ingress"}
 
 
 def test_the_validator_refuses_a_misspelt_field():
@@ -390,32 +417,43 @@ def test_autoscaler_metric_is_the_adapter_rule_on_triton_queue_time():
     assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
 
 
-def test_locust_pods_target_the_server_service():
-    service = resource("Service", "fusedresnet")
-    grpc_port = {p["name"]: p["port"] for p in service["spec"]["ports"]}["grpc"]
+def test_grpc_is_balanced_per_request_over_the_pods():
+    headless = resource("Service", "fusedresnet-headless")
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"] == resource("Service", "fusedresnet")["spec"]["selector"]
+    assert [(p["port"], p["targetPort"]) for p in headless["spec"]["ports"]] == [(spec.DEFAULT_GRPC_PORT, "grpc")]
+    # Clients reconnect (and re-resolve the headless name) when a server closes an old connection; the
+    # grace lets the calls in flight finish, within the pod's termination grace period.
+    triton = server_container()["args"][server_container()["args"].index("--") + 1:]
+    flags = dict(a.split("=", 1) for a in triton)
+    age, grace = int(flags["--grpc-max-connection-age"]), int(flags["--grpc-max-connection-age-grace"])
+    pod = resource("Deployment", "fusedresnet")["spec"]["template"]["spec"]
+    assert 0 < age <= 5 * 60_000 and 0 < grace <= pod["terminationGracePeriodSeconds"] * 1000
+    ingress = resource("Ingress", "fusedresnet-grpc")
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/backend-protocol"] == "GRPC"
+    (path,) = [p for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]]
+    assert path["backend"]["service"] == {"name": "fusedresnet", "port": {"name": "grpc"}}
+
+
+def test_locust_pods_target_every_server_pod():
+    headless = resource("Service", "fusedresnet-headless")
+    grpc_port = {p["name"]: p["port"] for p in headless["spec"]["ports"]}["grpc"]
     master_service = resource("Service", "locust-master")
     for name in ("locust-master", "locust-worker"):
         container = resource("Deployment", name)["spec"]["template"]["spec"]["containers"][0]
         env = {e["name"]: e["value"] for e in container["env"]}
-        assert env["FUSEDRESNET_TRITON_URL"] == f"{service['metadata']['name']}:{grpc_port}"
+        assert env["FUSEDRESNET_TRITON_URL"] == f"dns:///{headless['metadata']['name']}:{grpc_port}"
         assert env["FUSEDRESNET_MODEL"] in spec.MODELS
     worker = resource("Deployment", "locust-worker")["spec"]["template"]["spec"]["containers"][0]
     assert worker["args"][worker["args"].index("--master-host") + 1] == master_service["metadata"]["name"]
 
 
-# ---------------------------------------------------------------- README
-
-def readme_section(title: str) -> str:
-    text = (ROOT / "README.md").read_text()
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start:end]
-
+# ---------------------------------------------------------------- docs/CONFIGURATION.md
 
 def test_configuration_reference_names_every_launcher_option_and_model_parameter():
-    reference = readme_section("Configuration reference")
+    reference = (ROOT / "docs" / "CONFIGURATION.md").read_text()
     missing = {option for option in launcher_options() - {"--help"} if f"`{option}" not in reference}
-    assert not missing, f"launcher options missing from the README's configuration reference: {missing}"
+    assert not missing, f"launcher options missing from docs/CONFIGURATION.md: {missing}"
     for model in spec.MODELS:
         for key in spec.model_config(model).parameters:
             assert f"`{key}`" in reference, f"{model} config parameter {key} missing from the reference"

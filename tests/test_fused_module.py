@@ -5,6 +5,8 @@ The fused kernels themselves are checked against torchvision in test_fused_modul
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -92,3 +94,24 @@ def test_works_under_inference_mode_and_no_grad(module, pixels):
     with torch.no_grad():
         b = module(pixels)
     assert torch.equal(a, b) and not a.requires_grad
+
+
+def test_calls_from_several_threads_each_get_the_answer_of_a_call_alone(module):
+    batches = [smooth_random_images(n, seed=30 + n, size=64) for n in (1, 2, 3, 4)]
+    with torch.inference_mode():
+        alone = [module(batch) for batch in batches]
+    results = {}
+
+    def worker(thread: int):
+        with torch.inference_mode():
+            for round_ in range(6):
+                results[thread, round_] = module(batches[(thread + round_) % len(batches)])
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 4 * 6
+    for (thread, round_), logits in results.items():
+        torch.testing.assert_close(logits, alone[(thread + round_) % len(batches)], rtol=0, atol=1e-5)

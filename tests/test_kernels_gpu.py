@@ -52,7 +52,7 @@ def test_engine_serves_through_create_custom_engine(checker, tmp_path):
     torch.save(checker.params, tmp_path / "folded.pt")
     engine, reason = create_custom_engine(tmp_path / "folded.pt", "cuda:0")
     assert engine.name.startswith("fused-cuda-fp16-"), reason   # not a fallback engine
-    # the name says which kernel families run (README, *Kernels*)
+    # the name says which kernel families run (docs/ENGINE.md, *Kernel families*)
     assert engine.name == {"mixed": "fused-cuda-fp16-wgmma+mma", "mma": "fused-cuda-fp16-mma",
                            "wgmma": "fused-cuda-fp16-wgmma"}[engine.lib.path]
     images = torch.randint(0, 256, (3, 224, 224, 3), dtype=torch.uint8)

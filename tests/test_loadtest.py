@@ -17,7 +17,7 @@ import pytest
 
 from fusedresnet.backend.spec import INPUT_FP32, MODEL_CUDNN, MODEL_CUSTOM, MODELS
 from fusedresnet.client.preprocess import model_input
-from fusedresnet.client.resnet_client import ResNetClient
+from fusedresnet.client.resnet_client import ResNetClient, build_request, response_bytes
 from fusedresnet.loadtest import report, sweep, triton_metrics
 from fusedresnet.loadtest.image_pool import RequestWindows, build_image_pool
 from fusedresnet.loadtest.step import Series, sanity_problems
@@ -237,3 +237,14 @@ def test_targets_section_says_which_serving_targets_a_sweep_meets():
     slowest = next(line for name, line in rows.items() if name.startswith("slowest request"))
     assert "70.0 ms" in slowest and "**not met**" in slowest
     assert "THE ANALYSIS" in text
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_locust_response_length_is_the_bytes_received_not_the_image_count(triton_server, varied_images, protocol):
+    url = triton_server.grpc_url if protocol == "grpc" else triton_server.http_url
+    with ResNetClient(MODEL_CUSTOM, protocol, url) as client:
+        for count in (1, 4):
+            inputs, outputs = build_request(protocol, varied_images[:count], engine=False)
+            received = response_bytes(client.client.infer(MODEL_CUSTOM, inputs, outputs=outputs))
+            logits = count * 1000 * 4     # fp32 [count, 1000] on the wire, plus a header of a few hundred bytes
+            assert logits < received < logits + 512, (count, received)

@@ -184,24 +184,31 @@ def test_served_models_have_instances_on_every_gpu_and_each_answers_right(triton
     assert np.isclose(sum(gpu["share"] for gpu in split.values()), 1.0), split
 
 
-def test_multi_gpu_summary_takes_each_series_peak_and_its_ratio():
+def test_multi_gpu_summary_takes_each_layouts_peak_against_one_gpu():
     from fusedresnet.loadtest import multi_gpu
 
-    def record(gpus, series, concurrency, img_per_s, role="level"):
-        return {"model": MODEL_CUSTOM, "series": series, "gpus": gpus, "role": role, "concurrency": concurrency,
-                "img_per_s": img_per_s, "p99_ms": 10.0, "processes": 8,
-                "per_gpu": {"GPU-a": {"share": 0.5, "utilization": 0.8}, "GPU-b": {"share": 0.5, "utilization": 0.7}}}
+    def step(layout, gpus, series, img_per_s):
+        return {"layout": layout, "gpus": gpus, "series": series, "series_name": series, "img_per_s": img_per_s,
+                "p50_ms": 1.0, "p99_ms": 10.0, "concurrency": 64, "generators": 1, "processes": 8, "failures": 0,
+                "generator_cpu_percent": 800.0, "generator_cpu_share": 0.5, "problems": [], "errors": []}
 
-    one, thirty_two = multi_gpu.SERIES[0].name, multi_gpu.SERIES[1].name
-    steps = [record(1, one, 128, 14000.0), record(1, one, 256, 15000.0),
-             record(2, one, 256, 21000.0), record(2, one, 512, 24000.0),
-             record(2, one, 512, 23900.0, "generator check"),
-             record(1, thirty_two, 64, 25000.0), record(2, thirty_two, 128, 46000.0)]
-    summary = multi_gpu.summarize(steps, 2)
-    assert summary["scaling_1"] == pytest.approx(24000 / 15000)
-    assert summary["scaling_32"] == pytest.approx(46000 / 25000)
-    row = summary["per_model"][MODEL_CUSTOM][one]
-    assert row["generator_check_img_per_s"] == 23900.0 and row["img_per_s_2gpu"] == 24000.0
-    text = multi_gpu.markdown({"device": "d", "started_at": "t", "command": "c", "gpus": 2, "steps": steps,
-                               "summary": summary})
-    assert "**1.84x** on 2 GPUs" in text and "| 0.50 / 0.50 | 0.80 / 0.70 |" in text
+    steps = [step("one-gpu", 1, "1", 20000.0), step("one-gpu", 1, "1", 21000.0), step("one-gpu", 1, "32", 40000.0),
+             step("server-per-gpu", 2, "1", 38000.0), step("server-per-gpu", 2, "32", 76000.0),
+             step("server-per-gpu", 2, "32", 74000.0), step("one-server", 2, "1", 30000.0),
+             step("one-server", 2, "32", None)]
+    layouts = {entry["layout"]: entry for entry in multi_gpu.summarize(steps, 2)}
+    assert set(layouts) == {"server-per-gpu", "one-server"}
+    assert layouts["server-per-gpu"]["scaling_1"] == pytest.approx(38000 / 21000)
+    assert layouts["server-per-gpu"]["scaling_32"] == pytest.approx(76000 / 40000)
+    assert layouts["one-server"]["scaling_1"] == pytest.approx(30000 / 21000)
+    assert layouts["one-server"]["scaling_32"] is None          # a failed step is no peak
+    assert layouts["server-per-gpu"]["scaling_32_target"] == 1.8
+    text = multi_gpu.markdown({"device": "d", "date": "t", "command": "c", "gpus": 2, "generator_cores": "16-31",
+                               "server_cores": "0-15", "steps": steps, "layouts": list(layouts.values())})
+    assert "| server-per-gpu | gRPC, 32 image(s)/request | 40000 | 76000 | **1.90x** | 1.8 |" in text
+
+
+def test_cpu_lists_read_as_taskset_writes_them():
+    from fusedresnet.loadtest import multi_gpu
+    assert multi_gpu.cpu_list("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
+    assert multi_gpu.cpu_text([16, 17]) == "16,17"

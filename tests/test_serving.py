@@ -30,7 +30,7 @@ from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLE
 from fusedresnet.client.preprocess import normalize
 from fusedresnet.client.resnet_client import ResNetClient
 
-# The engine each model must run, by name (README, *The service*): on a GPU the custom model runs
+# The engine each model must run, by name (README, *Using the service*): on a GPU the custom model runs
 # our fused kernels and nothing else; a fallback there is a failure, not another valid answer.
 EXPECTED_ENGINE = {
     (MODEL_CUSTOM, "cpu"): "torch-folded-cpu-fp32",
@@ -40,7 +40,7 @@ EXPECTED_ENGINE = {
 
 
 def custom_gpu_engine() -> str:
-    """The fused engine's name by its kernel families (README, *The fused CUDA engine*): wgmma + mma.sync on
+    """The fused engine's name by its kernel families (docs/ENGINE.md, *Kernel families*): wgmma + mma.sync on
     compute capability 9.0, mma.sync elsewhere, one family where FUSEDRESNET_CONV_PATH (inherited by the
     server) forces it."""
     forced = os.environ.get("FUSEDRESNET_CONV_PATH", "").strip().lower()
