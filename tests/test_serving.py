@@ -5,6 +5,9 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
+import shutil
+import threading
 import time
 
 import numpy as np
@@ -15,6 +18,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
+from fusedresnet.backend.network import free_ports
+from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import (
     INPUT_FP32,
     INPUT_UINT8,
@@ -150,26 +155,69 @@ def counts_after(server, headers, model, before, expected_requests, timeout_s=10
         time.sleep(0.05)
 
 
+# The batching test's server: the shipped models, one instance each and a queue delay long enough that
+# every request of a burst arrives while the batcher still waits. With the shipped four instances and
+# 100 us, four GPU instances drain single-image requests as fast as a Python client sends them (the
+# H100 host saw 24 requests in 24 executions), so whether they meet in a batch depends on the
+# device's speed; here it does not, on a CPU or a GPU.
+BATCHING_INSTANCES = 1
+BATCHING_QUEUE_DELAY_US = 500_000
+
+
+def repository_for_batching(source, target):
+    """A copy of the prepared repository whose models have BATCHING_INSTANCES instances and wait
+    BATCHING_QUEUE_DELAY_US for a batch to fill; everything else as shipped."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    for model in MODELS:
+        config = target / model / "config.pbtxt"
+        text, delays = re.subn(r"max_queue_delay_microseconds: \d+",
+                               f"max_queue_delay_microseconds: {BATCHING_QUEUE_DELAY_US}", config.read_text())
+        text, counts = re.subn(r"count: \d+, kind: KIND_AUTO", f"count: {BATCHING_INSTANCES}, kind: KIND_AUTO", text)
+        assert delays == 1 and counts == 1, f"{config}: the queue delay or the instance count is not where it was"
+        config.write_text(text)
+    return target
+
+
+@pytest.fixture(scope="module")
+def batching_server(prepared_repository, admin_token, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("batching")
+    repository = repository_for_batching(prepared_repository, folder / "model_repository")
+    http_port, grpc_port, metrics_port = free_ports(3)
+    server = TritonServer(repository, "127.0.0.1", http_port, grpc_port, metrics_port,
+                          admin_token=admin_token, log_file=folder / "server.log")
+    with server:
+        yield server
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_concurrent_single_image_requests_are_batched_and_each_gets_its_own_answer(
-        triton_server, grpc_admin_headers, model, varied_images, reference_logits):
+        batching_server, grpc_admin_headers, model, varied_images, reference_logits):
     images = varied_images[:24]
     reference = reference_logits(images)
-    before = inference_counts(triton_server, grpc_admin_headers, model)
+    # Connected before the burst, released together: the requests reach the queue within the delay.
+    clients = [client_for(batching_server, model) for _ in images]
+    start = threading.Barrier(len(images))
 
     def infer_one(index):
-        with client_for(triton_server, model) as client:
-            return index, client.infer(images[index:index + 1]).logits[0]
+        start.wait()
+        return index, clients[index].infer(images[index:index + 1]).logits[0]
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(images)) as pool:
-        answers = dict(pool.map(infer_one, range(len(images))))
+    try:
+        for client in clients:
+            client.infer(images[:1])   # connection set-up stays out of the burst
+        before = inference_counts(batching_server, grpc_admin_headers, model)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(images)) as pool:
+            answers = dict(pool.map(infer_one, range(len(images))))
+    finally:
+        for client in clients:
+            client.close()
     logits = np.stack([answers[i] for i in range(len(images))])
     assert_matches_reference(logits, reference)
     # every row is its own image's: a swapped row would match another image better
     for i, row in enumerate(logits):
         distances = np.linalg.norm(reference - row, axis=1)
         assert int(np.argmin(distances)) == i
-    requests, executions = counts_after(triton_server, grpc_admin_headers, model, before, len(images))
+    requests, executions = counts_after(batching_server, grpc_admin_headers, model, before, len(images))
     assert requests == len(images)
     assert executions < requests, "dynamic batching never combined requests"
 
