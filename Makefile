@@ -10,6 +10,10 @@
 #
 # VENV=.venv by default; `make VENV= ...` uses the python3 on PATH as it is
 # (a GPU host without a package index: nothing is downloaded then).
+#
+# On a machine with an NVIDIA GPU (nvidia-smi, /dev/nvidia0 or /proc/driver/nvidia), `setup`
+# also installs the `gpu` extra, what the fused engine needs: CuPy, NVRTC and cuda-bindings of the
+# CUDA major of the torch wheel (pyproject.toml). NVIDIA_GPU=yes or NVIDIA_GPU= overrides the check.
 
 VENV ?= .venv
 PYTHON3 ?= python3
@@ -21,6 +25,7 @@ PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 endif
 STAMP := model_repository/.prepared.json
+NVIDIA_GPU ?= $(shell { command -v nvidia-smi || test -e /dev/nvidia0 || test -e /proc/driver/nvidia; } >/dev/null 2>&1 && echo yes)
 PYTEST_ARGS ?=
 
 .PHONY: setup prepare serve demo lint test loadtest clean
@@ -34,6 +39,11 @@ ifeq ($(strip $(VENV)),)
 else
 	$(PYTHON3) -m venv $(VENV)
 	$(PY) -m pip install -q -e '.[server,client,loadtest,dev]'
+ifneq ($(strip $(NVIDIA_GPU)),)
+	@echo "NVIDIA GPU found: installing the fused engine's CUDA packages (extra gpu). CuPy 14 needs NumPy 2;"
+	@echo "pip may report that nvidia-pytriton 0.7.0 asks for NumPy < 2: the server runs on NumPy 2, as on the GPU host."
+	$(PY) -m pip install -q -e '.[gpu]'
+endif
 	touch $@
 endif
 

@@ -50,7 +50,7 @@ import cupy as cp  # noqa: E402  (ImportError here means: no fused engine on thi
 import numpy as np
 import torch
 
-from ..kernels.configs import MIXED, PDL_MAX_BATCH, SHORTCUT_FUSION_MIN_BATCH, STEM_KG_PADDED
+from ..kernels.configs import PDL_MAX_BATCH, SHORTCUT_FUSION_MIN_BATCH, STEM_KG_PADDED, tile_family
 from ..kernels.launch import conv_out_size, library
 from .engines import next_power_of_two
 from .folding import (
@@ -103,19 +103,11 @@ class _Plan:
         # The fused stem+pool kernel writes the pooled map directly.
         self.pool_out = cp.empty((batch, h2, w2, STEM.out_channels), dtype=cp.float16)
         self.steps = []   # [_Step] per block
-        x_shape = self.pool_out.shape
         workspace = workspace_side = 0
-        for block in engine.blocks:
-            n, hh, ww, c = x_shape
-            step = _Step(block, batch >= SHORTCUT_FUSION_MIN_BATCH)
-            p, q = conv_out_size(hh, 3, step.conv1.stride, 1), conv_out_size(ww, 3, step.conv1.stride, 1)
-            k = step.conv1.out_channels
-            step.plans = {"conv1": lib.plan(n, hh, ww, c, k, 3, 3, step.conv1.stride, 1),
-                          "conv2": lib.plan(n, p, q, k, k, 3, 3, 1, 1,
-                                            shortcut_c=step.conv2.shortcut_channels)}
-            workspace = max(workspace, *(pl.workspace_floats(n * p * q * k) for pl in step.plans.values()))
+        for step, (n, *_), (p, q, k) in planned_steps(lib, engine.blocks, batch, h2, w2):
+            workspace = max(workspace, *(pl.workspace_floats(n * p * q * k) for name, pl in step.plans.items()
+                                         if name != "downsample"))
             if step.downsample is not None:   # its own kernel beside conv1, its output the residual
-                step.plans["downsample"] = lib.plan(n, hh, ww, c, k, 1, 1, step.downsample.stride, 0)
                 workspace_side = max(workspace_side, step.plans["downsample"].workspace_floats(n * p * q * k))
                 step.downsample_out = cp.empty((n, p, q, k), dtype=cp.float16)
                 # fork / join of the side stream, made before any capture
@@ -124,7 +116,6 @@ class _Plan:
             step.conv1_out = cp.empty((n, p, q, k), dtype=cp.float16)
             step.out = cp.empty((n, p, q, k), dtype=cp.float16)
             self.steps.append(step)
-            x_shape = step.out.shape
         self.features = self.steps[-1].out
         self.logits = cp.empty((batch, engine.fc_weight.shape[0]), dtype=cp.float32)
         self.workspace = cp.empty(max(workspace, 1), dtype=cp.float32)
@@ -133,6 +124,34 @@ class _Plan:
         # The same memory seen by torch (the Triton model copies into / out of these).
         self.input_torch = torch.from_dlpack(self.input)
         self.logits_torch = torch.from_dlpack(self.logits)
+
+
+def planned_steps(lib, blocks, batch: int, h: int, w: int):
+    """(_Step with its plans, its input's (N, H, W, C), its output's (P, Q, K)) of each BasicBlock of a batch
+    whose stem + max-pool output is h x w."""
+    x_shape = (batch, h, w, STEM.out_channels)
+    for block in blocks:
+        n, hh, ww, c = x_shape
+        step = _Step(block, batch >= SHORTCUT_FUSION_MIN_BATCH)
+        p, q = conv_out_size(hh, 3, step.conv1.stride, 1), conv_out_size(ww, 3, step.conv1.stride, 1)
+        k = step.conv1.out_channels
+        step.plans = {"conv1": lib.plan(n, hh, ww, c, k, 3, 3, step.conv1.stride, 1),
+                      "conv2": lib.plan(n, p, q, k, k, 3, 3, 1, 1, shortcut_c=step.conv2.shortcut_channels)}
+        if step.downsample is not None:
+            step.plans["downsample"] = lib.plan(n, hh, ww, c, k, 1, 1, step.downsample.stride, 0)
+        yield step, x_shape, (p, q, k)
+        x_shape = (n, p, q, k)
+
+
+def served_families(lib, blocks, h: int, w: int) -> list[str]:
+    """The kernel families ("wgmma", "mma") that the library's plans for an h x w input run on at any batch
+    bucket: those of the stem + max-pool and of every convolution's plan."""
+    families = {"wgmma" if lib.wgmma_module else "mma"}
+    h2, w2 = stage_sizes(h, w)[1]
+    for batch in BATCH_BUCKETS:
+        for step, _, _ in planned_steps(lib, blocks, batch, h2, w2):
+            families.update(tile_family(plan.tile) for plan in step.plans.values())
+    return [family for family in ("wgmma", "mma") if family in families]
 
 
 class _Step:
@@ -150,9 +169,10 @@ class _Step:
 class FusedCudaEngine:
     """ResNet-18 forward pass on our fused fp16 kernels, one CUDA graph per batch bucket and input shape."""
 
-    # The name the models answer with (ENGINE output, load log, load-test report): the kernel families
-    # of the library's conv path (mixed: each conv on the wgmma or mma.sync kernel its plan names).
-    NAMES = {"mma": "fused-cuda-fp16-mma", "wgmma": "fused-cuda-fp16-wgmma", MIXED: "fused-cuda-fp16-wgmma+mma"}
+    # The name the models answer with (ENGINE output, load log, load-test report): "fused-cuda-fp16-" and the
+    # kernel families its plans at 224 x 224 run on, at any batch (`served_families`: "wgmma" where every plan
+    # of the mixed path is a wgmma one, as the H100's tuned table has them, "wgmma+mma" where both are).
+    NAME_PREFIX = "fused-cuda-fp16-"
 
     def __init__(self, params_or_path, device: str = "cuda:0", conv_path: str | None = None,
                  pdl: bool | None = None, pdl_max_batch: int = PDL_MAX_BATCH):
@@ -171,7 +191,7 @@ class FusedCudaEngine:
         with cp.cuda.Device(self.device_id):
             self.lib = library(self.device_id, conv_path, pdl)
             self.pdl_max_batch = pdl_max_batch
-            self.name = self.NAMES[self.lib.path]
+            self.name = self.NAME_PREFIX + "+".join(served_families(self.lib, self.blocks, IMAGE_SIZE, IMAGE_SIZE))
             self.cupy_stream = cp.cuda.Stream(non_blocking=True)
             self.side_stream = cp.cuda.Stream(non_blocking=True)
             # The same CUDA stream seen by torch: the serving interface's `stream`.

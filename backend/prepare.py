@@ -1,14 +1,18 @@
 """Write the generated files of the model repository (they are gitignored).
 
-    python -m fusedresnet.backend.prepare [--weights resnet18-f37072fd.pth | model.onnx] [--repository DIR]
+    python -m fusedresnet.backend.prepare [--weights torchvision | resnet18-f37072fd.pth | model.onnx]
+                                          [--repository DIR]
 
 - resnet18_cudnn/1/resnet18_traced.pt : the baseline as traced TorchScript
   (frozen at load time, after the cast to the precision the config asks for)
 - resnet18_custom/1/resnet18_folded.pt: BatchNorm folded into the convolutions,
   KRSC fp16 weights and fp32 biases for the NHWC kernels
-- <model>/labels.txt                   : the ImageNet class names (`label_filename`)
+- <entry>/labels.txt                   : the ImageNet class names (`label_filename`), in every
+  model entry (the *_normalized entries read their network's weights from its folder)
 
---weights takes a torchvision checkpoint (.pth) or a ResNet-18 ONNX file (.onnx,
+--weights torchvision downloads torchvision's ImageNet-trained checkpoint (SHA-256 checked,
+cached; `fusedresnet.backend.pretrained`), so the labels are real ones. --weights also
+takes a torchvision checkpoint file (.pth) or a ResNet-18 ONNX file (.onnx,
 torchvision's export, opset 13 and later, BatchNorm folded or not; see
 `fusedresnet.backend.onnx_import`). Without it the seeded default weights of
 `fusedresnet.backend.resnet` are used. A stamp file records the weights source,
@@ -33,6 +37,7 @@ import torch
 from .folding import fold_resnet18
 from .onnx_import import OnnxImportError
 from .prepared_stamp import STAMP_FILE, make_stamp, seeded_source, write_stamp
+from .pretrained import WEIGHTS_TORCHVISION, CheckpointError, fetch
 from .resnet import DEFAULT_SEED, build_resnet18
 from .spec import (
     FOLDED_PARAMS_FILE,
@@ -41,14 +46,16 @@ from .spec import (
     LABELS_FILENAME,
     MODEL_CUDNN,
     MODEL_CUSTOM,
+    MODEL_ENTRIES,
     MODEL_REPOSITORY,
-    MODELS,
     TORCHSCRIPT_FILE,
 )
 
 
 def prepare(repository: Path = MODEL_REPOSITORY, weights: str | None = None, seed: int = DEFAULT_SEED) -> dict:
     repository = Path(repository)
+    if weights == WEIGHTS_TORCHVISION:
+        weights = str(fetch())
     source = str(Path(weights).resolve()) if weights else seeded_source(seed)
     model = build_resnet18(weights, seed)
 
@@ -61,7 +68,9 @@ def prepare(repository: Path = MODEL_REPOSITORY, weights: str | None = None, see
         repository / MODEL_CUDNN / "1" / TORCHSCRIPT_FILE: lambda path: torch.jit.save(traced, str(path)),
         repository / MODEL_CUSTOM / "1" / FOLDED_PARAMS_FILE: lambda path: torch.save(folded, path),
     }
-    for name in MODELS:
+    # Every entry its labels (Triton's classification extension reads them from the entry's folder); the
+    # *_normalized entries read their network's weights from the network's own entry (triton_model.py).
+    for name in MODEL_ENTRIES:
         writers[repository / name / LABELS_FILENAME] = lambda path: shutil.copyfile(LABELS_FILE, path)
     # The stamp last: `make` and the tests take its presence to mean the other files are complete.
     writers[repository / STAMP_FILE] = lambda path: write_stamp(path, stamp)
@@ -88,14 +97,15 @@ def write_all_or_nothing(writers: dict) -> None:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--weights", help="torchvision ResNet-18 checkpoint (.pth) or ONNX file (.onnx); "
-                                          "default: seeded weights")
+    parser.add_argument("--weights", help=f"'{WEIGHTS_TORCHVISION}' (download torchvision's ImageNet-trained "
+                                          "checkpoint), a torchvision ResNet-18 checkpoint (.pth) or ONNX file "
+                                          "(.onnx); default: seeded weights")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the default weights")
     parser.add_argument("--repository", type=Path, default=MODEL_REPOSITORY)
     args = parser.parse_args(argv)
     try:
         stamp = prepare(args.repository, args.weights, args.seed)
-    except OnnxImportError as error:
+    except (OnnxImportError, CheckpointError) as error:
         sys.exit(f"prepare: {error}")
     print(f"prepared {args.repository} with weights {stamp['weights']}")
 

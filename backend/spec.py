@@ -17,13 +17,43 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 NUM_CLASSES = 1000
 LABELS_FILE = Path(__file__).with_name("imagenet_classes.txt")
 
-# Triton model interface (identical for both models, so a client switches by name).
+# Triton model interface (identical for both networks, so a client switches by name).
 MODEL_CUSTOM = "resnet18_custom"
 MODEL_CUDNN = "resnet18_cudnn"
-MODELS = (MODEL_CUSTOM, MODEL_CUDNN)
+MODELS = (MODEL_CUSTOM, MODEL_CUDNN)   # the networks; each is served as one model entry per input
 INPUT_UINT8 = "IMAGE"                  # UINT8 [224, 224, 3], HWC, RGB, not normalised
 INPUT_FP32 = "IMAGE_NORMALIZED"        # FP32 [3, 224, 224], CHW, normalised by the client
-INPUTS = (INPUT_UINT8, INPUT_FP32)     # the input kinds; a request sends exactly one
+INPUTS = (INPUT_UINT8, INPUT_FP32)     # the input kinds
+# Each model entry declares exactly one input, required: Triton's own tools need that (perf_analyzer's
+# shared-memory modes refuse models with optional inputs). A network's IMAGE entry bears the network's
+# name; its IMAGE_NORMALIZED entry adds this suffix (resnet18_custom_normalized), same engine and weights.
+NORMALIZED_ENTRY_SUFFIX = "_normalized"
+# Until 2026-11-26 each model took IMAGE or IMAGE_NORMALIZED (optional inputs, one per request).
+CONTRACT_CHANGE = (f"each model entry takes one input: {INPUT_UINT8} for <network>, {INPUT_FP32} for "
+                   f"<network>{NORMALIZED_ENTRY_SUFFIX} (e.g. {MODEL_CUSTOM}{NORMALIZED_ENTRY_SUFFIX})")
+
+
+def served_model(network: str, input_name: str = INPUT_UINT8) -> str:
+    """The Triton model entry that serves `network` (one of MODELS, or already an entry) on `input_name`."""
+    network = network_of(network)
+    if input_name == INPUT_UINT8:
+        return network
+    if input_name == INPUT_FP32:
+        return network + NORMALIZED_ENTRY_SUFFIX
+    raise ValueError(f"input must be one of {INPUTS}, not {input_name!r}")
+
+
+def network_of(entry: str) -> str:
+    """The network a model entry serves (resnet18_custom_normalized -> resnet18_custom)."""
+    return entry.removesuffix(NORMALIZED_ENTRY_SUFFIX)
+
+
+def entry_input(entry: str) -> str:
+    """The one input a model entry declares."""
+    return INPUT_FP32 if entry.endswith(NORMALIZED_ENTRY_SUFFIX) else INPUT_UINT8
+
+
+MODEL_ENTRIES = tuple(served_model(network, name) for network in MODELS for name in INPUTS)  # all served entries
 OUTPUT_LOGITS = "LOGITS"               # FP32 [1000]
 # Normalised pixels lie within about -2.2..2.7. Far larger finite values (0..255 floats sent by
 # mistake, or 1e30) would come back as meaningless or non-finite logits (fp16 engines overflow

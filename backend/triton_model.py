@@ -8,8 +8,12 @@ comes from the one factory `engines.create_engine`). Everything lives here:
 
 - placement: the instance kind and device id Triton gives (`KIND_AUTO`
   becomes GPU on a GPU host, CPU elsewhere);
+- one input per model entry: the config declares exactly one input, required
+  (IMAGE, or IMAGE_NORMALIZED for the `*_normalized` entries, whose model.py is
+  the network's own, `model_of_network`, and whose weights are read from the
+  network's entry folder); Triton refuses any other input before execute().
 - batching: with dynamic batching `execute()` receives several requests. Each
-  is validated on its own; the valid ones are gathered (one batch per input),
+  is validated on its own; the valid ones are gathered into one batch,
   run once, and the logits split back in order. A malformed request gets its
   own INVALID_ARG error; the others still get their answers.
 - few copies (docs/SERVING.md): each request's input is copied once, into the
@@ -40,10 +44,12 @@ comes from the one factory `engines.create_engine`). Everything lives here:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 import time
+from pathlib import Path
 
 import torch
 import triton_python_backend_utils as pb_utils
@@ -63,8 +69,10 @@ from .spec import (
     INPUTS,
     METRIC_LABELS,
     METRICS_FLUSH_S,
+    NORMALIZED_ENTRY_SUFFIX,
     OUTPUT_ENGINE,
     OUTPUT_LOGITS,
+    network_of,
     power_of_two_buckets,
 )
 
@@ -93,17 +101,36 @@ def torch_threads(model_config: dict, config: EngineConfig, on_gpu: bool) -> int
     return max(1, len(os.sched_getaffinity(0)) // instances)
 
 
-def read_request(request, max_batch: int) -> tuple[str, torch.Tensor]:
-    """(input kind, tensor) of one request, or RequestError naming what is wrong."""
-    # request.inputs() once (get_input_tensor_by_name walks it anew for each name it is asked).
-    tensors = {tensor.name(): tensor for tensor in request.inputs()}
-    present = [name for name in INPUTS if name in tensors]
-    if len(present) != 1:
-        raise RequestError(f"send exactly one of the inputs {INPUT_UINT8} (UINT8 [N,{IMAGE_SIZE},{IMAGE_SIZE},"
-                           f"{CHANNELS}]) or {INPUT_FP32} (FP32 [N,{CHANNELS},{IMAGE_SIZE},{IMAGE_SIZE}]); "
-                           f"got {present or 'none'}")
-    name = present[0]
-    tensor = torch.from_dlpack(tensors[name].to_dlpack())
+def declared_input(model_config: dict) -> str:
+    """The one input the model entry's config declares (IMAGE or IMAGE_NORMALIZED), required."""
+    inputs = model_config.get("input", [])
+    if len(inputs) != 1 or inputs[0]["name"] not in INPUTS or inputs[0].get("optional", False):
+        raise pb_utils.TritonModelException(
+            f"{model_config.get('name')}: config must declare exactly one required input, one of {INPUTS} "
+            f"(got {[(i['name'], 'optional' if i.get('optional') else 'required') for i in inputs]})")
+    return inputs[0]["name"]
+
+
+def model_of_network(model_file: str) -> type:
+    """TritonPythonModel of the network a `*_normalized` entry serves, from that network's own entry
+    (model_repository/<network>/<version>/model.py): one model.py per network, whichever input it is given."""
+    version_dir = Path(model_file).resolve().parent
+    entry = version_dir.parent.name
+    if not entry.endswith(NORMALIZED_ENTRY_SUFFIX):
+        raise ValueError(f"{model_file}: only a *{NORMALIZED_ENTRY_SUFFIX} entry takes its network's model")
+    network_file = version_dir.parent.parent / network_of(entry) / version_dir.name / "model.py"
+    spec = importlib.util.spec_from_file_location(f"{network_of(entry)}_model", network_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.TritonPythonModel
+
+
+def read_request(request, name: str, max_batch: int) -> torch.Tensor:
+    """The tensor of input `name` of one request, or RequestError naming what is wrong.
+
+    Triton has already refused a request without the input or with another one, a wrong dtype or
+    a wrong shape; those checks stay here as the engine buffers' guard, the value checks are the model's own."""
+    tensor = torch.from_dlpack(pb_utils.get_input_tensor_by_name(request, name).to_dlpack())
     if name == INPUT_UINT8:
         expected_dtype, expected_shape = torch.uint8, (IMAGE_SIZE, IMAGE_SIZE, CHANNELS)
     else:
@@ -122,7 +149,7 @@ def read_request(request, max_batch: int) -> tuple[str, torch.Tensor]:
         if peak > FP32_INPUT_ABS_LIMIT:
             raise RequestError(f"input {name} has values up to {peak:.3g}: send ImageNet-normalised pixels "
                                f"(about -2.2..2.7; at most {FP32_INPUT_ABS_LIMIT:g} in magnitude)")
-    return name, tensor
+    return tensor
 
 
 class ExecuteTimer:
@@ -200,6 +227,7 @@ class ResNetTritonModel:
         self.model_config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
         self.max_batch_size = int(self.model_config["max_batch_size"])
+        self.input_name = declared_input(self.model_config)
         outputs = {o["name"] for o in self.model_config["output"]}
         if not {OUTPUT_LOGITS, OUTPUT_ENGINE} <= outputs:
             raise pb_utils.TritonModelException(
@@ -220,7 +248,9 @@ class ResNetTritonModel:
             torch.cuda.set_device(device)
         else:
             device = "cpu"
-        model_dir = f"{args['model_repository']}/{args['model_version']}"
+        # The weights are in the network's entry (a *_normalized entry serves the same network).
+        repository_entry = Path(args["model_repository"])
+        model_dir = f"{repository_entry.parent / network_of(repository_entry.name)}/{args['model_version']}"
         started = time.perf_counter()
         try:
             self.engine, reason = create_engine(model_dir, device, config)
@@ -246,16 +276,15 @@ class ResNetTritonModel:
     def _warm_up(self):
         generator = torch.Generator().manual_seed(0)
         sizes = power_of_two_buckets(self.max_batch_size) if self.on_gpu else CPU_WARMUP_BATCH_SIZES
-        for input_name in INPUTS:
-            for batch in sizes:
-                shape, dtype = input_shape(input_name, batch)
-                if dtype == torch.uint8:
-                    images = torch.randint(0, 256, shape, dtype=dtype, generator=generator)
-                else:
-                    images = torch.randn(shape, dtype=dtype, generator=generator)
-                logits = self._run_batch(input_name, [images])
-                if not bool(torch.isfinite(logits).all()):
-                    raise pb_utils.TritonModelException(f"{self.model_name}: warm-up produced non-finite logits")
+        for batch in sizes:
+            shape, dtype = input_shape(self.input_name, batch)
+            if dtype == torch.uint8:
+                images = torch.randint(0, 256, shape, dtype=dtype, generator=generator)
+            else:
+                images = torch.randn(shape, dtype=dtype, generator=generator)
+            logits = self._run_batch(self.input_name, [images])
+            if not bool(torch.isfinite(logits).all()):
+                raise pb_utils.TritonModelException(f"{self.model_name}: warm-up produced non-finite logits")
 
     def _staging(self, input_name: str) -> torch.Tensor:
         buffer = self.host_staging.get(input_name)
@@ -326,35 +355,36 @@ class ResNetTritonModel:
     def execute(self, requests):
         started = time.perf_counter()
         responses = [None] * len(requests)
-        groups: dict[str, list[tuple[int, torch.Tensor]]] = {name: [] for name in INPUTS}
+        items: list[tuple[int, torch.Tensor]] = []
         for index, request in enumerate(requests):
             try:
-                input_name, tensor = read_request(request, self.max_batch_size)
-                groups[input_name].append((index, tensor))
+                items.append((index, read_request(request, self.input_name, self.max_batch_size)))
             except RequestError as error:
                 responses[index] = pb_utils.InferenceResponse(
                     error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG))
         self.timer.add("read", time.perf_counter() - started)
-        for input_name, items in groups.items():
-            if not items:
-                continue
-            try:
-                logits = self._run_batch(input_name, [tensor for _, tensor in items])
-            except Exception as error:  # an engine failure fails this batch, not the model
-                for index, _ in items:
-                    responses[index] = pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError(f"{self.model_name}: inference failed: {error}"))
-                continue
-            self.timer.count(logits.shape[0])
-            started = time.perf_counter()
-            start = 0
-            for index, tensor in items:
-                count = tensor.shape[0]
-                responses[index] = self._respond(requests[index], logits[start:start + count])
-                start += count
-            self.timer.add("respond", time.perf_counter() - started)
+        if items:
+            self._answer(requests, items, responses)
         self.timer.flush_now_and_then()
         return responses
+
+    def _answer(self, requests, items: list[tuple[int, torch.Tensor]], responses: list):
+        """Run the valid requests' images as one batch and put each request's answer in `responses`."""
+        try:
+            logits = self._run_batch(self.input_name, [tensor for _, tensor in items])
+        except Exception as error:  # an engine failure fails this batch, not the model
+            for index, _ in items:
+                responses[index] = pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(f"{self.model_name}: inference failed: {error}"))
+            return
+        self.timer.count(logits.shape[0])
+        started = time.perf_counter()
+        start = 0
+        for index, tensor in items:
+            count = tensor.shape[0]
+            responses[index] = self._respond(requests[index], logits[start:start + count])
+            start += count
+        self.timer.add("respond", time.perf_counter() - started)
 
     def finalize(self):
         self.engine = None

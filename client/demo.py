@@ -16,6 +16,7 @@ import sys
 
 from fusedresnet.backend.network import free_ports, port_is_free
 from fusedresnet.backend.prepared_stamp import read_weights_source, seed_of
+from fusedresnet.backend.pretrained import WEIGHTS_TORCHVISION
 from fusedresnet.backend.serve import ServerError, TritonServer
 from fusedresnet.backend.spec import (
     BUILD_DIR,
@@ -37,8 +38,9 @@ def describe_weights() -> str:
     if source is None:
         return "unknown (the model repository is not prepared)"
     if seed_of(source) is not None:
-        return (f"{source}: untrained seeded weights, so the labels are arbitrary; "
-                "`make prepare WEIGHTS=resnet18-f37072fd.pth` serves torchvision's trained ones")
+        return (f"{source}: untrained seeded weights, so the labels are arbitrary; for real labels, "
+                f"`make prepare WEIGHTS={WEIGHTS_TORCHVISION}` downloads torchvision's ImageNet-trained "
+                "ResNet-18 (SHA-256 checked), then run the demo again")
     return source
 
 

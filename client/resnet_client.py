@@ -5,7 +5,9 @@
     top = client.classify(images_uint8, top_k=5)     # Triton's classification extension
 
 `images` is either uint8 [N, 224, 224, 3] (sent as IMAGE, normalised on the
-server) or float32 [N, 3, 224, 224] (sent as IMAGE_NORMALIZED).
+server) or float32 [N, 3, 224, 224] (sent as IMAGE_NORMALIZED). The client names
+the network; each request goes to the model entry serving its input
+(`served_model`: resnet18_custom for IMAGE, resnet18_custom_normalized for IMAGE_NORMALIZED).
 
 On the server's host, `shared_memory="system"` (or `"cuda"`, with cuda-python and
 a GPU) passes the input, and for `infer` the LOGITS, through shared-memory regions
@@ -49,6 +51,8 @@ from fusedresnet.backend.spec import (
     NUM_CLASSES,
     OUTPUT_ENGINE,
     OUTPUT_LOGITS,
+    network_of,
+    served_model,
 )
 from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS, RequestRegions, read_admin_token, request_regions
 
@@ -246,7 +250,7 @@ class ResNetClient:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
         if shared_memory not in SHARED_MEMORY_KINDS:
             raise ValueError(f"shared_memory must be one of {SHARED_MEMORY_KINDS}, not {shared_memory!r}")
-        self.model, self.protocol = model, protocol
+        self.model, self.protocol = network_of(model), protocol
         self.url = url or DEFAULT_URLS[protocol]
         check_endpoints(protocol, self.url, shared_memory)
         self.timeout_s, self.headers = timeout_s, headers
@@ -297,8 +301,9 @@ class ResNetClient:
             slot = SharedMemorySlot(regions.input.name, regions.logits.name)
         inputs, outputs = build_request(self.protocol, images, class_count, shared_memory=slot)
         kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
+        entry = served_model(self.model, inputs[0].name())
         started = time.perf_counter()
-        result = self.client.infer(self.model, inputs, outputs=outputs, headers=self.headers, **kwargs)
+        result = self.client.infer(entry, inputs, outputs=outputs, headers=self.headers, **kwargs)
         latency_ms = (time.perf_counter() - started) * 1e3
         return result, latency_ms
 

@@ -249,7 +249,7 @@ def conv_runner(engine: FusedCudaEngine, spec, n: int, h: int, w: int, shortcut_
         pooled = cp.empty((n, conv_out_size(p, 3, 2, 1), conv_out_size(q, 3, 2, 1), 64), dtype=cp.float16)
         return (lambda: lib.stem_pool(x, engine.stem_weight, engine.stem_bias, pooled, kind="uint8",
                                       in_scale=engine.in_scale, in_shift=engine.in_shift),
-                f"stem+maxpool fused ({'wgmma' if lib.stem_pool_wgmma_kernels else 'mma.sync'})", 1, flops)
+                f"stem+maxpool fused ({'wgmma' if lib.wgmma_module else 'mma.sync'})", 1, flops)
     x = cp.random.standard_normal((n, h, w, spec.in_channels), dtype=cp.float32).astype(cp.float16)
     weight, bias = engine.weights[spec.name]
     residual = cp.ones_like(y) if spec.adds_residual else None

@@ -120,6 +120,7 @@ class Checker:
         self.network_seed = network_seed
         self.requested_path = conv_path
         self.lib = library(0, conv_path)
+        self.lib.load_candidates()   # every kernel the tuner may choose, served or not, compiled in parallel
         self.model = build_resnet18(None, DEFAULT_SEED)
         self.params = fold_resnet18(self.model, "seeded")
         self.engine = FusedCudaEngine(self.params, "cuda:0", conv_path=self.lib.path)

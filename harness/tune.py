@@ -44,6 +44,7 @@ def main(argv=None):
     parser.add_argument("--batches", default=",".join(str(b) for b in BATCH_BUCKETS))
     args = parser.parse_args(argv)
     lib = library(0)
+    lib.load_candidates()   # every candidate, compiled in parallel before the timing starts
     lib.tuned = {}   # measure the candidates themselves, not an older table
     # Both families wherever the sm_90a module (which holds both) is loaded.
     families = CONV_PATHS if path_arch(lib.path) == WGMMA_ARCH else ("mma",)

@@ -24,17 +24,21 @@ CUDA sources (compiled at run time by CuPy/NVRTC as one translation unit, see
 Python:
 
     configs.py        tile configurations, compile options, cost model, tuned-plan lookup (no CuPy)
-    launch.py         `library(device)`: compiled kernels + launchers with shape checks; the conv path
+    launch.py         `library(device)`: the served kernels (those its plans can launch; the tuner's other
+                      candidates on first use) + launchers with shape checks; the conv path
                       (wgmma on cc 9.0, else mma.sync; FUSEDRESNET_CONV_PATH=mma|wgmma forces one);
                       programmatic dependent launch on cc >= 9.0 (cuLaunchKernelEx; the engine uses it up to
                       configs.PDL_MAX_BATCH; FUSEDRESNET_PDL=0 off)
-    nvrtc_build.py    NVRTC compile of the sm_90a module (CuPy's RawModule cannot target sm_90a), disk cache
+    nvrtc_build.py    NVRTC compile, one program per kernel in parallel, cached on disk per kernel (CuPy's RawModule
+                      cannot target sm_90a, and recompiles name expressions at every start)
     sass_diff.py      per-kernel SASS dump and compare (CPU, nvcc + cuobjdump): a refactor keeps the machine code
     tuned_plans.json  measured best tile / split-K per layer shape and batch bucket, overall and per kernel
                       family (for the GPU model it names: H100, both families)
     tune.py           times every candidate plan of one conv (CUDA-graph timed); the network tuner that
                       writes tuned_plans.json is `fusedresnet.harness.tune`
-    gpu_check.sh      one GPU-host call: [tune +] check + bench [+ ncu]
+    gpu_check.sh      one GPU-host call: [tune +] check + bench [+ ncu]; `served`: cold start + quick check + dev
+    dev/              experiments the tuner never chose, apart from what ships, each runnable as a check and then
+                      a benchmark (dev/__init__.py lists them)
 
 The engine that strings the kernels together is `fusedresnet.backend.engine_cuda`; the harness that
 checks, times and tunes them (check, bench, diff, profile_layers, tune) is `fusedresnet.harness`. This package

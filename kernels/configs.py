@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parent
+DEV_DIR = KERNEL_DIR / "dev"   # experiments beside the served kernels, each runnable as a check and a benchmark
 TUNED_PLANS = KERNEL_DIR / "tuned_plans.json"   # written by `python -m fusedresnet.harness.tune`
 MMA_SOURCES = ("conv_implicit_gemm.cu", "conv3x3_patch.cu", "stem.cu", "pool_head.cu")
 WGMMA_SOURCES = ("conv_wgmma.cu", "conv3x3_patch_wgmma.cu", "stem_wgmma.cu")     # sm_90a only
@@ -149,6 +151,10 @@ def geometry_preamble(arch: str | None = None) -> str:
             lines.append(f"__host__ __device__ constexpr int {name}({args}) {{ return {expr}; }}")
         else:
             lines.append(f"constexpr int {key} = {expr};")
+    if wgmma_arch(arch):   # the wgmma tiles' named schedules and epilogues: template arguments of conv_wgmma*
+        for enum in (Schedule, Epilogue):
+            lines.append(f"enum class {enum.__name__} : int {{ " + ", ".join(
+                f"{member.name} = {index}" for index, member in enumerate(enum)) + " };")
     return "\n".join(lines) + "\n"
 
 
@@ -202,23 +208,45 @@ CONV_TILES = (
 )
 
 
+class Schedule(Enum):
+    """How a wgmma tile's blocks load their operands and walk their tiles (CUTLASS names its kernel schedules the
+    same way: KernelTmaWarpSpecializedPingpong, ...). The value is the label's prefix."""
+
+    MULTISTAGE = "wg"                   # conv_wgmma (v1): every thread loads a cp.async ring, one tile per block
+    CLUSTER_SPLIT_K = "wc"              # conv_wgmma (v3): a tile's split-K slices one thread-block cluster, added
+                                        # up through distributed shared memory; no workspace, no splitk_epilogue
+    PERSISTENT = "wp"                   # conv_wgmma (v4): blocks_per_sm blocks per SM run tile after tile, the
+                                        # cp.async ring going on across them; no split-K
+    TMA_WARP_SPECIALIZED = "wt"         # conv_wgmma_tma (v6): persistent, every operand tile loaded by the TMA from
+                                        # one producer thread onto an mbarrier ring; needs cuda.bindings
+    TMA_PINGPONG = "wq"                 # conv_wgmma_tma (v6) PINGPONG: each consumer warpgroup whole tiles in turn,
+                                        # one's epilogue under the other's wgmma (two warpgroups, one block per SM)
+    CP_ASYNC_WARP_SPECIALIZED = "ws"    # conv_wgmma_ws (v2, kernels/dev): a producer warpgroup issues the
+                                        # cp.async loads onto mbarriers; never chosen, not served
+
+
+TMA_SCHEDULES = (Schedule.TMA_WARP_SPECIALIZED, Schedule.TMA_PINGPONG)
+PERSISTENT_SCHEDULES = (Schedule.PERSISTENT, *TMA_SCHEDULES)
+
+
+class Epilogue(Enum):
+    """How a wgmma tile's epilogue stores its outputs. The value is the label's suffix."""
+
+    FRAGMENTS = ""    # each thread its accumulator fragments, 4 bytes at a time (epilogue.cuh)
+    VEC16 = "v"       # a quad transpose, then 16-byte stores (epilogue.cuh epilogue_store16); conv_wgmma_tma's VEC
+
+
+# The epilogues each schedule has (VEC16 not on the ping-pong tiles: 128 accumulators per thread, it spilled).
+SCHEDULE_EPILOGUES = {schedule: (Epilogue.FRAGMENTS,) for schedule in Schedule} | {
+    Schedule.TMA_WARP_SPECIALIZED: (Epilogue.FRAGMENTS, Epilogue.VEC16)}
+
+
 @dataclass(frozen=True)
 class WgmmaConfig:
-    """One instantiation of conv_wgmma (sm_90a): BM x BN tile, `warpgroups` consumers of 128 threads.
-
-    warp_specialized: conv_wgmma_ws instead (conv_wgmma.cu, v2): one more warpgroup, the producer,
-    issues every load; per-stage mbarriers instead of a __syncthreads per k-tile. Labels "ws...".
-    cluster_splitk: the split-K slices of a tile run as one thread-block cluster and add up their partial
-    sums through distributed shared memory, then apply the epilogue (conv_wgmma.cu, v3): no fp32
-    workspace, no splitk_epilogue launch; at most CLUSTER_SPLITK_MAX slices. Labels "wc...".
-    persistent: conv_wgmma's PERSISTENT loop: at most blocks_per_sm blocks per SM, each running tiles
-    blockIdx.x, + gridDim.x, ... with its cp.async ring going on across them; no split-K. Labels "wp...".
-    tma: conv_wgmma_tma (conv_wgmma.cu, v6): the persistent walk with every operand tile loaded by the
-    TMA, issued by one thread of a producer warp, on conv_wgmma_ws's mbarrier ring. Always persistent;
-    needs cuda.bindings (the tensor maps, and their launch). Labels "wt...".
-    pingpong: conv_wgmma_tma's PINGPONG: each consumer warpgroup computes whole bm x bn tiles, alternating
-    with the other (one's epilogue under the other's wgmma). Labels "wq...".
-    """
+    """One instantiation of conv_wgmma (sm_90a): BM x BN tile, `warpgroups` consumers of 128 threads, run on a
+    named `schedule` (Schedule: MULTISTAGE, CLUSTER_SPLIT_K, PERSISTENT, TMA_WARP_SPECIALIZED, TMA_PINGPONG,
+    CP_ASYNC_WARP_SPECIALIZED) with a named `epilogue` (Epilogue). Labels are derived from both names:
+    Schedule's prefix, the shape, Epilogue's suffix ("wt128x128g2s4v": TMA_WARP_SPECIALIZED, VEC16)."""
 
     bm: int
     bn: int
@@ -227,24 +255,42 @@ class WgmmaConfig:
     efficiency: float = 1.0   # cost model, relative to the mma.sync 128x128 tile (see plan_conv)
     blocks_per_sm: int = 1
     measured: bool = False    # efficiency calibrated on a GPU run: only these are untuned (cost-model) choices
-    warp_specialized: bool = False
-    cluster_splitk: bool = False
-    persistent: bool = False
-    tma: bool = False
-    pingpong: bool = False
-    vec_epilogue: bool = False   # conv_wgmma_tma's VEC: 16-byte stores after a quad transpose. Labels "...v"
+    schedule: Schedule = Schedule.MULTISTAGE
+    epilogue: Epilogue = Epilogue.FRAGMENTS
 
     def __post_init__(self):
-        if self.tma and not self.persistent:
-            raise ValueError("the TMA tiles are persistent")
-        if self.tma and (self.warp_specialized or self.cluster_splitk):
-            raise ValueError("the TMA tiles are their own kernel: not conv_wgmma_ws, no split-K")
+        if self.epilogue not in SCHEDULE_EPILOGUES[self.schedule]:
+            raise ValueError(f"the {self.schedule.name} schedule has no {self.epilogue.name} epilogue (the 16-byte "
+                             f"epilogue is TMA_WARP_SPECIALIZED's)")
         if self.tma and self.blocks_per_sm != self.launch_blocks:
             raise ValueError("a TMA tile's blocks per SM are those its launch bounds ask registers for")
-        if self.vec_epilogue and not self.tma:
-            raise ValueError("the 16-byte epilogue is conv_wgmma_tma's")
-        if self.pingpong and not (self.tma and self.warpgroups == 2 and self.blocks_per_sm == 1):
-            raise ValueError("the ping-pong schedule is a TMA tile's, of two warpgroups and one block per SM")
+        if self.schedule is Schedule.TMA_PINGPONG and not (self.warpgroups == 2 and self.blocks_per_sm == 1):
+            raise ValueError("the TMA_PINGPONG schedule takes two warpgroups and one block per SM")
+
+    # What the launcher and the cost model ask of a schedule.
+    @property
+    def warp_specialized(self) -> bool:   # conv_wgmma_ws: a producer warpgroup beside the consumers
+        return self.schedule is Schedule.CP_ASYNC_WARP_SPECIALIZED
+
+    @property
+    def cluster_splitk(self) -> bool:
+        return self.schedule is Schedule.CLUSTER_SPLIT_K
+
+    @property
+    def persistent(self) -> bool:
+        return self.schedule in PERSISTENT_SCHEDULES
+
+    @property
+    def tma(self) -> bool:
+        return self.schedule in TMA_SCHEDULES
+
+    @property
+    def pingpong(self) -> bool:
+        return self.schedule is Schedule.TMA_PINGPONG
+
+    @property
+    def vec_epilogue(self) -> bool:
+        return self.epilogue is Epilogue.VEC16
 
     @property
     def threads(self) -> int:
@@ -264,22 +310,19 @@ class WgmmaConfig:
 
     @property
     def name_expression(self) -> str:
+        """conv_wgmma<BM, BN, WGS, STAGES, Schedule SCHEDULE[, bool SHORTCUT]>, conv_wgmma_tma<..., Schedule,
+        Epilogue> (the C++ enum classes are generated from Schedule and Epilogue: geometry_preamble), or the
+        dev kernel conv_wgmma_ws<BM, BN, WGS, STAGES>."""
+        shape = f"{self.bm},{self.bn},{self.warpgroups},{self.stages}"
         if self.tma:
-            flags = (f",{'true' if self.pingpong else 'false'},true" if self.vec_epilogue
-                     else ",true" if self.pingpong else "")
-            return f"conv_wgmma_tma<{self.bm},{self.bn},{self.warpgroups},{self.stages}{flags}>"
-        if self.cluster_splitk:   # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = true
-            return f"conv_wgmma<{self.bm},{self.bn},{self.warpgroups},{self.stages},false,true>"
-        if self.persistent:       # conv_wgmma's SHORTCUT = false, CLUSTER_SPLITK = false, PERSISTENT = true
-            return f"conv_wgmma<{self.bm},{self.bn},{self.warpgroups},{self.stages},false,false,true>"
-        kernel = "conv_wgmma_ws" if self.warp_specialized else "conv_wgmma"
-        return f"{kernel}<{self.bm},{self.bn},{self.warpgroups},{self.stages}>"
+            return f"conv_wgmma_tma<{shape},Schedule::{self.schedule.name},Epilogue::{self.epilogue.name}>"
+        if self.warp_specialized:
+            return f"conv_wgmma_ws<{shape}>"
+        return f"conv_wgmma<{shape},Schedule::{self.schedule.name}>"
 
     @property
     def label(self) -> str:
-        kind = ("ws" if self.warp_specialized else "wc" if self.cluster_splitk else "wq" if self.pingpong
-                else "wt" if self.tma else "wp" if self.persistent else "wg")
-        return f"{kind}{self.bm}x{self.bn}g{self.warpgroups}s{self.stages}" + ("v" if self.vec_epilogue else "")
+        return f"{self.schedule.value}{self.bm}x{self.bn}g{self.warpgroups}s{self.stages}{self.epilogue.value}"
 
 
 # wgmma tiles. `efficiency` is relative to the mma.sync 128x128 tile (1.0, which
@@ -311,44 +354,38 @@ WGMMA_TILES = (
     # Three blocks per SM (<= 170 registers): batch-128 layer4 (M = 6272, K = 512) as 392 blocks in one
     # wave of 396, where 128x256 gives 98 blocks for 132 SMs (NOTES.md outcome 21).
     WgmmaConfig(64, 128, 1, 3, efficiency=0.8, blocks_per_sm=3),    # 73 KB
-    # Warp-specialised (conv_wgmma_ws, v2): 2 consumer warpgroups + 1 producer warpgroup (384 threads),
-    # per-stage mbarriers, no __syncthreads in the k-loop (NOTES.md "Next": the suspect after outcome 8).
-    # Measured on the H100 (NOTES.md outcome 11): correct, 17-23% slower than the wg tiles, never chosen;
-    # the untuned cost model never picks them, the tuner times them.
-    WgmmaConfig(128, 128, 2, 4, efficiency=1.2, blocks_per_sm=1, warp_specialized=True),   # 129 KB
-    WgmmaConfig(128, 128, 2, 6, efficiency=1.2, blocks_per_sm=1, warp_specialized=True),   # 193 KB
-    WgmmaConfig(128, 256, 2, 4, efficiency=1.5, blocks_per_sm=1, warp_specialized=True),   # 193 KB
-    WgmmaConfig(256, 128, 2, 4, efficiency=1.5, blocks_per_sm=1, warp_specialized=True),   # 193 KB
 )
+# (The warp-specialised conv_wgmma_ws tiles, "ws", never chosen by the tuner: kernels/dev/conv_wgmma_ws.py.)
 # Each conv_wgmma tile again with its split-K reduced in a cluster of its slices (v3; NOTES.md outcome 24):
 # at batch 1, 12 of the 20 convolutions split K 3-12 ways and each was followed by a splitk_epilogue kernel.
 # Only the tuner chooses them (not `measured`), with 2 .. CLUSTER_SPLITK_MAX slices.
 CLUSTER_SPLITK_MAX = 8   # slices per cluster: the portable cluster size (a launch limit, not compiled in)
-WGMMA_CLUSTER_TILES = tuple(replace(t, cluster_splitk=True, measured=False) for t in WGMMA_TILES
-                            if not t.warp_specialized)
+WGMMA_CLUSTER_TILES = tuple(replace(t, schedule=Schedule.CLUSTER_SPLIT_K, measured=False) for t in WGMMA_TILES)
 # conv_wgmma tiles again as persistent blocks (NOTES.md outcome 32): for the convolutions with few k-tiles
 # per tile (layer2.0's stride-2 3x3 conv, K = 9 x 64), where each block's prologue and ring fill weighed
 # on a short k-loop. Only the tuner chooses them (not `measured`), without split-K.
-WGMMA_PERSISTENT_TILES = tuple(replace(t, persistent=True, measured=False) for t in WGMMA_TILES
-                               if not t.warp_specialized and (t.bm, t.bn, t.stages) in
+WGMMA_PERSISTENT_TILES = tuple(replace(t, schedule=Schedule.PERSISTENT, measured=False) for t in WGMMA_TILES
+                               if (t.bm, t.bn, t.stages) in
                                ((128, 128, 3), (128, 128, 4), (64, 128, 3), (256, 128, 4)))
 # conv_wgmma_tma (v6, NOTES.md outcome 36): the persistent tiles with TMA loads. The 128x128 s3 and 64x128
 # s4 rings fit two blocks per SM (each block's epilogue under the other's main loop); 128x128 s4 and s6 and
 # 256x128 s4 (48 KB per k-tile) one, deeper. Only the tuner chooses them (not `measured`).
 WGMMA_TMA_TILES = (
-    WgmmaConfig(128, 128, 2, 3, blocks_per_sm=2, persistent=True, tma=True),   # 97 KB
-    WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True),   # 129 KB
-    WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, persistent=True, tma=True),   # 193 KB
-    WgmmaConfig(64, 128, 1, 4, blocks_per_sm=2, persistent=True, tma=True),    # 97 KB
-    WgmmaConfig(256, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True),   # 193 KB
+    WgmmaConfig(128, 128, 2, 3, blocks_per_sm=2, schedule=Schedule.TMA_WARP_SPECIALIZED),   # 97 KB
+    WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, schedule=Schedule.TMA_WARP_SPECIALIZED),   # 129 KB
+    WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, schedule=Schedule.TMA_WARP_SPECIALIZED),   # 193 KB
+    WgmmaConfig(64, 128, 1, 4, blocks_per_sm=2, schedule=Schedule.TMA_WARP_SPECIALIZED),    # 97 KB
+    WgmmaConfig(256, 128, 2, 4, blocks_per_sm=1, schedule=Schedule.TMA_WARP_SPECIALIZED),   # 193 KB
     # ping-pong: each warpgroup a whole 128x128 tile (128 accumulators per thread), one block per SM
-    WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True, pingpong=True),   # 129 KB
-    WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, persistent=True, tma=True, pingpong=True),   # 193 KB
+    WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, schedule=Schedule.TMA_PINGPONG),   # 129 KB
+    WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, schedule=Schedule.TMA_PINGPONG),   # 193 KB
     # 16-byte epilogue stores (not on the ping-pong tiles: 128 accumulators per thread, it spilled 468 bytes)
-    WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, persistent=True, tma=True, vec_epilogue=True),   # 129 KB
-    WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, persistent=True, tma=True, vec_epilogue=True),   # 193 KB
+    WgmmaConfig(128, 128, 2, 4, blocks_per_sm=1, schedule=Schedule.TMA_WARP_SPECIALIZED,
+                epilogue=Epilogue.VEC16),   # 129 KB
+    WgmmaConfig(128, 128, 2, 6, blocks_per_sm=1, schedule=Schedule.TMA_WARP_SPECIALIZED,
+                epilogue=Epilogue.VEC16),   # 193 KB
 )
-# Every conv_wgmma / conv_wgmma_ws / conv_wgmma_tma instantiation's tile: what the sm_90a module compiles and
+# Every conv_wgmma / conv_wgmma_tma instantiation's tile: what the sm_90a module compiles and
 # the tuner times.
 WGMMA_CONV_TILES = WGMMA_TILES + WGMMA_CLUSTER_TILES + WGMMA_PERSISTENT_TILES + WGMMA_TMA_TILES
 
@@ -658,11 +695,58 @@ def name_expressions(arch: str | None = None) -> list[str]:
             + [shortcut_name_expression(t) for t in CONV_TILES if shortcut_applies(t)] + list(OTHER_KERNELS) + wgmma)
 
 
-def source_text(arch: str | None = None) -> str:
+def kernel_smem(arch: str | None = None) -> dict[str, int]:
+    """{name expression: the dynamic shared memory its launches may ask for} of every kernel instantiation the
+    launcher can use on `arch` (`name_expressions`: the tuner's candidates and what the checks run)."""
+    tiles = CONV_TILES + tuple(STEM_TILES.values()) + PATCH_TILES
+    if wgmma_arch(arch):
+        tiles += WGMMA_CONV_TILES + PATCH_WGMMA_TILES
+    smem = {}
+    for tile in tiles:
+        smem[tile.name_expression] = tile.smem_bytes
+        if shortcut_applies(tile):
+            smem[shortcut_name_expression(tile)] = tile.smem_bytes
+    smem.update(dict.fromkeys(STEM_KERNELS.values(), STEM_SMEM_BYTES))
+    smem.update(dict.fromkeys(STEM_POOL_KERNELS.values(), STEM_POOL_SMEM_BYTES))
+    smem.update(dict.fromkeys(("splitk_epilogue", "maxpool_3x3s2", f"avgpool_fc<{HEAD_IMGS}>"), 0))
+    if wgmma_arch(arch):
+        smem.update(dict.fromkeys(STEM_POOL_WGMMA_KERNELS.values(), STEM_WGMMA_SMEM_BYTES))
+    return smem
+
+
+def untuned_tiles(path: str) -> tuple:
+    """Every tile `untuned_plan` and `plan_default` can choose on a path (any input size, any GPU)."""
+    patch = tuple(t for t in PATCH_WGMMA_TILES if t.label in UNTUNED_PATCH_WGMMA) if path in (MIXED, "wgmma") else ()
+    return conv_tiles(path) + patch
+
+
+def served_name_expressions(arch: str | None, path: str, tuned: dict, bindings_launch: bool) -> list[str]:
+    """The kernels a library on `path` compiled for `arch` can launch when it serves the network: what it
+    compiles at load (the rest of `name_expressions`, the tuner's candidates, only when asked for).
+
+    - the stem + max-pool of its module (stem_pool_wgmma on sm_90a, else stem_pool_conv7x7s2), the head and
+      splitk_epilogue;
+    - the tile of every tuned plan (`tuned`, from `load_tuned_plans`: the fused-shortcut instantiation for a
+      "_sc" key), or its twin where cuda.bindings cannot launch it (`without_cuda_bindings`);
+    - every tile the untuned plans can choose (`untuned_tiles`), plain and with the fused shortcut.
+    """
+    stem_pool = STEM_POOL_WGMMA_KERNELS if wgmma_arch(arch) else STEM_POOL_KERNELS
+    names = dict.fromkeys([*stem_pool.values(), "splitk_epilogue", f"avgpool_fc<{HEAD_IMGS}>"])
+    for key, (tile, _) in sorted(tuned.items()):
+        tile = tile if bindings_launch else without_cuda_bindings(tile)
+        names[shortcut_name_expression(tile) if "_sc" in key else tile.name_expression] = None
+    for tile in untuned_tiles(path):
+        names[tile.name_expression] = None
+        if shortcut_applies(tile):
+            names[shortcut_name_expression(tile)] = None
+    return list(names)
+
+
+def source_text(arch: str | None = None, dev_sources: tuple[Path, ...] = ()) -> str:
     """The kernel sources for `arch` as one translation unit: the geometry, the HEADERS once, the .cu files.
 
     WGMMA_HEADERS and WGMMA_SOURCES are part of it only for sm_90a, after the others (wgmma does not
-    assemble for any other target).
+    assemble for any other target); `dev_sources` (experiments of kernels/dev/, never served) last.
     """
     parts = [geometry_preamble(arch)] + [_drop_includes((KERNEL_DIR / name).read_text()) for name in HEADERS]
     for name in MMA_SOURCES:
@@ -671,13 +755,15 @@ def source_text(arch: str | None = None) -> str:
         parts += [_drop_includes((KERNEL_DIR / name).read_text()) for name in WGMMA_HEADERS]
         for name in WGMMA_SOURCES:
             parts.append(f"// ---- {name} ----\n" + _drop_includes((KERNEL_DIR / name).read_text()))
+    for path in dev_sources:
+        parts.append(f"// ---- dev/{path.name} ----\n" + _drop_includes(path.read_text()))
     return "\n".join(parts)
 
 
 def _drop_includes(text: str) -> str:
     """The text without its `#include "<header>"` lines (every header is pasted once, first)."""
     for name in HEADERS + WGMMA_HEADERS:
-        text = text.replace(f'#include "{name}"', "")
+        text = text.replace(f'#include "{name}"', "").replace(f'#include "../{name}"', "")
     return text
 
 
@@ -762,8 +848,7 @@ def shortcut_name_expression(tile) -> str:
     branch for it."""
     if isinstance(tile, TileConfig):
         return f"conv_implicit_gemm<{tile.bm},{tile.bn},{tile.warps_m},{tile.warps_n},{tile.stages},3>"
-    cluster = ",true" if tile.cluster_splitk else ""
-    return f"conv_wgmma<{tile.bm},{tile.bn},{tile.warpgroups},{tile.stages},true{cluster}>"
+    return f"conv_wgmma<{tile.bm},{tile.bn},{tile.warpgroups},{tile.stages},Schedule::{tile.schedule.name},true>"
 
 
 def patch_applies(tile: PatchConfig, c: int, k: int, r: int, stride: int, pad: int) -> bool:

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # One call on the GPU host: install, correctness checks, benchmark.
-#   bash kernels/gpu_check.sh [check|bench|all|tuned|full|tune|pytest|profile] [extra bench args]
+#   bash kernels/gpu_check.sh [check|bench|all|tuned|full|tune|pytest|profile|served] [extra bench args]
+# served = time to ready of the real Triton server, both models, from an empty kernel cache and with a
+# warm one (harness/cold_start.py: results/cold_start.json, also in $OUT/results), then the quick check
+# of every kernel the engine can serve and every other candidate (check_quick.json), then each
+# experiment of kernels/dev/ (check, then benchmark: dev_<name>.log):
+#   bash kernels/gpu_check.sh served      (~3-5 min on the H100)
 # all = check + bench; tuned = quick check of every tile (check_pretune.json:
 # a faulting or wrong new tile shows up here, not as a crash inside the tune;
 # on failure the tune is skipped) + tune (writes kernels/tuned_plans.json here
@@ -25,7 +30,7 @@ bash "$REPO/scripts/install_offline.sh" || exit 1
 [[ -f "$REPO/.gpu-bundle/setup.sh" ]] && source "$REPO/.gpu-bundle/setup.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
 t0=$(date +%s)
-python3 -c "from fusedresnet.kernels.launch import library; import time; t=time.time(); lib=library(0); print(f'compile+load {time.time()-t:.1f}s, conv path {lib.path} (cc {lib.cc[0]}.{lib.cc[1]}), {len(lib.tuned)} tuned plans for {lib.device_name}, programmatic dependent launch {lib.pdl} ({lib.pdl_reason})')" 2>&1 | tail -12 \
+python3 -c "from fusedresnet.kernels.launch import library; import time; t=time.time(); lib=library(0); print(f'compile+load of the {len(lib.served)} served kernels {time.time()-t:.1f}s, conv path {lib.path} (cc {lib.cc[0]}.{lib.cc[1]}), {len(lib.tuned)} tuned plans for {lib.device_name}, programmatic dependent launch {lib.pdl} ({lib.pdl_reason})')" 2>&1 | tail -12 \
   || { echo "COMPILE/LOAD FAILED"; exit 1; }
 path=$(python3 -c "import cupy; from fusedresnet.kernels.configs import conv_path; cc=cupy.cuda.Device(0).compute_capability; print(conv_path((int(cc[:-1]), int(cc[-1]))))" 2>/dev/null)
 rc=0
@@ -69,6 +74,25 @@ if [[ $what == check || $what == all || $what == full || $what == tuned ]]; then
     echo "check (mma path, quick) exit $rc_mma after $(( $(date +%s) - t0 ))s"
     (( rc == 0 )) && rc=$rc_mma
   fi
+fi
+if [[ $what == served ]]; then
+  # the server on its own empty kernel cache first (nothing else compiling beside it), then the checks
+  python3 -m fusedresnet.backend.prepare > "$OUT/prepare.log" 2>&1 || { tail -20 "$OUT/prepare.log"; exit 1; }
+  python3 -m fusedresnet.harness.cold_start --out "$REPO/results/cold_start.json" 2>&1 | tee "$OUT/cold_start.log"
+  rc=${PIPESTATUS[0]}
+  cp -r "$REPO/results/cold_start.json" "$REPO/results/cold_start_logs" "$OUT/results/" 2>/dev/null
+  echo "cold start exit $rc after $(( $(date +%s) - t0 ))s"
+  python3 -m fusedresnet.harness.check --quick --json "$OUT/check_quick.json" 2>&1 | tee /tmp/check_quick.log \
+    | grep -v "^ok " ; rc_check=${PIPESTATUS[0]}
+  echo "check ($path path, quick: every kernel) exit $rc_check after $(( $(date +%s) - t0 ))s"
+  (( rc == 0 )) && rc=$rc_check
+  # the experiments of kernels/dev/: each checks itself against float32, then times itself beside the served plans
+  for runner in "$REPO"/kernels/dev/[a-z]*.py; do
+    name=$(basename "$runner" .py)
+    python3 -m "fusedresnet.kernels.dev.$name" 2>&1 | tee "$OUT/dev_$name.log" | tail -40; rc_dev=${PIPESTATUS[0]}
+    echo "dev $name exit $rc_dev after $(( $(date +%s) - t0 ))s"
+    (( rc == 0 )) && rc=$rc_dev
+  done
 fi
 if [[ $what == pytest ]]; then
   # --noconftest: the suite's conftest needs the Triton client libraries, which this host lacks

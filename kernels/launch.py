@@ -1,13 +1,17 @@
 """Thin CuPy launchers for the kernels in this folder.
 
-`KernelLibrary(device_id)` compiles every kernel once per device and launches
-them on the current CuPy stream (the engine enters its own with `with stream:`).
-On the mma path the module is CuPy's RawModule (NVRTC for the architecture
-CuPy picks; CuPy caches the binary on disk). On cc 9.0 (the mixed path, and
-the wgmma path forced by FUSEDRESNET_CONV_PATH=wgmma) one module compiled for
-sm_90a by `nvrtc_build` holds both kernel families, and each convolution
-runs on the family its plan's tile belongs to (`configs.conv_path`,
-`configs.untuned_plan`, the tuned table).
+`KernelLibrary(device_id)` compiles, once per device, the kernels that serving
+can launch (`configs.served_name_expressions`: those of this GPU's tuned plans
+and of the untuned plans), and launches them on the current CuPy stream (the
+engine enters its own with `with stream:`); the tuner's other candidates are
+compiled only when a plan names one (the checks and the tuner compile them all
+first: `load_candidates`). Kernels are compiled by `nvrtc_build` (one NVRTC
+program per kernel, in parallel, cached on disk) for the device's architecture
+(configs.ARCHS; on a newer GPU the mma.sync kernels go through CuPy's
+RawModule). On cc 9.0 (the mixed path, and the wgmma path forced by
+FUSEDRESNET_CONV_PATH=wgmma) the kernels of both families are compiled for
+sm_90a, and each convolution runs on the family its plan's tile belongs to
+(`configs.conv_path`, `configs.untuned_plan`, the tuned table).
 Shapes are checked here, with messages that say which rule a tensor broke,
 because the kernels themselves assume aligned, well-formed input.
 
@@ -35,16 +39,14 @@ import cupy as cp
 import numpy as np
 
 from .configs import (
+    ARCHS,
     BK,
     CLUSTER_SPLITK_MAX,
     COMPILE_OPTIONS,
-    CONV_TILES,
     EW_THREADS,
     HEAD_BLOCKS_X,
     HEAD_IMGS,
     HEAD_THREADS,
-    PATCH_TILES,
-    PATCH_WGMMA_TILES,
     PDL_ENV,
     STEM_KERNELS,
     STEM_KG_PADDED,
@@ -65,7 +67,6 @@ from .configs import (
     STEM_WGMMA_TILE_H,
     STEM_WGMMA_TILE_W,
     WGMMA_ARCH,
-    WGMMA_CONV_TILES,
     ConvPlan,
     PatchConfig,
     PatchWgmmaConfig,
@@ -73,6 +74,7 @@ from .configs import (
     WgmmaConfig,
     bindings_launch_choice,
     conv_path,
+    kernel_smem,
     load_tuned_plans,
     loads_by_tma,
     make_plan,
@@ -85,6 +87,7 @@ from .configs import (
     plan_default,
     plan_key,
     runs_persistent,
+    served_name_expressions,
     shortcut_applies,
     shortcut_name_expression,
     source_text,
@@ -194,9 +197,12 @@ def _launch_ex(kernel, grid, threads: int, args: tuple, shared_mem: int, program
 class KernelLibrary:
     """The compiled kernels on one device."""
 
-    def __init__(self, device_id: int, path: str | None = None, pdl: bool | None = None):
+    def __init__(self, device_id: int, path: str | None = None, pdl: bool | None = None, dev_sources=(),
+                 dev_kernels: dict | None = None):
         """`path`: "mma", "wgmma", "mixed" or None (FUSEDRESNET_CONV_PATH, else by compute capability);
-        `pdl`: programmatic dependent launch, None = FUSEDRESNET_PDL, else where possible (`pdl_choice`)."""
+        `pdl`: programmatic dependent launch, None = FUSEDRESNET_PDL, else where possible (`pdl_choice`);
+        `dev_sources`, `dev_kernels`: an experiment of kernels/dev/ (its .cu files, appended to the
+        translation unit, and {name expression: dynamic shared memory} of its kernels), never served."""
         self.device_id = device_id
         with cp.cuda.Device(device_id):
             device = cp.cuda.Device(device_id)
@@ -206,52 +212,70 @@ class KernelLibrary:
             self.pdl, self.pdl_reason = pdl_choice(self.cc, pdl)
             self._mode = threading.local()   # launch_mode's choice, per thread
             self.device_name = cp.cuda.runtime.getDeviceProperties(device_id)["name"].decode()
-            tiles = CONV_TILES + tuple(STEM_TILES.values()) + PATCH_TILES
-            wgmma_module = path_arch(self.path) == WGMMA_ARCH
-            if wgmma_module:   # both families in one sm_90a module
-                from .nvrtc_build import compile_cubin
-                cubin, lowered = compile_cubin(source_text(WGMMA_ARCH), nvrtc_options(WGMMA_ARCH),
-                                               name_expressions(WGMMA_ARCH))
-                self.module = cp.RawModule(path=str(cubin))
-                get = lambda name: self.module.get_function(lowered[name])   # noqa: E731
-                tiles += WGMMA_CONV_TILES + PATCH_WGMMA_TILES
-            else:
-                self.module = cp.RawModule(code=source_text(), options=COMPILE_OPTIONS,
-                                           name_expressions=name_expressions())
-                get = self.module.get_function
+            self.arch = path_arch(self.path)
+            self.wgmma_module = self.arch == WGMMA_ARCH   # both families in one sm_90a module
             self.sms = device.attributes["MultiProcessorCount"]
             # the "wc" tiles (split-K in a cluster) and the "wt" / "wq" tiles (tensor maps) launch through
             # cuLaunchKernelEx, with cuda.bindings
-            self.bindings_launch, self.bindings_reason = bindings_launch_choice(wgmma_module)
+            self.bindings_launch, self.bindings_reason = bindings_launch_choice(self.wgmma_module)
             # Measured best tile/split-K per layer shape (224x224 buckets) on this GPU model, for
             # this path (one family's best, or the best of both on mixed); other shapes and GPUs
             # use the cost model.
             self.tuned = load_tuned_plans(self.device_name, self.path)
-            self.kernels = {}   # by name expression, the fused-shortcut instantiations too
-            for tile in tiles:
-                for name in (tile.name_expression,) + ((shortcut_name_expression(tile),)
-                                                       if shortcut_applies(tile) else ()):
-                    kernel = get(name)
-                    kernel.max_dynamic_shared_size_bytes = tile.smem_bytes
-                    self.kernels[name] = kernel
-            self.stem_kernels = {}
-            for kind, name in STEM_KERNELS.items():
-                kernel = get(name)
-                kernel.max_dynamic_shared_size_bytes = STEM_SMEM_BYTES
-                self.stem_kernels[kind] = kernel
-            self.stem_pool_kernels = {}
-            for kind, name in STEM_POOL_KERNELS.items():
-                kernel = get(name)
-                kernel.max_dynamic_shared_size_bytes = STEM_POOL_SMEM_BYTES
-                self.stem_pool_kernels[kind] = kernel
-            self.stem_pool_wgmma_kernels = {}   # the fused stem + pool of the sm_90a module (stem_wgmma.cu)
-            for kind, name in (STEM_POOL_WGMMA_KERNELS.items() if wgmma_module else ()):
-                kernel = get(name)
-                kernel.max_dynamic_shared_size_bytes = STEM_WGMMA_SMEM_BYTES
-                self.stem_pool_wgmma_kernels[kind] = kernel
-            self.splitk_epilogue = get("splitk_epilogue")
-            self.maxpool = get("maxpool_3x3s2")
-            self.avgpool_fc_kernel = get(f"avgpool_fc<{HEAD_IMGS}>")
+            self.source = source_text(self.arch, tuple(dev_sources))
+            # every kernel this module can have: the tuner's candidates (and an experiment's)
+            self.smem = {**kernel_smem(self.arch), **(dev_kernels or {})}
+            # The sm_90a module, and the mma.sync one on the architectures the compile tests build
+            # (configs.ARCHS), through nvrtc_build: a cubin per kernel, in parallel, cached on disk (CuPy's
+            # RawModule never reads its cache for name expressions: it compiles them at every start).
+            module_arch = self.arch or (f"sm_{cc}" if f"sm_{cc}" in ARCHS else None)
+            self._cache = None
+            if module_arch is not None:
+                from .nvrtc_build import KernelCache
+                self._cache = KernelCache(self.source, nvrtc_options(module_arch))
+            self._load_lock = threading.Lock()
+            self._modules = []   # the loaded modules (their kernels refer to them)
+            self.kernels = {}   # by name expression: those loaded so far
+            # What serving can launch (configs.served_name_expressions), compiled now; any other candidate
+            # (the tuner's, the checks') when first asked for, or all at once by `load_candidates`.
+            self.served = served_name_expressions(self.arch, self.path, self.tuned, self.bindings_launch)
+            self.load(self.served)
+
+    def load(self, names):
+        """Compile (or read from the disk cache) and load the kernels `names` not loaded yet; on the sm_90a
+        module in parallel, one NVRTC program per kernel (nvrtc_build)."""
+        with self._load_lock, cp.cuda.Device(self.device_id):
+            names = [name for name in dict.fromkeys(names) if name not in self.kernels]
+            unknown = [name for name in names if name not in self.smem]
+            if unknown:
+                raise ValueError(f"not a kernel of the {self.path} path's module: {unknown}")
+            if not names:
+                return
+            functions = {}
+            if self._cache is not None:   # a cubin per kernel
+                for name, (cubin, lowered) in self._cache.get(names).items():
+                    self._modules.append(cp.RawModule(path=str(cubin)))
+                    functions[name] = self._modules[-1].get_function(lowered)
+            else:   # mma.sync on a newer GPU: CuPy's RawModule for the architecture CuPy picks
+                self._modules.append(cp.RawModule(code=self.source, options=COMPILE_OPTIONS, name_expressions=names))
+                functions = {name: self._modules[-1].get_function(name) for name in names}
+            for name, kernel in functions.items():
+                if self.smem[name]:
+                    kernel.max_dynamic_shared_size_bytes = self.smem[name]
+                self.kernels[name] = kernel
+
+    def load_candidates(self):
+        """Every kernel of this path's module (configs.name_expressions): what the tuner times and the checks
+        run, beside the served ones."""
+        self.load(name_expressions(self.arch))
+
+    def kernel(self, name: str):
+        """The loaded kernel `name`, compiled first if it is not (a candidate that serving never launches)."""
+        kernel = self.kernels.get(name)
+        if kernel is None:
+            self.load([name])
+            kernel = self.kernels[name]
+        return kernel
 
     def _launch(self, kernel, grid, threads: int, args: tuple, shared_mem: int = 0, cluster_z: int = 0,
                 tensor_maps: bool = False):
@@ -367,10 +391,10 @@ class KernelLibrary:
         the sm_90a module is loaded (the mixed and wgmma paths), else mma (every other GPU, and an H100
         forced to the mma path).
         """
-        method = method or ("wgmma" if self.stem_pool_wgmma_kernels else "mma")
+        method = method or ("wgmma" if self.wgmma_module else "mma")
         if method not in ("wgmma", "mma"):
             raise ValueError(f"stem_pool method {method!r}: expected wgmma or mma")
-        if method == "wgmma" and not self.stem_pool_wgmma_kernels:
+        if method == "wgmma" and not self.wgmma_module:
             raise ValueError(f"the wgmma stem is compiled only on the wgmma and mixed paths (this is {self.path})")
         if kind == "uint8":
             n, h, w, c = x.shape
@@ -388,11 +412,11 @@ class KernelLibrary:
         args = (_ptr(x), _ptr(weight_padded), _ptr(bias), _ptr(y), _ptr(in_scale), _ptr(in_shift), _i(n), _i(h),
                 _i(w), _i(p1), _i(q1), _i(p2), _i(q2), _i(tiles_x), _i(tiles_x * tiles_y), _i(total))
         if wgmma:   # persistent blocks: tiles blockIdx.x, + gridDim.x, ...
-            self._launch(self.stem_pool_wgmma_kernels[kind], (min(total, self.sms * STEM_WGMMA_BLOCKS_PER_SM),),
+            self._launch(self.kernel(STEM_POOL_WGMMA_KERNELS[kind]), (min(total, self.sms * STEM_WGMMA_BLOCKS_PER_SM),),
                     STEM_WGMMA_THREADS, args, STEM_WGMMA_SMEM_BYTES)
         else:
             per_block = self._stem_tiles_per_block(total)
-            self._launch(self.stem_pool_kernels[kind], (_blocks(total, per_block),), STEM_POOL_THREADS,
+            self._launch(self.kernel(STEM_POOL_KERNELS[kind]), (_blocks(total, per_block),), STEM_POOL_THREADS,
                     args + (_i(per_block),), STEM_POOL_SMEM_BYTES)
 
     def _stem_tiles_per_block(self, total: int) -> int:
@@ -411,7 +435,7 @@ class KernelLibrary:
         tiles_x, tiles_y = _blocks(q, STEM_TILE_W), _blocks(p, STEM_TILE_H)
         total = n * tiles_x * tiles_y
         per_block = self._stem_tiles_per_block(total)
-        self._launch(self.stem_kernels[kind], (_blocks(total, per_block),), STEM_THREADS,
+        self._launch(self.kernel(STEM_KERNELS[kind]), (_blocks(total, per_block),), STEM_THREADS,
                 (_ptr(x), _ptr(weight_padded), _ptr(bias), _ptr(y), _ptr(in_scale), _ptr(in_shift), _i(n), _i(h),
                  _i(w), _i(p), _i(q), _i(tiles_x), _i(tiles_x * tiles_y), _i(total), _i(per_block)),
                 STEM_SMEM_BYTES)
@@ -421,9 +445,10 @@ class KernelLibrary:
         """`shortcut`: (input, Hs, Ws, Cs, stride, main k-tiles) of a fused shortcut (`conv_shortcut`)."""
         n, h, w, c, k, p, q, r, s, stride, pad, ldw, k_tiles = dims
         tile = plan.tile
-        kernel = self.kernels.get(tile.name_expression if shortcut is None else shortcut_name_expression(tile))
-        if kernel is None:
-            raise ValueError(f"{tile.label} is not compiled on the {self.path} path (cc {self.cc[0]}.{self.cc[1]})")
+        name = tile.name_expression if shortcut is None else shortcut_name_expression(tile)
+        if name not in self.smem:
+            raise ValueError(f"{tile.label} is not a kernel of the {self.path} path (cc {self.cc[0]}.{self.cc[1]})")
+        kernel = self.kernel(name)
         if isinstance(tile, PatchConfig):
             if not (r == s == 3 and stride == 1 and pad == 1 and c % 64 == 0 and k % tile.bn == 0):
                 raise ValueError(f"{tile.label} needs a 3x3/1 pad-1 conv with C % 64 == 0, K % {tile.bn} == 0")
@@ -476,7 +501,7 @@ class KernelLibrary:
         self._launch(kernel, grid, tile.threads, args, tile.smem_bytes, cluster_z, tma)
         if partial is not None:
             m = n * p * q
-            self._launch(self.splitk_epilogue, (_blocks(m * (k // 8), EW_THREADS),), EW_THREADS,
+            self._launch(self.kernel("splitk_epilogue"), (_blocks(m * (k // 8), EW_THREADS),), EW_THREADS,
                     (_ptr(partial), _i(plan.splits), _ptr(bias), _ptr(residual), _ptr(y), _i(m), _i(k),
                      _i(1 if relu else 0)))
 
@@ -486,7 +511,7 @@ class KernelLibrary:
         p, q = conv_out_size(h, 3, 2, 1), conv_out_size(w, 3, 2, 1)
         if y.shape != (n, p, q, c) or c % 8:
             raise ValueError(f"maxpool: input {x.shape}, output {y.shape}")
-        self._launch(self.maxpool, (_blocks(n * p * q * (c // 8), EW_THREADS),), EW_THREADS,
+        self._launch(self.kernel("maxpool_3x3s2"), (_blocks(n * p * q * (c // 8), EW_THREADS),), EW_THREADS,
                 (_ptr(x), _ptr(y), _i(n), _i(h), _i(w), _i(c), _i(p), _i(q)))
 
     def avgpool_fc(self, x, weight, bias, logits):
@@ -494,7 +519,7 @@ class KernelLibrary:
         classes = weight.shape[0]
         if c != 512 or weight.shape[1] != 512 or logits.shape != (n, classes):
             raise ValueError(f"avgpool_fc: features {x.shape}, weight {weight.shape}, logits {logits.shape}")
-        self._launch(self.avgpool_fc_kernel, (HEAD_BLOCKS_X, _blocks(n, HEAD_IMGS)), HEAD_THREADS,
+        self._launch(self.kernel(f"avgpool_fc<{HEAD_IMGS}>"), (HEAD_BLOCKS_X, _blocks(n, HEAD_IMGS)), HEAD_THREADS,
                 (_ptr(x), _ptr(weight), _ptr(bias), _ptr(logits), _i(n), _i(h * w), _i(classes),
                  _i(_blocks(classes, HEAD_BLOCKS_X))))
 

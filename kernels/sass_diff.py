@@ -1,6 +1,6 @@
 """Machine code of every kernel, per kernel, before and after a change (CPU only: nvcc + cuobjdump).
 
-    python -m fusedresnet.kernels.sass_diff dump build/sass-before [--arch sm_80 --arch sm_90a | --arch all]
+    python -m fusedresnet.kernels.sass_diff dump build/sass-before [--arch sm_80 --arch sm_90a | --arch all] [--dev]
     ... edit the kernels ...
     python -m fusedresnet.kernels.sass_diff dump build/sass-after
     python -m fusedresnet.kernels.sass_diff compare build/sass-before build/sass-after
@@ -15,6 +15,10 @@ the address column removed. The instruction words (operands, relative branch
 offsets, and the scheduling control words: stall counts, barriers, yields)
 are kept, so two dumps compare equal only when the machine code is the same
 instruction for instruction. File names are the demangled kernel names.
+
+`--dev` adds, on sm_90a, the experiments of kernels/dev/ (their .cu files after
+the served ones, their kernels beside the served): a kernel moved between the
+served module and kernels/dev/ compares with itself.
 
 `compare` prints, per architecture and kernel, "same" or the first differing
 lines, lists kernels present on one side only, and exits 1 if anything
@@ -39,7 +43,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .configs import ARCHS, name_expressions, nvrtc_options, source_text
+from .configs import ARCHS, WGMMA_ARCH, name_expressions, nvrtc_options, source_text
 
 DEFAULT_ARCHS = ("sm_80", "sm_90a")
 _ADDRESS = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s*")
@@ -52,18 +56,28 @@ def _tool(name: str, env: str) -> str:
     return path
 
 
-def translation_unit(arch: str) -> str:
-    """The engine's source for `arch` plus a line that instantiates every kernel the launcher uses."""
-    names = name_expressions(arch)
-    return source_text(arch) + "\nvoid *fusedresnet_instances[] = {" + ", ".join(
-        f"(void *)&{name}" for name in names) + "};\n"
+def dev_kernels(arch: str, dev: bool) -> dict:
+    """{.cu file: kernel instantiations} of kernels/dev/ when `dev` and `arch` is sm_90a, else nothing."""
+    from .dev import dev_name_expressions
+    return dev_name_expressions() if dev and arch == WGMMA_ARCH else {}
 
 
-def compile_cubin(arch: str, out: Path) -> Path:
+def kernel_names(arch: str, dev: bool = False) -> list[str]:
+    return name_expressions(arch) + [name for names in dev_kernels(arch, dev).values() for name in names]
+
+
+def translation_unit(arch: str, dev: bool = False) -> str:
+    """The engine's source for `arch` (and kernels/dev/'s, if `dev`) plus a line that instantiates every
+    kernel the launcher uses."""
+    return source_text(arch, tuple(dev_kernels(arch, dev))) + "\nvoid *fusedresnet_instances[] = {" + ", ".join(
+        f"(void *)&{name}" for name in kernel_names(arch, dev)) + "};\n"
+
+
+def compile_cubin(arch: str, out: Path, dev: bool = False) -> Path:
     nvcc = _tool("nvcc", "NVCC")
     out.mkdir(parents=True, exist_ok=True)
     source = out / "fusedresnet_kernels.cu"
-    source.write_text(translation_unit(arch))
+    source.write_text(translation_unit(arch, dev))
     cubin = out / "kernels.cubin"
     cmd = [nvcc, *nvrtc_options(arch), "-cubin", "-o", str(cubin), str(source)]
     result = subprocess.run(cmd, capture_output=True, text=True)
@@ -81,8 +95,16 @@ def _demangle(names: list[str]) -> dict[str, str]:
 
 
 def _safe(name: str) -> str:
-    """"conv_wgmma[128,128,2,4]" for "void conv_wgmma<128, 128, 2, 4>(...)" (template arguments tell kernels apart)."""
-    name = name.removeprefix("void ").split("(")[0].replace(" ", "")
+    """"conv_wgmma[128,128,2,4,_Schedule_0]" for "void conv_wgmma<128, 128, 2, 4, (Schedule)0>(...)" (template
+    arguments tell kernels apart; an enum argument's parentheses are not the parameter list's)."""
+    name = name.removeprefix("void ")
+    depth, end = 0, len(name)
+    for index, char in enumerate(name):
+        depth += (char == "<") - (char == ">")
+        if char == "(" and depth == 0:
+            end = index
+            break
+    name = name[:end].replace(" ", "")
     return re.sub(r"[^A-Za-z0-9_,<>-]", "_", name).replace("<", "[").replace(">", "]")
 
 
@@ -103,26 +125,29 @@ def split_listing(sass: str, res_usage: str) -> dict[str, str]:
     return {name: "\n".join(lines) + "\n" for name, lines in kernels.items()}
 
 
-def dump(out: Path, archs) -> int:
+def dump(out: Path, archs, dev: bool = False) -> int:
     cuobjdump = _tool("cuobjdump", "CUOBJDUMP")
     env = dict(os.environ, PATH=f"{Path(cuobjdump).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     for arch in archs:
         with tempfile.TemporaryDirectory() as tmp:
-            cubin = compile_cubin(arch, Path(tmp))
+            cubin = compile_cubin(arch, Path(tmp), dev)
             sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, env=env,
                                   check=True).stdout
             usage = subprocess.run([cuobjdump, "-res-usage", str(cubin)], capture_output=True, text=True, env=env,
                                    check=True).stdout
         kernels = split_listing(sass, usage)
-        if len(kernels) != len(name_expressions(arch)):
+        if len(kernels) != len(kernel_names(arch, dev)):
             raise SystemExit(f"sass_diff: {arch}: {len(kernels)} kernels in the cubin, "
-                             f"{len(name_expressions(arch))} name expressions")
+                             f"{len(kernel_names(arch, dev))} name expressions")
         directory = out / arch
         if directory.exists():
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
-        for mangled, demangled in _demangle(sorted(kernels)).items():
-            (directory / f"{_safe(demangled)}.sass").write_text(kernels[mangled])
+        files = {_safe(demangled): mangled for mangled, demangled in _demangle(sorted(kernels)).items()}
+        if len(files) != len(kernels):
+            raise SystemExit(f"sass_diff: {arch}: {len(kernels)} kernels but {len(files)} distinct file names")
+        for name, mangled in files.items():
+            (directory / f"{name}.sass").write_text(kernels[mangled])
         print(f"{arch}: {len(kernels)} kernels -> {directory}", flush=True)
     return 0
 
@@ -160,6 +185,7 @@ def main(argv=None) -> int:
     d = sub.add_parser("dump", help="compile and write one normalised SASS file per kernel")
     d.add_argument("out", type=Path)
     d.add_argument("--arch", action="append", help=f"one of {', '.join(ARCHS)} or all (default: sm_80, sm_90a)")
+    d.add_argument("--dev", action="store_true", help="with the experiments of kernels/dev/ (sm_90a)")
     c = sub.add_parser("compare", help="compare two dumps; exit 1 if any kernel differs")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
@@ -171,7 +197,7 @@ def main(argv=None) -> int:
         unknown = set(archs) - set(ARCHS)
         if unknown:
             parser.error(f"unknown architecture(s) {sorted(unknown)}: expected {', '.join(ARCHS)} or all")
-        return dump(args.out, archs)
+        return dump(args.out, archs, args.dev)
     return compare(args.before, args.after)
 
 

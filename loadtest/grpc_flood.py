@@ -57,7 +57,9 @@ from fusedresnet.backend.spec import (
     DEFAULT_METRICS_PORT,
     INPUT_UINT8,
     MODEL_CUSTOM,
+    MODEL_ENTRIES,
     MODELS,
+    served_model,
 )
 from fusedresnet.client.preprocess import INPUT_FORMATS, model_input
 from fusedresnet.client.resnet_client import (
@@ -86,7 +88,7 @@ ERROR_EXAMPLES = 5
 
 @dataclass(frozen=True)
 class FloodSettings:
-    model: str
+    model: str                     # the model entry serving the input sent (spec.served_model)
     url: str                       # host:port of Triton's gRPC endpoint
     images_per_request: int
     input_format: str              # IMAGE or IMAGE_NORMALIZED: the model input sent
@@ -267,8 +269,9 @@ def run_step(model: str, url: str, metrics_url: str, concurrency: int, images_pe
     with pool_file(image_pool, pool_size) as pool_path:
         pool = model_input(load_image_pool(pool_path), input_format)
         with pool_region(url, shared_memory, pool, admin_token, cuda_device) as input_region:
-            settings = FloodSettings(model, url, images_per_request, input_format, str(pool_path), shared_memory,
-                                     admin_token, input_region, warmup_s, measure_s, cuda_device)
+            settings = FloodSettings(served_model(model, input_format), url, images_per_request, input_format,
+                                     str(pool_path), shared_memory, admin_token, input_region, warmup_s, measure_s,
+                                     cuda_device)
             results, go, start_at = context.Queue(), context.Event(), context.Value("d", 0.0)
             workers = [context.Process(target=worker_main, daemon=True, name=f"grpc-flood-{i}",
                                        args=(settings, slots, i * 7919, results, go, start_at))
@@ -364,7 +367,7 @@ def drive(workers, results, go, start_at, settings: FloodSettings, metrics_url: 
         record[f"{key}_run"] = whole_run[key]
     record["other_models_requests_run"] = int(sum(
         triton_metrics.requests_seen(after, m) - triton_metrics.requests_seen(before, m)
-        for m in MODELS if m != settings.model))
+        for m in MODEL_ENTRIES if m != settings.model))
     record["gpu_utilization"] = triton_metrics.mean_gauge(during, triton_metrics.GPU_UTILIZATION)
     record["per_gpu"] = triton_metrics.per_gpu(start, end, settings.model, during)
     record["server_cpu_utilization"] = triton_metrics.mean_gauge(during, triton_metrics.CPU_UTILIZATION)

@@ -50,7 +50,7 @@ grpc_gevent.init_gevent()
 
 import tritonclient.http as httpclient  # noqa: E402  (this and the gRPC client of resnet_client: after init_gevent)
 
-from fusedresnet.backend.spec import INPUT_UINT8, MODEL_CUSTOM, MODELS  # noqa: E402
+from fusedresnet.backend.spec import INPUT_UINT8, MODEL_CUSTOM, MODELS, served_model  # noqa: E402
 from fusedresnet.client.preprocess import INPUT_FORMATS, model_input  # noqa: E402
 from fusedresnet.client.resnet_client import (  # noqa: E402
     DEFAULT_URLS,
@@ -229,11 +229,11 @@ class TritonUser(User):
 
     def on_start(self):
         options = self.environment.parsed_options
-        self.model, self.protocol = options.model, options.protocol
+        self.model, self.protocol = served_model(options.model, options.input_format), options.protocol
         url = options.triton_url or (self.host or "").split("://")[-1] or DEFAULT_URLS[self.protocol]
         self.windows = RequestWindows(model_inputs(options), options.images_per_request,
                                       offset=random.randrange(1 << 30))
-        self.request_name = f"{self.model} x{options.images_per_request} {options.input_format}"
+        self.request_name = f"{options.model} x{options.images_per_request} {options.input_format}"
         if options.shared_memory != "none":
             self.request_name += f" {options.shared_memory}-shm"
         self.warmup_ends_at = REQUEST_LOG.test_started_at + options.warmup_s

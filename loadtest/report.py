@@ -34,8 +34,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from fusedresnet.backend.spec import INPUT_FP32, INPUT_UINT8, MODEL_CUDNN, MODEL_CUSTOM  # noqa: E402
 from fusedresnet.loadtest.triton_metrics import TIME_BREAKDOWN  # noqa: E402
 
-MODEL_COLORS = {MODEL_CUSTOM: "tab:red", MODEL_CUDNN: "tab:blue"}
-MODEL_SHORT = {MODEL_CUSTOM: "custom", MODEL_CUDNN: "cuDNN"}
+# A model that only reads its input and answers zeros (loadtest/zero_model), served beside the shipped ones by
+# the perf_analyzer run: the Python backend's ceiling on the host, measured with the same traffic.
+ZERO_MODEL = "zero_answer"
+MODEL_COLORS = {MODEL_CUSTOM: "tab:red", MODEL_CUDNN: "tab:blue", ZERO_MODEL: "tab:gray"}
+MODEL_SHORT = {MODEL_CUSTOM: "custom", MODEL_CUDNN: "cuDNN", ZERO_MODEL: "zero"}
 BREAKDOWN_LABELS = {"queue_us": "queue", "compute_input_us": "compute input",
                     "compute_infer_us": "compute infer", "compute_output_us": "compute output"}
 # Fields averaged over rounds when a sweep repeats itself.
@@ -83,6 +86,8 @@ def grouped(steps: list[dict]) -> dict:
     """{series key: {users: {model: step}}}, steps of repeated rounds averaged into one."""
     buckets = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for step in steps:
+        if step.get("server_setting"):   # a serving-story step on a server changed from the shipped one
+            continue
         buckets[series_key(step)][step["users"]][step["model"]].append(step)
     table = {}
     for key, by_users in buckets.items():
@@ -359,6 +364,92 @@ def server_time_table(table: dict) -> list[str]:
     return lines + [""]
 
 
+# Issue 31's targets on the H100, against the zero-answer model measured in the same run.
+TARGET_IMG_PER_S_32_CUDA_ENGINE = 95_000   # custom, CUDA shared memory, 32 images/request: 90% of the engine
+TARGET_SHARE_OF_ZERO = 0.90                 # custom over plain gRPC, 1 and 32 images/request
+TARGET_ONE_IN_FLIGHT_P50_OVER_ZERO_MS = 0.3
+
+
+def ceiling_section(table: dict) -> list[str]:
+    """Each shipped model against the zero-answer model on the same series and level (same load generator)."""
+    rows = [(key, users, models) for key, by_users in table.items() for users, models in by_users.items()
+            if ZERO_MODEL in models]
+    if not rows:
+        return []
+    lines = ["## Against the zero-answer model (the Python backend's ceiling)", "",
+             f"`{ZERO_MODEL}` reads its input as the shipped models do and answers zeros: what Triton, the Python "
+             "backend and the load generator cost on this host with no network.", "",
+             "| series | in flight | custom img/s | cuDNN img/s | zero img/s | custom / zero | p50 ms custom / zero "
+             "| p99 ms custom / zero |", "|---|---:|---:|---:|---:|---:|---|---|"]
+    for key, users, models in rows:
+        c, n, z = (models.get(m, {}) for m in (MODEL_CUSTOM, MODEL_CUDNN, ZERO_MODEL))
+        lines.append(f"| {series_label(key)} | {users} | {fmt(c.get('img_per_s'))} | {fmt(n.get('img_per_s'))} "
+                     f"| {fmt(z.get('img_per_s'))} | {percent(ratio(c.get('img_per_s'), z.get('img_per_s')))} "
+                     f"| {fmt(c.get('p50_ms'), 2)} / {fmt(z.get('p50_ms'), 2)} "
+                     f"| {fmt(c.get('p99_ms'), 2)} / {fmt(z.get('p99_ms'), 2)} |")
+    lines += ["", "Targets (issue 31, H100):", "", "| target | wanted | this run | |", "|---|---|---|---|"]
+
+    def best(generator, protocol, images, shared_memory, model):
+        runs = [(m[model]["img_per_s"], users, m[model].get("p99_ms")) for key, by_users in table.items()
+                if key[:3] == (generator, protocol, images) and key[4] == shared_memory
+                for users, m in by_users.items() if (m.get(model) or {}).get("img_per_s")]
+        return max(runs) if runs else None
+
+    cuda = best("perf_analyzer", "grpc", 32, "cuda", MODEL_CUSTOM)
+    lines.append(f"| custom, CUDA shared memory, 32 images/request (perf_analyzer) | >= "
+                 f"{TARGET_IMG_PER_S_32_CUDA_ENGINE:,} img/s | "
+                 + (f"{cuda[0]:,.0f} img/s ({cuda[1]} in flight, p99 {fmt(cuda[2], 2)} ms)" if cuda else "-")
+                 + f" | {'met' if cuda and cuda[0] >= TARGET_IMG_PER_S_32_CUDA_ENGINE else '**not met**'} |")
+    for images in (1, 32):
+        custom, zero = (best("perf_analyzer", "grpc", images, "none", m) for m in (MODEL_CUSTOM, ZERO_MODEL))
+        share = ratio(custom and custom[0], zero and zero[0])
+        lines.append(f"| custom over plain gRPC, {images} image{'s' if images > 1 else ''}/request, peak against "
+                     f"the zero model's | >= {TARGET_SHARE_OF_ZERO:.0%} | {percent(share)} | "
+                     f"{'met' if share and share >= TARGET_SHARE_OF_ZERO else '**not met**'} |")
+    single = [(m[MODEL_CUSTOM]["p50_ms"], m[ZERO_MODEL]["p50_ms"]) for key, users, m in rows
+              if key[:3] == ("perf_analyzer", "grpc", 1) and key[4] == "none" and users == 1
+              and m.get(MODEL_CUSTOM, {}).get("p50_ms") and m[ZERO_MODEL].get("p50_ms")]
+    if single:
+        custom_p50, zero_p50 = single[0]
+        met = custom_p50 - zero_p50 <= TARGET_ONE_IN_FLIGHT_P50_OVER_ZERO_MS
+        lines.append(f"| one request in flight, p50 over the zero model's | <= +{TARGET_ONE_IN_FLIGHT_P50_OVER_ZERO_MS}"
+                     f" ms | {custom_p50:.2f} - {zero_p50:.2f} = +{custom_p50 - zero_p50:.2f} ms | "
+                     f"{'met' if met else '**not met**'} |")
+    return lines + [""]
+
+
+def cross_check_section(pairs: list[dict] | None) -> list[str]:
+    if not pairs:
+        return []
+    lines = ["## perf_analyzer against grpc_flood (the same traffic)", "",
+             "perf_analyzer: one C++ process, random input data, its own stable windows; grpc_flood: Python asyncio "
+             "processes sending the pool's images. Both pinned to the same load cores.", "",
+             "| model | images/request | shm | in flight | perf_analyzer img/s | grpc_flood img/s | ratio "
+             "| p50 ms pa / flood | p99 ms pa / flood | server CPU % (pa) | grpc_flood CPU % |",
+             "|---|---:|---|---:|---:|---:|---:|---|---|---:|---:|"]
+    for p in pairs:
+        lines.append(f"| {p['model']} | {p['images_per_request']} | {p['shared_memory']} | {p['concurrency']} "
+                     f"| {fmt(p['perf_analyzer_img_per_s'])} | {fmt(p['grpc_flood_img_per_s'])} | {fmt(p['ratio'], 2)} "
+                     f"| {fmt(p['perf_analyzer_p50_ms'], 2)} / {fmt(p['grpc_flood_p50_ms'], 2)} "
+                     f"| {fmt(p['perf_analyzer_p99_ms'], 2)} / {fmt(p['grpc_flood_p99_ms'], 2)} "
+                     f"| {fmt(p.get('perf_analyzer_server_cpu_percent'), 0)} "
+                     f"| {fmt(p.get('grpc_flood_client_cpu_percent'), 0)} |")
+    return lines + [""]
+
+
+def story_section(told: list[dict] | None, servers: dict | None) -> list[str]:
+    """The serving story in the form of Triton's Conceptual Guide Part 2: change, command, output, reading."""
+    if not told:
+        return []
+    lines = ["## The serving story: as shipped to the best configuration (perf_analyzer)", ""]
+    for step in told:
+        lines += [f"### {step['step']}. {step['title']}", "", f"Change: {step['change']}.", "", "```",
+                  step["command"], "```", "", "```", step["output"], "```", "", *step["reading"], ""]
+    for setting, outcome in (servers or {}).items():
+        lines += [f"Server setting {setting}: {outcome}", ""]
+    return lines
+
+
 def agreement_section(agreement: dict | None) -> list[str]:
     if not agreement:
         return []
@@ -408,6 +499,9 @@ def markdown(results: dict, table: dict, name: str) -> str:
         lines += series_table(key, by_users)
     lines += server_time_table(table)
     lines += [f"![server-side time per request]({name}_server_time.png)", ""]
+    lines += ceiling_section(table)
+    lines += cross_check_section(results.get("cross_check"))
+    lines += story_section(results.get("serving_story"), results.get("settings", {}).get("story_servers"))
     lines += agreement_section(results.get("agreement"))
     lines += [f"Raw figures: [{name}.csv]({name}.csv) (one row per step), [{name}.json]({name}.json).", ""]
     return "\n".join(lines)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fusedresnet.backend.network import free_ports
-from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, INPUT_UINT8, MODELS
+from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, INPUT_UINT8, MODEL_ENTRIES, served_model
 from fusedresnet.client.preprocess import INPUT_FORMATS
 from fusedresnet.client.resnet_client import PROTOCOLS
 from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS
@@ -226,8 +226,8 @@ def scrape_when_quiet(metrics_url: str) -> triton_metrics.MetricsSnapshot:
     while True:
         time.sleep(0.1)
         snapshot = triton_metrics.scrape(metrics_url)
-        counts = [triton_metrics.requests_seen(s, m) for s in (previous, snapshot) for m in MODELS]
-        if counts[:len(MODELS)] == counts[len(MODELS):] or time.monotonic() > deadline:
+        counts = [triton_metrics.requests_seen(s, m) for s in (previous, snapshot) for m in MODEL_ENTRIES]
+        if counts[:len(MODEL_ENTRIES)] == counts[len(MODEL_ENTRIES):] or time.monotonic() > deadline:
             return snapshot
         previous = snapshot
 
@@ -249,8 +249,9 @@ def run_locust_step(step: Step, endpoints: Endpoints, settings: SweepSettings, s
                                   stderr=subprocess.STDOUT, start_new_session=True, env=env)
         snapshots, during = watch_locust(locust, step_dir, metrics_url, limit_s)
     records = measurements.read_request_records(step_dir)
-    expected = triton_metrics.requests_seen(before, step.model) + records.sent
-    after = scrape_until_settled(metrics_url, step.model, expected)
+    entry = served_model(step.model, step.series.input_format)   # Triton counts per model entry
+    expected = triton_metrics.requests_seen(before, entry) + records.sent
+    after = scrape_until_settled(metrics_url, entry, expected)
     window = measurements.read_window(step_dir)
     locust_json = step_dir / f"{LOCUST_JSON_STEM}.json"
     if not locust_json.is_file() or window is None or set(snapshots) != {"start", "end"}:
@@ -269,17 +270,17 @@ def run_locust_step(step: Step, endpoints: Endpoints, settings: SweepSettings, s
     result.update(measurements.client_cpu_summary(records.cpu_percent))
     result.update(measurements.all_request_counts(records))
     result.update(measurements.read_locust_totals(locust_json))
-    result.update(triton_metrics.model_delta(snapshots["start"], snapshots["end"], step.model))
-    whole_run = triton_metrics.model_delta(before, after, step.model)
+    result.update(triton_metrics.model_delta(snapshots["start"], snapshots["end"], entry))
+    whole_run = triton_metrics.model_delta(before, after, entry)
     result["triton_success_run"] = whole_run["triton_success"]
     result["triton_failure_run"] = whole_run["triton_failure"]
     result["triton_inferences_run"] = whole_run["triton_inferences"]
     result["triton_executions_run"] = whole_run["triton_executions"]
     result["other_models_requests_run"] = int(sum(
         triton_metrics.requests_seen(after, m) - triton_metrics.requests_seen(before, m)
-        for m in MODELS if m != step.model))
+        for m in MODEL_ENTRIES if m != entry))
     result["gpu_utilization"] = triton_metrics.mean_gauge(during, triton_metrics.GPU_UTILIZATION)
-    result["per_gpu"] = triton_metrics.per_gpu(snapshots["start"], snapshots["end"], step.model, during)
+    result["per_gpu"] = triton_metrics.per_gpu(snapshots["start"], snapshots["end"], entry, during)
     result["server_cpu_utilization"] = triton_metrics.mean_gauge(during, triton_metrics.CPU_UTILIZATION)
     result["wall_s"] = round(time.time() - started, 2)
     result["problems"] = sanity_problems(result)

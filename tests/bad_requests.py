@@ -8,7 +8,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fusedresnet.backend.spec import CHANNELS, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8, OUTPUT_LOGITS, max_batch_size
+from fusedresnet.backend.spec import (
+    CHANNELS,
+    IMAGE_SIZE,
+    INPUT_FP32,
+    INPUT_UINT8,
+    INPUTS,
+    OUTPUT_LOGITS,
+    max_batch_size,
+    served_model,
+)
 
 from robustness_helpers import PROTOCOLS, raw_grpc_infer, raw_http_infer
 
@@ -23,7 +32,8 @@ class BadRequest:
     name: str
     inputs: list            # (name, datatype, shape, payload bytes)
     expect: tuple
-    model: str | None = None            # None: the model under test
+    model: str | None = None            # None: the entry of the network under test that serves `served_input`
+    served_input: str | None = None     # None: the first input's own entry (IMAGE_NORMALIZED: <network>_normalized)
     version: str = ""
     outputs: tuple = (OUTPUT_LOGITS,)
     grpc_code: str = "INVALID_ARGUMENT"
@@ -86,10 +96,17 @@ BAD_REQUESTS = [
                ("IMAGE_NORMALIZED has values up to 255", "send ImageNet-normalised pixels"), reaches_model=True),
     BadRequest("huge finite value in IMAGE_NORMALIZED", [(INPUT_FP32, "FP32", [1, *CHW], fp32_images(1, -1e30))],
                ("IMAGE_NORMALIZED has values up to 1e+30", "send ImageNet-normalised pixels"), reaches_model=True),
+    # The contract before 2026-11-26 (both inputs optional on each model, one per request): Triton refuses
+    # the input the entry does not declare, naming it and the entry.
+    BadRequest("IMAGE_NORMALIZED sent to the IMAGE entry (the old contract)",
+               [(INPUT_FP32, "FP32", [1, *CHW], fp32_images(1))], ("unexpected inference input 'IMAGE_NORMALIZED'",
+                                                                   "for model 'resnet18_"), served_input=INPUT_UINT8),
+    BadRequest("IMAGE sent to the IMAGE_NORMALIZED entry", [(INPUT_UINT8, "UINT8", [1, *HWC], bytes(IMAGE_BYTES))],
+               ("unexpected inference input 'IMAGE'", "_normalized'"), served_input=INPUT_FP32),
     BadRequest("both inputs at once", [(INPUT_UINT8, "UINT8", [1, *HWC], bytes(IMAGE_BYTES)),
                                        (INPUT_FP32, "FP32", [1, *CHW], fp32_images(1))],
-               ("send exactly one of the inputs", "'IMAGE', 'IMAGE_NORMALIZED'"), reaches_model=True),
-    BadRequest("no input at all", [], ("request has 0 inputs",)),
+               ("expected 1 inputs but got 2 inputs",), served_input=INPUT_UINT8),
+    BadRequest("no input at all", [], ("expected 1 inputs but got 0 inputs", "missing required input(s) ['IMAGE']")),
     BadRequest("unknown input name", [("PIXELS", "UINT8", [1, *HWC], bytes(IMAGE_BYTES))],
                ("unexpected inference input 'PIXELS'",)),
     BadRequest("unknown output name", [(INPUT_UINT8, "UINT8", [1, *HWC], bytes(IMAGE_BYTES))],
@@ -103,7 +120,9 @@ BAD_REQUESTS = [
 
 def send_bad(server, protocol: str, model: str, bad: BadRequest) -> tuple[object, str]:
     """(status: gRPC code name or HTTP status, error message) of one malformed request."""
-    target = bad.model or model
+    first_input = bad.inputs[0][0] if bad.inputs else INPUT_UINT8
+    served_input = bad.served_input or (first_input if first_input in INPUTS else INPUT_UINT8)
+    target = bad.model or served_model(model, served_input)
     if protocol == "grpc":
         status, answer = raw_grpc_infer(server, target, [(n, d, s) for n, d, s, _ in bad.inputs],
                                         [p for _, _, _, p in bad.inputs if p is not None],

@@ -116,7 +116,7 @@ def test_every_copy_source_exists_and_is_in_the_build_context():
             assert (ROOT / source).exists(), f"COPY {source}: no such file in the repository"
             assert not dockerignored(source), f"COPY {source}: excluded by .dockerignore"
     # What the server needs inside the copied folders is in the context too.
-    for model in spec.MODELS:
+    for model in spec.MODEL_ENTRIES:
         for needed in (f"model_repository/{model}/config.pbtxt", f"model_repository/{model}/1/model.py"):
             assert (ROOT / needed).is_file() and not dockerignored(needed), needed
     assert dockerignored("model_repository/resnet18_custom/1/resnet18_folded.pt")  # prepared in the image

@@ -20,10 +20,14 @@ from fusedresnet.backend.spec import (
     FP32_INPUT_ABS_LIMIT,
     INPUT_FP32,
     INPUT_UINT8,
+    INPUTS,
+    MODEL_ENTRIES,
     MODELS,
     NUM_CLASSES,
     OUTPUT_ENGINE,
     OUTPUT_LOGITS,
+    entry_input,
+    served_model,
 )
 
 from robustness_helpers import PROTOCOLS, assert_correct, client, infer_image, raw_grpc_infer, raw_http_infer
@@ -72,20 +76,21 @@ def tensors(draw):
 @st.composite
 def fully_random_requests(draw):
     return {"protocol": draw(st.sampled_from(PROTOCOLS)),
-            "model": draw(st.sampled_from([*MODELS, *MODELS, "resnet18", ""])),
+            "model": draw(st.sampled_from([*MODEL_ENTRIES, *MODELS, "resnet18", ""])),
             "inputs": draw(st.lists(tensors(), min_size=0, max_size=3)),
             "outputs": draw(st.sampled_from([(OUTPUT_LOGITS,), (OUTPUT_LOGITS, OUTPUT_ENGINE), ("SCORES",), ()])),
             "lie_about_size": draw(st.sampled_from([None, None, None, -7, 1, 10**6]))}
 
 
 MUTATIONS = ("name", "dtype", "dim", "rank", "payload", "poison", "extra input", "no input", "model", "outputs",
-             "declared size")
+             "declared size", "other entry")
 
 
 @st.composite
 def mutated_requests(draw):
-    """A valid request (1-4 images, either input) with up to two things wrong with it."""
+    """A valid request (1-4 images, either input, to the entry serving it) with up to two things wrong with it."""
     name = draw(st.sampled_from([INPUT_UINT8, INPUT_FP32]))
+    network = draw(st.sampled_from(MODELS))
     batch = draw(st.integers(1, 4))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     if name == INPUT_UINT8:
@@ -94,7 +99,7 @@ def mutated_requests(draw):
     else:
         datatype, shape = "FP32", [batch, 3, 224, 224]
         payload = rng.normal(0, 1, batch * 3 * 224 * 224).astype(np.float32).tobytes()
-    request = {"protocol": draw(st.sampled_from(PROTOCOLS)), "model": draw(st.sampled_from(MODELS)),
+    request = {"protocol": draw(st.sampled_from(PROTOCOLS)), "model": served_model(network, name),
                "inputs": None, "outputs": (OUTPUT_LOGITS,), "lie_about_size": None}
     for mutation in draw(st.lists(st.sampled_from(MUTATIONS), max_size=2)):
         if mutation == "name":
@@ -121,6 +126,8 @@ def mutated_requests(draw):
             request["model"] = draw(st.sampled_from(["resnet18", "RESNET18_CUSTOM", "resnet18_custom/1", ""]))
         elif mutation == "outputs":
             request["outputs"] = draw(st.sampled_from([("SCORES",), (OUTPUT_LOGITS, "SCORES"), (OUTPUT_ENGINE,)]))
+        elif mutation == "other entry":   # the contract before 2026-11-26: either input to the network's name
+            request["model"] = served_model(network, next(other for other in INPUTS if other != name))
         elif mutation == "declared size":
             request["lie_about_size"] = draw(st.sampled_from([-7, 1, 10**6]))
     if request["inputs"] is None:
@@ -163,10 +170,12 @@ def send(server, request):
 
 def is_valid(request) -> bool:
     """Does this request follow the models' interface (so it must succeed)?"""
-    if request["model"] not in MODELS or len(request["inputs"]) != 1 or request["lie_about_size"] is not None \
+    if request["model"] not in MODEL_ENTRIES or len(request["inputs"]) != 1 or request["lie_about_size"] is not None \
             and request["protocol"] == "http" or set(request["outputs"]) - {OUTPUT_LOGITS, OUTPUT_ENGINE}:
         return False
     name, datatype, shape, payload = request["inputs"][0]
+    if name != entry_input(request["model"]):
+        return False
     expected = {INPUT_UINT8: ("UINT8", [224, 224, 3]), INPUT_FP32: ("FP32", [3, 224, 224])}.get(name)
     if expected is None or datatype != expected[0] or len(shape) != 4 or list(shape[1:]) != expected[1] \
             or not 1 <= shape[0] <= 128 or len(payload) != int(np.prod(shape)) * DTYPES[datatype]:

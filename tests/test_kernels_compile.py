@@ -36,6 +36,8 @@ from fusedresnet.kernels.configs import (
     WGMMA_HEADERS,
     WGMMA_SOURCES,
     WGMMA_TILES,
+    Epilogue,
+    Schedule,
     WgmmaConfig,
     name_expressions,
     nvrtc_options,
@@ -67,19 +69,23 @@ def test_every_cu_file_is_part_of_the_compiled_source():
     assert not wgmma_names & set(name_expressions("sm_80"))
 
 
+def nvcc_report(tmp_path, arch: str, source: str, names: list[str], *options: str) -> str:
+    """nvcc's resource report of `source` with every kernel of `names` instantiated (warnings are errors)."""
+    path = tmp_path / "fusedresnet_kernels.cu"
+    path.write_text(source + "\nvoid *fusedresnet_instances[] = {" + ", ".join(f"(void *)&{name}" for name in names)
+                    + "};\n")
+    cmd = [NVCC, f"-arch={arch}", *COMPILE_OPTIONS, *options, "-cubin", "-Werror", "all-warnings",
+           "--resource-usage", "-o", str(tmp_path / "kernels.cubin"), str(path)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr}"
+    return result.stdout + result.stderr
+
+
 @needs_nvcc
 @pytest.mark.parametrize("arch", ARCHS)
 def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
     names = name_expressions(arch)
-    source = source_text(arch) + "\nvoid *fusedresnet_instances[] = {" + ", ".join(
-        f"(void *)&{name}" for name in names) + "};\n"
-    path = tmp_path / "fusedresnet_kernels.cu"
-    path.write_text(source)
-    cmd = [NVCC, f"-arch={arch}", *COMPILE_OPTIONS, "-cubin", "-Werror", "all-warnings", "--resource-usage",
-           "-o", str(tmp_path / "kernels.cubin"), str(path)]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr}"
-    report = result.stdout + result.stderr
+    report = nvcc_report(tmp_path, arch, source_text(arch), names)
     compiled = re.findall(r"Function properties for (\S+)", report)
     assert len(compiled) == len(names), report
     # The matrix kernels must keep their accumulators (and the wgmma stem its A fragments) in registers.
@@ -102,20 +108,17 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
     # (An L2 prefetch added to the prologue once took the s3 128x128 tile from 124 to 132 registers: one
     # block per SM instead of two, layer2 at batch 128 1.5x slower.)
     if arch == WGMMA_ARCH:
-        by_args = {(t.bm, t.bn, t.warpgroups, t.stages, t.warp_specialized, t.cluster_splitk, t.persistent, t.tma,
-                    t.pingpong): t for t in WGMMA_CONV_TILES}
+        schedules, epilogues = list(Schedule), list(Epilogue)   # the C++ enum classes' values: their order
+        by_args = {(t.bm, t.bn, t.warpgroups, t.stages, schedules.index(t.schedule), epilogues.index(t.epilogue)): t
+                   for t in WGMMA_CONV_TILES}
         seen = 0
         for block in report.split("Function properties for ")[1:]:
-            # conv_wgmma<BM, BN, WGS, STAGES, SHORTCUT, CLUSTER_SPLITK, PERSISTENT> (Lb1: true);
-            # conv_wgmma_ws<BM, BN, WGS, STAGES>; conv_wgmma_tma<BM, BN, WGS, STAGES> (persistent)
-            # conv_wgmma_tma<BM, BN, WGS, STAGES, PINGPONG> (persistent)
-            match = re.match(r"_Z1[034](conv_wgmma(?:_ws|_tma)?)ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E"
-                             r"(?:Lb[01]ELb([01])ELb([01])E|Lb([01])E)?", block)
+            # conv_wgmma<BM, BN, WGS, STAGES, Schedule, bool SHORTCUT>;
+            # conv_wgmma_tma<BM, BN, WGS, STAGES, Schedule, Epilogue>
+            match = re.match(r"_Z1[04](conv_wgmma(?:_tma)?)ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)EL8Schedule(\d+)E"
+                             r"(?:Lb[01]E|L8Epilogue(\d+)E)E", block)
             if match:
-                args = tuple(int(v) for v in match.groups()[1:5])
-                tma = match.group(1) == "conv_wgmma_tma"
-                tile = by_args[args + (match.group(1) == "conv_wgmma_ws", match.group(6) == "1",
-                                       match.group(7) == "1" or tma, tma, match.group(8) == "1")]
+                tile = by_args[tuple(int(v) for v in match.groups()[1:6]) + (int(match.group(7) or 0),)]
                 registers = int(re.search(r"Used (\d+) registers", block).group(1))
                 assert blocks_by_registers(registers, tile.threads) >= tile.blocks_per_sm, (tile.label, registers)
                 seen += 1
@@ -227,6 +230,16 @@ def test_kernels_compile_under_nvrtc_like_the_engine(arch):
     assert "warning" not in log, log
     assert not compiled["not_lowered"], compiled["not_lowered"]
     assert compiled["cubin_size"] > 0
+    # ... among them every kernel the engine serves on this architecture's paths (with the committed table)
+    import json
+
+    from fusedresnet.kernels.configs import MIXED, TUNED_PLANS, load_tuned_plans, served_name_expressions
+    device = json.loads(TUNED_PLANS.read_text())["device"]
+    for path in ((MIXED, "wgmma") if arch == WGMMA_ARCH else ("mma",)):
+        for bindings in (True, False):
+            served = served_name_expressions(arch if arch == WGMMA_ARCH else None, path,
+                                             load_tuned_plans(device, path), bindings)
+            assert set(served) <= set(names), (path, set(served) - set(names))
     # Programmatic dependent launch (common.cuh pdl_begin): every kernel of a cc >= 9.0 module waits for
     # the kernels before it (griddepcontrol.wait, once per kernel, inlined); none of an sm_8x module does.
     ptx = compiled["ptx"]
@@ -256,24 +269,45 @@ def test_wgmma_stem_is_compiled_for_sm_90a_only_and_its_blocks_fit_an_sm():
     assert 56 % GEOMETRY["SW_PH"] == 0 and 56 % GEOMETRY["SW_PW"] == 0
 
 
-def test_warp_specialised_wgmma_tiles_are_sm_90a_only_distinct_and_fit_an_sm():
-    """conv_wgmma_ws (conv_wgmma.cu v2): "ws" labels, one producer warpgroup on top of the consumers, the
-    ring plus two 8-byte mbarriers per stage within the 227 KB a block may have, never an untuned choice."""
+def test_warp_specialised_wgmma_tiles_live_in_kernels_dev_fit_an_sm_and_are_never_served():
+    """conv_wgmma_ws (kernels/dev/conv_wgmma_ws.cu, v2 of conv_wgmma, never chosen by the tuner): "ws" labels,
+    one producer warpgroup on top of the consumers, the ring plus two 8-byte mbarriers per stage within the
+    227 KB a block may have; in no module the engine or the tuner compiles, no tuned table names one."""
     from fusedresnet.kernels.configs import GEOMETRY, tile_by_label, tile_family
-    ws = [t for t in WGMMA_TILES if t.warp_specialized]
-    assert 2 <= len(ws) <= 4
-    labels = [t.label for t in WGMMA_TILES]
-    assert len(set(labels)) == len(labels) and all(t.label.startswith("ws") for t in ws)
-    names = {t.name_expression for t in ws}
-    assert all(n.startswith("conv_wgmma_ws<") for n in names) and len(names) == len(ws)
-    assert names <= set(name_expressions(WGMMA_ARCH)) and not names & set(name_expressions("sm_90"))
-    for t in ws:
-        assert tile_by_label(t.label) is t and tile_family(t) == "wgmma" and not t.measured
+    from fusedresnet.kernels.dev import DEV_SOURCES, dev_name_expressions
+    from fusedresnet.kernels.dev.conv_wgmma_ws import SOURCE, TILES
+    assert 2 <= len(TILES) <= 4 and SOURCE in DEV_SOURCES
+    assert dev_name_expressions()[SOURCE] == [t.name_expression for t in TILES]
+    labels = [t.label for t in TILES]
+    assert len(set(labels)) == len(labels) and all(label.startswith("ws") for label in labels)
+    names = {t.name_expression for t in TILES}
+    assert all(n.startswith("conv_wgmma_ws<") for n in names) and len(names) == len(TILES)
+    assert not names & (set(name_expressions(WGMMA_ARCH)) | set(name_expressions("sm_90")))
+    assert "conv_wgmma_ws(" not in source_text(WGMMA_ARCH) and "conv_wgmma_ws(" in SOURCE.read_text()
+    for t in TILES:
+        assert tile_by_label(t.label) is None and tile_family(t) == "wgmma" and not t.measured
         assert t.threads == (t.warpgroups + 1) * 128
         ring = t.stages * (t.bm + t.bn) * GEOMETRY["BK"] * 2
         sm, reserved = GEOMETRY["SM_SMEM_BYTES"], GEOMETRY["SM_BLOCK_RESERVED_SMEM"]
         assert t.smem_bytes == ring + GEOMETRY["WGMMA_SMEM_ALIGN"] + 16 * t.stages <= sm - reserved
         assert t.blocks_per_sm * (t.smem_bytes + reserved) <= sm
+
+
+@needs_nvcc
+def test_dev_kernels_compile_for_sm_90a_without_warnings_or_spills(tmp_path):
+    """Every experiment of kernels/dev/ builds with the served sources as its runner builds it
+    (configs.source_text with dev_sources), warnings as errors, its registers within one block per SM. Only the
+    dev kernels are instantiated: the served ones compile in the test above."""
+    from fusedresnet.kernels.dev import DEV_SOURCES, dev_name_expressions
+    names = [name for names in dev_name_expressions().values() for name in names]
+    # (177: a constant of a served kernel that no dev kernel uses is declared but never referenced)
+    report = nvcc_report(tmp_path, WGMMA_ARCH, source_text(WGMMA_ARCH, DEV_SOURCES), names, "-diag-suppress", "177")
+    blocks = [b for b in report.split("Function properties for ")[1:] if b.startswith("_Z13conv_wgmma_ws")]
+    assert len(blocks) == len(names), report
+    for block in blocks:
+        assert " 0 bytes spill stores" in block, block
+        assert blocks_by_registers(int(re.search(r"Used (\d+) registers", block).group(1)), 384) >= 1, block
+    assert "Potential Performance Loss" not in report, report
 
 
 def test_cluster_splitk_tiles_are_the_plain_tiles_again_and_their_staged_tile_fits_the_ring():
@@ -289,9 +323,10 @@ def test_cluster_splitk_tiles_are_the_plain_tiles_again_and_their_staged_tile_fi
         assert c.label == "wc" + t.label.removeprefix("wg") and tile_by_label(c.label) is c
         assert (c.bm, c.bn, c.warpgroups, c.stages, c.smem_bytes, c.blocks_per_sm, c.threads) == (
             t.bm, t.bn, t.warpgroups, t.stages, t.smem_bytes, t.blocks_per_sm, t.threads)
-        assert c.name_expression == f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},false,true>"
+        assert c.name_expression == f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},Schedule::CLUSTER_SPLIT_K>"
         assert c.name_expression in wgmma_90a and c.name_expression not in names_90
-        assert shortcut_name_expression(c) == f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},true,true>"
+        assert shortcut_name_expression(c) == (
+            f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},Schedule::CLUSTER_SPLIT_K,true>")
         ring = t.stages * (t.bm + t.bn) * GEOMETRY["BK"] * 2
         assert smem_bytes("cluster_stage_bytes", BM=c.bm, BN=c.bn) == c.bm * (c.bn + 8) * 4 <= ring, c.label
         assert c not in conv_tiles("wgmma") + conv_tiles("mixed")
@@ -320,7 +355,7 @@ def test_persistent_tiles_are_plain_tiles_that_run_whole_tiles_from_a_capped_gri
         assert runs_persistent(t) and not runs_persistent(twin) and tile_by_label(t.label) is t
         assert (t.bm, t.bn, t.warpgroups, t.stages, t.smem_bytes, t.blocks_per_sm, t.threads) == (
             twin.bm, twin.bn, twin.warpgroups, twin.stages, twin.smem_bytes, twin.blocks_per_sm, twin.threads)
-        assert t.name_expression == f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},false,false,true>"
+        assert t.name_expression == f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},Schedule::PERSISTENT>"
         assert not shortcut_applies(t) and shortcut_applies(twin)
         assert t.name_expression in wgmma_90a and t.name_expression not in names_90
         assert t not in conv_tiles("wgmma") + conv_tiles("mixed")
@@ -362,8 +397,9 @@ def test_tma_tiles_are_persistent_sm_90a_tiles_with_a_producer_warp_and_a_twin_w
         # the ring of BM + BN rows of 128 bytes per stage, the 1024-byte alignment, two 8-byte barriers per stage
         assert t.smem_bytes == t.stages * (t.bm + t.bn) * 128 + 1024 + t.stages * 16
         assert t.smem_bytes == smem_bytes("wgmma_ws", BM=t.bm, BN=t.bn, STAGES=t.stages)
-        flags = ",false,true" if t.vec_epilogue else ",true" if t.pingpong else ""
-        assert t.name_expression == f"conv_wgmma_tma<{t.bm},{t.bn},{t.warpgroups},{t.stages}{flags}>"
+        names = ("TMA_PINGPONG" if t.pingpong else "TMA_WARP_SPECIALIZED", "VEC16" if t.vec_epilogue else "FRAGMENTS")
+        assert t.name_expression == (f"conv_wgmma_tma<{t.bm},{t.bn},{t.warpgroups},{t.stages},Schedule::{names[0]},"
+                                     f"Epilogue::{names[1]}>")
         assert t.name_expression in wgmma_90a and t.name_expression not in names_90
         assert t not in conv_tiles("wgmma") + conv_tiles("mixed")
         twin = without_cuda_bindings(t)
@@ -371,19 +407,34 @@ def test_tma_tiles_are_persistent_sm_90a_tiles_with_a_producer_warp_and_a_twin_w
         assert twin.label[:2] in ("wp", "wg")
         plan = make_plan(t, 1, 100352, 128, 9)   # layer2.0's stride-2 conv at batch 128
         assert plan.grid == (-(-100352 // t.bm) * -(-128 // t.bn), 1, 1) and plan.splits == 1
-    with pytest.raises(ValueError, match="persistent"):
-        WgmmaConfig(128, 128, 2, 3, tma=True)
-    for other_kernel in ({"warp_specialized": True}, {"cluster_splitk": True}):
-        with pytest.raises(ValueError, match="their own kernel"):
-            WgmmaConfig(128, 128, 2, 3, persistent=True, tma=True, **other_kernel)
+    tma = Schedule.TMA_WARP_SPECIALIZED
     with pytest.raises(ValueError, match="no cp.async twin"):   # no wp64x64g1s5 or wg64x64g1s5 tile
-        without_cuda_bindings(WgmmaConfig(64, 64, 1, 5, blocks_per_sm=2, persistent=True, tma=True))
+        without_cuda_bindings(WgmmaConfig(64, 64, 1, 5, blocks_per_sm=2, schedule=tma))
     with pytest.raises(ValueError, match="launch bounds"):   # two 97 KB blocks fit: the launch bounds ask two
-        WgmmaConfig(128, 128, 2, 3, blocks_per_sm=1, persistent=True, tma=True)
-    with pytest.raises(ValueError, match="ping-pong"):
-        WgmmaConfig(128, 128, 2, 3, persistent=True, pingpong=True)
-    with pytest.raises(ValueError, match="16-byte epilogue"):
-        WgmmaConfig(128, 128, 2, 3, persistent=True, vec_epilogue=True)
+        WgmmaConfig(128, 128, 2, 3, blocks_per_sm=1, schedule=tma)
+    with pytest.raises(ValueError, match="TMA_PINGPONG schedule takes two warpgroups"):
+        WgmmaConfig(128, 128, 1, 4, schedule=Schedule.TMA_PINGPONG)
+    for schedule in set(Schedule) - {tma}:   # the 16-byte epilogue is the TMA warp-specialised tiles' only
+        with pytest.raises(ValueError, match=f"the {schedule.name} schedule has no VEC16 epilogue"):
+            WgmmaConfig(128, 128, 2, 4, schedule=schedule, epilogue=Epilogue.VEC16)
+
+
+def test_wgmma_schedules_and_epilogues_have_names_and_the_labels_come_from_them():
+    """Each wgmma tile names its schedule (configs.Schedule) and its epilogue (configs.Epilogue); its label is
+    the schedule's prefix, the shape and the epilogue's suffix, the labels of kernels/tuned_plans.json."""
+    from fusedresnet.kernels.configs import SCHEDULE_EPILOGUES, WGMMA_CONV_TILES, tile_by_label
+    assert {s.name: s.value for s in Schedule} == {
+        "MULTISTAGE": "wg", "CLUSTER_SPLIT_K": "wc", "PERSISTENT": "wp", "TMA_WARP_SPECIALIZED": "wt",
+        "TMA_PINGPONG": "wq", "CP_ASYNC_WARP_SPECIALIZED": "ws"}
+    assert {e.name: e.value for e in Epilogue} == {"FRAGMENTS": "", "VEC16": "v"}
+    for t in WGMMA_CONV_TILES:
+        assert t.label == f"{t.schedule.value}{t.bm}x{t.bn}g{t.warpgroups}s{t.stages}{t.epilogue.value}"
+        assert t.epilogue in SCHEDULE_EPILOGUES[t.schedule]
+    served = {t.schedule for t in WGMMA_CONV_TILES}
+    assert served == set(Schedule) - {Schedule.CP_ASYNC_WARP_SPECIALIZED}   # that one lives in kernels/dev
+    assert tile_by_label("wt128x128g2s4v").schedule is Schedule.TMA_WARP_SPECIALIZED
+    assert tile_by_label("wt128x128g2s4v").epilogue is Epilogue.VEC16
+    assert tile_by_label("wq128x128g2s6").schedule is Schedule.TMA_PINGPONG
 
 
 def test_every_wgmma_tile_fits_its_blocks_per_sm_and_the_launch_bounds_ask_for_them():
@@ -610,3 +661,152 @@ def test_a_cluster_splitk_plan_needs_no_workspace_and_falls_back_to_its_workspac
         assert make_plan(twin, 1, 49, 512, 72).workspace_floats(outputs) == 0
     for t in WGMMA_TILES:
         assert without_cuda_bindings(t) is t
+
+
+def _key_shape(key: str) -> tuple[int, ...]:
+    """(n, h, w, c, k, r, stride, shortcut_c) of a tuned-table key such as n128_h14_w14_c256_k256_r3_s1_sc128."""
+    fields = dict(re.findall(r"([a-z]+)(\d+)", key))
+    return tuple(int(fields.get(name, 0)) for name in ("n", "h", "w", "c", "k", "r", "s", "sc"))
+
+
+def test_served_kernels_are_those_the_tuned_plans_and_the_untuned_plans_can_choose():
+    """What the engine compiles at load on each path (configs.served_name_expressions): the kernel of every
+    plan in kernels/tuned_plans.json for its GPU, of every untuned plan (other batch sizes, input sizes and
+    GPUs), the stem + max-pool of its module and the head; not the tuner's other candidates (the
+    warp-specialised conv_wgmma_ws, which it never chose), which a library compiles only when asked."""
+    import json
+
+    from fusedresnet.kernels.configs import (
+        MIXED,
+        STEM_POOL_KERNELS,
+        TUNED_PLANS,
+        load_tuned_plans,
+        path_arch,
+        served_name_expressions,
+        tile_by_label,
+        untuned_plan,
+    )
+    table = json.loads(TUNED_PLANS.read_text())
+    device = table["device"]
+
+    def kernel(tile, shortcut_c):
+        return shortcut_name_expression(tile) if shortcut_c else tile.name_expression
+
+    for path in (MIXED, "wgmma", "mma"):
+        arch = path_arch(path)
+        served = served_name_expressions(arch, path, load_tuned_plans(device, path), True)
+        assert len(set(served)) == len(served) and set(served) <= set(name_expressions(arch))
+        assert not any(name.startswith("conv_wgmma_ws<") for name in served)
+        for key, entry in table["plans"].items():
+            chosen = entry if path == MIXED else entry["by_family"][path]
+            assert kernel(tile_by_label(chosen["tile"]), _key_shape(key)[-1]) in served, (path, key)
+            n, h, w, c, k, r, stride, shortcut_c = _key_shape(key)
+            for batch in (1, 3, 5, 96, 200, n):   # untuned: batches outside the table, other input sizes
+                for hw in ((h, w), (h + 3, w + 5)):
+                    plan = untuned_plan(batch, *hw, c, k, r, stride, r // 2, 132, path, shortcut_c)
+                    assert kernel(plan.tile, shortcut_c) in served, (path, batch, hw, key, plan.tile.label)
+                    plan = untuned_plan(batch, *hw, c, k, r, stride, r // 2, 78, path, shortcut_c)   # an H20
+                    assert kernel(plan.tile, shortcut_c) in served, (path, batch, hw, key, plan.tile.label)
+        stems = {"stem_pool_wgmma<1>", "stem_pool_wgmma<2>"} if arch == WGMMA_ARCH else set(STEM_POOL_KERNELS.values())
+        assert stems | {"avgpool_fc<8>", "splitk_epilogue"} <= set(served)
+    # On the table's GPU (H100: 90 plans, all wgmma) the sm_90a module shrinks to less than half of the candidates
+    mixed = served_name_expressions(WGMMA_ARCH, MIXED, load_tuned_plans(device, MIXED), True)
+    assert len(mixed) < len(name_expressions(WGMMA_ARCH)) / 2
+    # Without cuda.bindings the tuned "wc", "wt" and "wq" tiles are served by their twins: none of theirs compiled
+    twins = served_name_expressions(WGMMA_ARCH, MIXED, load_tuned_plans(device, MIXED), False)
+    assert not any(n.startswith("conv_wgmma_tma<") or "CLUSTER_SPLIT_K" in n
+                   for n in twins)
+    # another GPU: only what the untuned plans can choose
+    other = served_name_expressions(WGMMA_ARCH, MIXED, load_tuned_plans("NVIDIA H200", MIXED), True)
+    assert set(other) < set(mixed) and not any(n.startswith("conv_wgmma_tma<") for n in other)
+
+
+class _CtypesNvrtc:
+    """The calls of cupy_backends.cuda.libs.nvrtc that kernels/nvrtc_build.py makes, on libnvrtc through ctypes
+    (CuPy needs a GPU to import; ctypes, like CuPy, lets other threads run during a call)."""
+
+    class NVRTCError(RuntimeError):
+        pass
+
+    def __init__(self, lib):
+        import ctypes
+        self.lib, self.ctypes = lib, ctypes
+        self.compiles = []
+
+    def _check(self, result):
+        if result != 0:
+            raise self.NVRTCError(result)
+
+    def getVersion(self):
+        major, minor = self.ctypes.c_int(), self.ctypes.c_int()
+        self._check(self.lib.nvrtcVersion(self.ctypes.byref(major), self.ctypes.byref(minor)))
+        return major.value, minor.value
+
+    def createProgram(self, source, name, headers, include_names):
+        program = self.ctypes.c_void_p()
+        self._check(self.lib.nvrtcCreateProgram(self.ctypes.byref(program), source.encode(), name.encode(), 0,
+                                                None, None))
+        return program
+
+    def addNameExpression(self, program, name):
+        self._check(self.lib.nvrtcAddNameExpression(program, name.encode()))
+
+    def compileProgram(self, program, options):
+        self.compiles.append(options)
+        encoded = [o.encode() for o in options]
+        array = (self.ctypes.c_char_p * len(encoded))(*encoded)
+        self._check(self.lib.nvrtcCompileProgram(program, len(encoded), array))
+
+    def getProgramLog(self, program):
+        size = self.ctypes.c_size_t()
+        self._check(self.lib.nvrtcGetProgramLogSize(program, self.ctypes.byref(size)))
+        log = self.ctypes.create_string_buffer(size.value)
+        self._check(self.lib.nvrtcGetProgramLog(program, log))
+        return log.value.decode()
+
+    def getCUBIN(self, program):
+        size = self.ctypes.c_size_t()
+        self._check(self.lib.nvrtcGetCUBINSize(program, self.ctypes.byref(size)))
+        cubin = self.ctypes.create_string_buffer(size.value)
+        self._check(self.lib.nvrtcGetCUBIN(program, cubin))
+        return cubin.raw
+
+    def getLoweredName(self, program, name):
+        lowered = self.ctypes.c_char_p()
+        self._check(self.lib.nvrtcGetLoweredName(program, name.encode(), self.ctypes.byref(lowered)))
+        return lowered.value.decode()
+
+    def destroyProgram(self, program):
+        self._check(self.lib.nvrtcDestroyProgram(self.ctypes.byref(program)))
+
+
+def test_kernel_cache_compiles_each_kernel_once_across_processes_and_reads_it_back(tmp_path):
+    """kernels/nvrtc_build.py, the sm_90a build of the engine, with the real NVRTC: one program per kernel,
+    compiled in parallel threads, each cubin with its lowered name on disk; two caches of the same source
+    (Triton's instances of a model, in processes of their own) starting together compile each kernel once
+    between them (a lock file per kernel) and get the same files; a changed source is another key."""
+    import concurrent.futures
+
+    from fusedresnet.kernels.nvrtc_build import KernelCache
+    lib = _find_nvrtc()
+    if lib is None:
+        pytest.skip("libnvrtc not found (CUDA toolkit or the nvidia-cuda-nvrtc wheel)")
+    names = ["splitk_epilogue", "avgpool_fc<8>", "maxpool_3x3s2"]
+    source, options = source_text(WGMMA_ARCH), nvrtc_options(WGMMA_ARCH)
+    first, second = _CtypesNvrtc(lib), _CtypesNvrtc(lib)
+    caches = [KernelCache(source, options, nvrtc, tmp_path) for nvrtc in (first, second)]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda cache: cache.get(names, workers=3), caches))
+    assert results[0] == results[1] and sorted(results[0]) == sorted(names)
+    assert len(first.compiles) + len(second.compiles) == len(names)
+    assert all(options == list(nvrtc_options(WGMMA_ARCH)) for options in first.compiles + second.compiles)
+    lowered = {name: hit[1] for name, hit in results[0].items()}
+    assert lowered["avgpool_fc<8>"].startswith("_Z10avgpool_fcILi8EE") and lowered["splitk_epilogue"].startswith("_Z")
+    for cubin, _ in results[0].values():
+        assert cubin.read_bytes()[:4] == b"\x7fELF" and cubin.parent == tmp_path
+    again = _CtypesNvrtc(lib)
+    assert KernelCache(source, options, again, tmp_path).get(names) == results[0] and not again.compiles
+    changed = KernelCache(source + "\n// changed\n", options, again, tmp_path)
+    assert changed.key(names[0]) != caches[0].key(names[0]) and changed.cached(names[0]) is None
+    with pytest.raises(RuntimeError, match="failed to compile conv_wgmma<1,2,3,4>"):
+        changed.get(["conv_wgmma<1,2,3,4>"])

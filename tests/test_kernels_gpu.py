@@ -52,9 +52,19 @@ def test_engine_serves_through_create_custom_engine(checker, tmp_path):
     torch.save(checker.params, tmp_path / "folded.pt")
     engine, reason = create_custom_engine(tmp_path / "folded.pt", "cuda:0")
     assert engine.name.startswith("fused-cuda-fp16-"), reason   # not a fallback engine
-    # the name says which kernel families run (docs/ENGINE.md, *Kernel families*)
-    assert engine.name == {"mixed": "fused-cuda-fp16-wgmma+mma", "mma": "fused-cuda-fp16-mma",
-                           "wgmma": "fused-cuda-fp16-wgmma"}[engine.lib.path]
+    # the name says which kernel families its plans run on (docs/ENGINE.md, *Kernel families*): on the GPU
+    # of the tuned table (the mixed path), the families the table names, beside the wgmma stem
+    import json
+
+    from fusedresnet.kernels.configs import MIXED, TUNED_PLANS
+    table = json.loads(TUNED_PLANS.read_text())
+    if engine.lib.path == "mma":
+        assert engine.name == "fused-cuda-fp16-mma"
+    elif engine.lib.path == MIXED and table["device"] == engine.lib.device_name:
+        families = {entry["family"] for entry in table["plans"].values()} | {"wgmma"}
+        assert engine.name == "fused-cuda-fp16-" + "+".join(f for f in ("wgmma", "mma") if f in families)
+    else:
+        assert engine.name.startswith("fused-cuda-fp16-wgmma")
     images = torch.randint(0, 256, (3, 224, 224, 3), dtype=torch.uint8)
     logits = engine.classify_uint8(images)
     assert logits.shape == (3, 1000) and logits.dtype == torch.float32 and torch.isfinite(logits).all()
@@ -72,10 +82,12 @@ def test_conv_path_is_mixed_on_compute_capability_9_and_each_family_can_be_force
             library(0, "wgmma")
         return
     # The forced mma.sync library has no wgmma kernels; the sm_90a one (wgmma, mixed) has both families.
-    assert not any(t.name_expression in forced.kernels for t in WGMMA_TILES)
+    assert not any(t.name_expression in forced.smem for t in WGMMA_TILES)
     mixed, wgmma = library(0, "auto"), library(0, "wgmma")
     assert mixed.path == MIXED and wgmma.path == "wgmma"
-    assert all(t.name_expression in mixed.kernels for t in WGMMA_TILES)
+    # serving loads only what its plans can launch; the candidates come when asked for
+    assert set(mixed.served) <= set(mixed.kernels) and set(mixed.served) < set(mixed.smem)
+    assert all(t.name_expression in mixed.smem for t in WGMMA_TILES)
     # Batch 3 is never in a tuning table: the untuned plans. Forced paths keep to their family;
     # mixed takes mma.sync at small batch (NOTES.md, outcome 7).
     for args in ((3, 28, 28, 128, 128, 3, 3, 1, 1), (3, 7, 7, 512, 512, 3, 3, 1, 1)):
@@ -87,8 +99,8 @@ def test_conv_path_is_mixed_on_compute_capability_9_and_each_family_can_be_force
     for lib in (mixed, wgmma):
         assert lib.plan(3, 56, 56, 64, 64, 3, 3, 1, 1).tile.label.startswith("pwg")
     assert not forced.plan(3, 56, 56, 64, 64, 3, 3, 1, 1).tile.label.startswith("pwg")
-    assert all(t.name_expression in mixed.kernels for t in PATCH_WGMMA_TILES)
-    assert not any(t.name_expression in forced.kernels for t in PATCH_WGMMA_TILES)
+    assert all(t.name_expression in mixed.smem for t in PATCH_WGMMA_TILES)
+    assert not any(t.name_expression in forced.smem for t in PATCH_WGMMA_TILES)
 
 
 def test_a_plan_key_shared_by_conv1_and_conv2_is_ranked_on_both_epilogues(checker):

@@ -20,6 +20,7 @@ import types
 import pytest
 
 from fusedresnet.kernels.configs import KERNEL_DIR, PDL_ENV, SOURCES, pdl_choice
+from fusedresnet.kernels.dev import DEV_SOURCES
 
 
 def _kernel_bodies(text: str):
@@ -34,8 +35,8 @@ def _kernel_bodies(text: str):
 
 def test_every_kernel_waits_for_the_previous_one_before_anything_else():
     kernels, bodies = {}, {}
-    for name in SOURCES:
-        for kernel, first, body in _kernel_bodies((KERNEL_DIR / name).read_text()):
+    for path in [KERNEL_DIR / name for name in SOURCES] + list(DEV_SOURCES):   # served and kernels/dev
+        for kernel, first, body in _kernel_bodies(path.read_text()):
             kernels[kernel], bodies[kernel] = first, body
     # every kernel family of the library is here (a regex that found nothing would pass anything)
     assert {"conv_implicit_gemm", "splitk_epilogue", "conv3x3_patch", "conv3x3_patch_wgmma", "conv_wgmma",

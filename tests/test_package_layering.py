@@ -50,21 +50,23 @@ def within(module: str, packages) -> bool:
 
 
 def kernel_library_violations(relative: str, source: str) -> list[str]:
-    """What a module of fusedresnet.kernels imports that it may not: another fusedresnet package, or a
-    fusedresnet.kernels module that does not exist in kernels/ (one moved to the harness)."""
+    """What a module of fusedresnet.kernels (or of its kernels/dev/ experiments) imports that it may not:
+    another fusedresnet package, or a fusedresnet.kernels module that does not exist in kernels/ (one moved
+    to the harness)."""
     found = []
-    for line, module in imports(source, PACKAGES["kernels"]):
+    package = ".".join([PACKAGES["kernels"], *Path(relative).parent.parts[1:]])
+    for line, module in imports(source, package):
         if within(module, ("fusedresnet",)) and not within(module, ("fusedresnet.kernels",)):
             found.append((line, module))   # any other fusedresnet package (or the namespace itself)
         elif within(module, ("fusedresnet.kernels",)) and module != "fusedresnet.kernels":
-            name = module.split(".")[2]
-            if not (ROOT / "kernels" / f"{name}.py").is_file():
+            path = ROOT / "kernels" / Path(*module.split(".")[2:])
+            if not (path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()):
                 found.append((line, module))
     return [f"{relative}:{line}: imports {module}" for line, module in found]
 
 
 def kernel_modules() -> list[Path]:
-    modules = sorted((ROOT / "kernels").glob("*.py"))
+    modules = sorted((ROOT / "kernels").rglob("*.py"))
     assert len(modules) >= 5, modules
     return modules
 
@@ -102,7 +104,7 @@ def test_the_old_layout_is_caught():
         "kernels/bench.py:7: imports fusedresnet"]
 
 
-@pytest.mark.parametrize("path", kernel_modules(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", kernel_modules(), ids=lambda p: p.relative_to(ROOT / "kernels").as_posix())
 def test_kernel_library_imports_no_other_fusedresnet_package(path):
     relative = path.relative_to(ROOT).as_posix()
     assert kernel_library_violations(relative, path.read_text()) == []

@@ -15,7 +15,7 @@ import concurrent.futures
 import numpy as np
 import pytest
 
-from fusedresnet.backend.spec import INPUT_FP32, INPUT_UINT8, MODELS
+from fusedresnet.backend.spec import INPUT_FP32, INPUT_UINT8, MODELS, served_model
 from fusedresnet.client.preprocess import normalize
 
 from bad_requests import BAD_REQUESTS, CHW, assert_clear_refusal, send_bad
@@ -48,7 +48,8 @@ def test_malformed_request_gets_a_clear_error_and_the_next_valid_request_is_answ
 @pytest.mark.parametrize("model", MODELS)
 def test_valid_requests_batched_with_malformed_ones_get_their_correct_answers(triton_server, model, good):
     """Good and bad requests at once, so the dynamic batcher puts them into the same execute()
-    call; the bad ones that reach the model get their own errors, the good ones their logits."""
+    call (the bad ones that reach the model are IMAGE_NORMALIZED ones, batched with the good IMAGE_NORMALIZED
+    requests in the network's *_normalized entry); the bad ones get their own errors, the good ones their logits."""
     images, reference = good
     bad_for_model = [b for b in BAD_REQUESTS if b.reaches_model] * 2
     normalized = np.stack([normalize(image) for image in images])
@@ -64,8 +65,8 @@ def test_valid_requests_batched_with_malformed_ones_get_their_correct_answers(tr
         with client(triton_server, protocol) as triton:
             if kind == f"good-{INPUT_UINT8}":
                 return job, infer_image(triton, protocol, model, images[index:index + 1])
-            status, answer = raw_grpc_infer(triton_server, model, [(INPUT_FP32, "FP32", [1, *CHW])],
-                                            [normalized[index:index + 1].tobytes()])
+            status, answer = raw_grpc_infer(triton_server, served_model(model, INPUT_FP32),
+                                            [(INPUT_FP32, "FP32", [1, *CHW])], [normalized[index:index + 1].tobytes()])
             assert status == "OK", answer
             return job, np.frombuffer(answer.raw_output_contents[0], np.float32).reshape(1, -1)
 

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
+import re
+import shutil
+import threading
 import time
 
 import numpy as np
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
+from fusedresnet.backend.network import free_ports
+from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import (
     INPUT_FP32,
     INPUT_UINT8,
@@ -20,10 +28,13 @@ from fusedresnet.backend.spec import (
     MODELS,
     OUTPUT_LOGITS,
     load_labels,
+    model_config,
+    served_model,
 )
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.client.preprocess import normalize
 from fusedresnet.client.resnet_client import ResNetClient
+from fusedresnet.kernels.configs import TUNED_PLANS
 
 # The engine each model must run, by name (README, *Using the service*): on a GPU the custom model runs
 # our fused kernels and nothing else; a fallback there is a failure, not another valid answer.
@@ -35,13 +46,20 @@ EXPECTED_ENGINE = {
 
 
 def custom_gpu_engine() -> str:
-    """The fused engine's name by its kernel families (docs/ENGINE.md, *Kernel families*): wgmma + mma.sync on
-    compute capability 9.0, mma.sync elsewhere, one family where FUSEDRESNET_CONV_PATH (inherited by the
-    server) forces it."""
+    """The fused engine's name by the kernel families its plans run on (docs/ENGINE.md, *Kernel families*):
+    mma.sync before compute capability 9.0; on 9.0 the wgmma stem and the families of the tuned table's
+    plans for this GPU (kernels/tuned_plans.json), both without a table; one family where
+    FUSEDRESNET_CONV_PATH (inherited by the server) forces it."""
     forced = os.environ.get("FUSEDRESNET_CONV_PATH", "").strip().lower()
     if forced in ("mma", "wgmma"):
         return f"fused-cuda-fp16-{forced}"
-    return "fused-cuda-fp16-wgmma+mma" if torch.cuda.get_device_capability() == (9, 0) else "fused-cuda-fp16-mma"
+    if torch.cuda.get_device_capability() != (9, 0):
+        return "fused-cuda-fp16-mma"
+    table = json.loads(TUNED_PLANS.read_text())
+    families = {"wgmma", "mma"}
+    if table["device"] == torch.cuda.get_device_name():
+        families = {"wgmma"} | {entry["family"] for entry in table["plans"].values()}
+    return "fused-cuda-fp16-" + "+".join(f for f in ("wgmma", "mma") if f in families)
 
 
 def expected_engine(server, model) -> str:
@@ -137,26 +155,69 @@ def counts_after(server, headers, model, before, expected_requests, timeout_s=10
         time.sleep(0.05)
 
 
+# The batching test's server: the shipped models, one instance each and a queue delay long enough that
+# every request of a burst arrives while the batcher still waits. With the shipped four instances and
+# 100 us, four GPU instances drain single-image requests as fast as a Python client sends them (the
+# H100 host saw 24 requests in 24 executions), so whether they meet in a batch depends on the
+# device's speed; here it does not, on a CPU or a GPU.
+BATCHING_INSTANCES = 1
+BATCHING_QUEUE_DELAY_US = 500_000
+
+
+def repository_for_batching(source, target):
+    """A copy of the prepared repository whose models have BATCHING_INSTANCES instances and wait
+    BATCHING_QUEUE_DELAY_US for a batch to fill; everything else as shipped."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    for model in MODELS:
+        config = target / model / "config.pbtxt"
+        text, delays = re.subn(r"max_queue_delay_microseconds: \d+",
+                               f"max_queue_delay_microseconds: {BATCHING_QUEUE_DELAY_US}", config.read_text())
+        text, counts = re.subn(r"count: \d+, kind: KIND_AUTO", f"count: {BATCHING_INSTANCES}, kind: KIND_AUTO", text)
+        assert delays == 1 and counts == 1, f"{config}: the queue delay or the instance count is not where it was"
+        config.write_text(text)
+    return target
+
+
+@pytest.fixture(scope="module")
+def batching_server(prepared_repository, admin_token, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("batching")
+    repository = repository_for_batching(prepared_repository, folder / "model_repository")
+    http_port, grpc_port, metrics_port = free_ports(3)
+    server = TritonServer(repository, "127.0.0.1", http_port, grpc_port, metrics_port,
+                          admin_token=admin_token, log_file=folder / "server.log")
+    with server:
+        yield server
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_concurrent_single_image_requests_are_batched_and_each_gets_its_own_answer(
-        triton_server, grpc_admin_headers, model, varied_images, reference_logits):
+        batching_server, grpc_admin_headers, model, varied_images, reference_logits):
     images = varied_images[:24]
     reference = reference_logits(images)
-    before = inference_counts(triton_server, grpc_admin_headers, model)
+    # Connected before the burst, released together: the requests reach the queue within the delay.
+    clients = [client_for(batching_server, model) for _ in images]
+    start = threading.Barrier(len(images))
 
     def infer_one(index):
-        with client_for(triton_server, model) as client:
-            return index, client.infer(images[index:index + 1]).logits[0]
+        start.wait()
+        return index, clients[index].infer(images[index:index + 1]).logits[0]
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(images)) as pool:
-        answers = dict(pool.map(infer_one, range(len(images))))
+    try:
+        for client in clients:
+            client.infer(images[:1])   # connection set-up stays out of the burst
+        before = inference_counts(batching_server, grpc_admin_headers, model)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(images)) as pool:
+            answers = dict(pool.map(infer_one, range(len(images))))
+    finally:
+        for client in clients:
+            client.close()
     logits = np.stack([answers[i] for i in range(len(images))])
     assert_matches_reference(logits, reference)
     # every row is its own image's: a swapped row would match another image better
     for i, row in enumerate(logits):
         distances = np.linalg.norm(reference - row, axis=1)
         assert int(np.argmin(distances)) == i
-    requests, executions = counts_after(triton_server, grpc_admin_headers, model, before, len(images))
+    requests, executions = counts_after(batching_server, grpc_admin_headers, model, before, len(images))
     assert requests == len(images)
     assert executions < requests, "dynamic batching never combined requests"
 
@@ -190,16 +251,30 @@ def test_malformed_request_gets_its_own_error_while_batched_good_requests_succee
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_request_with_both_inputs_or_none_is_rejected_clearly(triton_server, model, varied_images):
+def test_each_entry_declares_one_required_input_and_the_old_contract_is_refused_naming_what_changed(
+        triton_server, model, varied_images):
+    """Each network is served as two entries of one required input each (perf_analyzer refuses optional
+    inputs); IMAGE_NORMALIZED sent to the network's name, as before 2026-11-26, is refused by Triton with
+    the input and the entry named, and the metadata says which input each entry takes."""
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)
-    image = grpcclient.InferInput(INPUT_UINT8, [1, 224, 224, 3], "UINT8")
-    image.set_data_from_numpy(varied_images[:1])
+    for input_name in (INPUT_UINT8, INPUT_FP32):
+        metadata = client.get_model_metadata(served_model(model, input_name), as_json=True)
+        assert [tensor["name"] for tensor in metadata["inputs"]] == [input_name]
+        config = client.get_model_config(served_model(model, input_name), as_json=True)["config"]
+        assert [(tensor["name"], tensor.get("optional", False)) for tensor in config["input"]] == [(input_name, False)]
     image_normalized = grpcclient.InferInput(INPUT_FP32, [1, 3, 224, 224], "FP32")
     image_normalized.set_data_from_numpy(normalize(varied_images[0])[None])
-    with pytest.raises(InferenceServerException, match="exactly one of the inputs"):
-        client.infer(model, [image, image_normalized], outputs=[grpcclient.InferRequestedOutput(OUTPUT_LOGITS)])
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer(model, [image_normalized], outputs=[grpcclient.InferRequestedOutput(OUTPUT_LOGITS)])
+    assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert f"unexpected inference input '{INPUT_FP32}' for model '{model}'" in refused.value.message()
     assert client.is_server_live() and client.is_model_ready(model)
     client.close()
+    # The project's client sends each input to the entry that serves it: both give the same classes.
+    with client_for(triton_server, model) as resnet:
+        from_pixels = resnet.infer(varied_images[:2]).logits
+        from_normalized = resnet.infer(np.stack([normalize(image) for image in varied_images[:2]])).logits
+    assert compare_logits(from_normalized, from_pixels)["clear_disagreements"] == 0
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -222,3 +297,20 @@ def test_models_run_on_the_gpu_and_match_reference(triton_server, model, varied_
     assert engine == expected_engine(triton_server, model)
     assert f"{model}: engine {engine} on cuda:" in triton_server.log_file.read_text(errors="replace")
     assert_matches_reference(logits, reference_logits(varied_images[:32]))
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_normalized_entry_config_differs_from_its_networks_only_in_input_name_and_instances(model):
+    """The *_normalized entry's config.pbtxt is kept by hand beside its network's: anything else that differs
+    (batching, queue policy, engine parameters, outputs) is drift."""
+    network, normalized = model_config(model), model_config(served_model(model, INPUT_FP32))
+    assert [(i.name, i.data_type, list(i.dims), i.optional) for i in normalized.input] == \
+        [(INPUT_FP32, model_config_pb2.TYPE_FP32, [3, 224, 224], False)]
+    assert [(i.name, i.optional) for i in network.input] == [(INPUT_UINT8, False)]
+    assert normalized.instance_group[0].count <= network.instance_group[0].count
+    for config in (network, normalized):
+        del config.input[:]
+        config.name = ""
+        for group in config.instance_group:
+            group.count = 0
+    assert text_format.MessageToString(normalized) == text_format.MessageToString(network)

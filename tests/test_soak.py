@@ -26,7 +26,7 @@ import time
 import numpy as np
 import pytest
 
-from fusedresnet.backend.spec import INPUT_FP32, MODEL_CUSTOM, MODELS
+from fusedresnet.backend.spec import INPUT_FP32, MODEL_CUSTOM, MODELS, served_model
 from fusedresnet.client.preprocess import normalize
 
 from bad_requests import BAD_REQUESTS, CHW, assert_clear_refusal, send_bad
@@ -89,7 +89,7 @@ def test_soak_mixed_traffic_keeps_every_valid_answer_correct_and_memory_bounded(
                     first, count = rng.randrange(len(images) - 4), rng.randint(1, 4)
                     try:
                         if rng.random() < 0.2:  # IMAGE_NORMALIZED over raw gRPC
-                            status, answer = raw_grpc_infer(triton_server, model,
+                            status, answer = raw_grpc_infer(triton_server, served_model(model, INPUT_FP32),
                                                             [(INPUT_FP32, "FP32", [count, *CHW])],
                                                             [normalized[first:first + count].tobytes()])
                             assert status == "OK", answer
