@@ -35,7 +35,7 @@ python3 -m fusedresnet.loadtest.abuse_soak --seconds 600 --valid-processes 8 --v
     > "$OUT/abuse_soak.log" 2>&1 || status=1
 tail -n 30 "$OUT/abuse_soak.log"
 echo "== 3. abandonment crash rate, zero-answer model ($(date -u +%H:%M:%S))"
-python3 -m fusedresnet.loadtest.abandonment_trials --rounds 60 --candidates "as shipped" \
+python3 -m fusedresnet.loadtest.abandonment_trials --rounds "${ABANDONMENT_ROUNDS:-60}" --candidates "as shipped" \
     --out "$OUT/robustness_abandonment_gpu" > "$OUT/abandonment_trials.log" 2>&1 || status=1
 cat "$OUT/robustness_abandonment_gpu.md" 2>/dev/null
 echo "== done ($(date -u +%H:%M:%S)), status $status"
