@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend.network import free_ports
+from ..backend.provenance import git_commit
 from ..backend.serve import TritonServer
 from ..backend.spec import IMAGE_SIZE, MODEL_CUSTOM, MODELS
 from ..backend.triton_install import host_gpus
@@ -59,14 +59,6 @@ def start_once(cache_dir: Path, log: Path, ready_timeout_s: float) -> dict:
     return {"ready_s": round(ready_s, 2), "engines": engines, "instances": loads}
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO / "results" / "cold_start.json")
@@ -91,7 +83,7 @@ def main(argv=None) -> int:
     result = {
         "device": re.sub(r"^GPU \d+: | \(UUID.*$", "", gpus[0]) if gpus else "cpu",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "commit": git_commit(),
+        "commit": git_commit() or "unknown",
         "cold_s": runs["cold"]["ready_s"],
         "warm_s": runs["warm"]["ready_s"],
         "what": "seconds from launching tritonserver (both models, every instance) until it reports ready; cold: "

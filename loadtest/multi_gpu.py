@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.spec import MODEL_CUSTOM, MODEL_ENTRIES, MODEL_REPOSITORY, model_config
 from fusedresnet.backend.triton_install import host_gpus
 from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, build_image_pool, save_image_pool
@@ -274,14 +275,6 @@ def default_cores() -> tuple[list[int], list[int]]:
     cores = sorted(os.sched_getaffinity(0))
     half = len(cores) // 2
     return cores[:half], cores[half:]
-
-
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=MODEL_REPOSITORY.parent,
-                              capture_output=True, text=True, timeout=10).stdout.strip() or None
-    except OSError:
-        return None
 
 
 def measure(args, gpu_count: int, server_cores: list[int], scratch: Path, results: dict, write):

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.spec import (
     ADMIN_TOKEN_ENV,
     ADMIN_TOKEN_HEADER,
@@ -532,14 +533,6 @@ def device_name() -> str:
     except (OSError, subprocess.SubprocessError):
         gpus = []
     return f"{' + '.join(gpus) or 'no GPU'}, {psutil.cpu_count()} CPU cores"
-
-
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=MODEL_REPOSITORY.parent, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 if __name__ == "__main__":

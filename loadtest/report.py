@@ -88,6 +88,8 @@ def grouped(steps: list[dict]) -> dict:
     for step in steps:
         if step.get("server_setting"):   # a serving-story step on a server changed from the shipped one
             continue
+        if step.get("img_per_s") is None:  # measured nothing (a tool that timed out): the sanity section lists why
+            continue
         buckets[series_key(step)][step["users"]][step["model"]].append(step)
     table = {}
     for key, by_users in buckets.items():

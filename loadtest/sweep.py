@@ -43,6 +43,7 @@ from pathlib import Path
 from tritonclient.utils import InferenceServerException
 
 from fusedresnet.backend.network import free_ports, http_ready
+from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import (
     BUILD_DIR,
@@ -106,17 +107,6 @@ def describe_device() -> str:
                 cpu = line.split(":", 1)[1].strip()
                 break
     return f"CPU only: {cpu}, {os.cpu_count()} cores"
-
-
-def git_commit() -> str | None:
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=REPO_ROOT, timeout=10)
-        if out.returncode == 0:
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                   text=True, cwd=REPO_ROOT, timeout=10).stdout.strip()
-            return out.stdout.strip() + ("+dirty" if dirty else "")
-    return None
 
 
 def engine_reference(device: str) -> dict | None:

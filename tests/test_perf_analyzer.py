@@ -143,3 +143,20 @@ def test_cross_check_pairs_the_two_load_generators_on_the_same_traffic():
     assert len(pairs) == 1 and pairs[0]["ratio"] == pytest.approx(1.2)
     assert "| resnet18_custom | 32 | cuda | 32 | 90,000.0 | 75,000.0 | 1.20 |" in "\n".join(
         report.cross_check_section(pairs))
+
+
+def test_a_step_that_measured_nothing_is_reported_as_a_problem_not_a_crash(tmp_path):
+    # As on the H100 (2026-11-26): perf_analyzer timed out at 64 in flight and left no figures for that step.
+    pa = perf_analyzer.PERF_ANALYZER
+    failed = step(MODEL_CUSTOM, pa, 1, "none", 64, None, None, None)
+    failed["problems"] = ["perf_analyzer gave no result (exit code 124): timed out after 90 s"]
+    steps = [step(MODEL_CUSTOM, pa, 1, "none", 1, 729, 1.24, 2.35), step(MODEL_CUDNN, pa, 1, "none", 1, 599, 1.53, 2.9),
+             failed, step(MODEL_CUDNN, pa, 1, "none", 64, 11_828, 5.11, 14.18)]
+    for index, s in enumerate(steps):
+        s["index"] = index
+    results = {"device": "test", "date": "2026-11-26", "commit": "test", "command": "test", "steps": steps}
+    report.write_report(results, tmp_path, "partial")
+    text = (tmp_path / "partial.md").read_text()
+    assert "SANITY MISMATCH in 1 check(s)" in text
+    assert "perf_analyzer gave no result (exit code 124)" in text
+    assert "729" in text and "11,828" in text

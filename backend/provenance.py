@@ -1,0 +1,29 @@
+"""Which code produced a result: the commit recorded in every results file.
+
+`FUSEDRESNET_GIT_COMMIT` wins when set: on a GPU host the tree is a copy whose `.git` may not
+be the code that runs (seen 2026-11-26: the copy reported the session's starting commit), so the
+command that starts the run names the commit. Otherwise `git rev-parse`, with `+dirty` when
+tracked files differ from it; None outside a git checkout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def git_commit() -> str | None:
+    if os.environ.get("FUSEDRESNET_GIT_COMMIT"):
+        return os.environ["FUSEDRESNET_GIT_COMMIT"]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=REPO_ROOT, timeout=10)
+        if out.returncode == 0:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                   text=True, cwd=REPO_ROOT, timeout=10).stdout.strip()
+            return out.stdout.strip() + ("+dirty" if dirty else "")
+    return None
