@@ -109,7 +109,8 @@ def test_environment_overrides_the_configured_kernel_family_and_launch_mode(monk
 
 def shared_lines(model: str) -> list[str]:
     """The config.pbtxt's lines without what belongs to its engine: the parameters lines of engine and of the
-    engine-specific keys, each with the comment block right above it; the model's name written as <model>."""
+    engine-specific keys, each with the comment block right above it; the model's name written as <model>, the
+    other network's as <other>."""
     lines = (spec.MODEL_REPOSITORY / model / "config.pbtxt").read_text().splitlines()
     own = set()
     for index, line in enumerate(lines):
@@ -120,7 +121,9 @@ def shared_lines(model: str) -> list[str]:
             while above >= 0 and lines[above].startswith("#"):
                 own.add(above)
                 above -= 1
-    return [line.replace(model, "<model>") for index, line in enumerate(lines) if index not in own]
+    other, = (network for network in spec.MODELS if network != model)  # "same outputs as <other>"
+    return [line.replace(model, "<model>").replace(other, "<other>") for index, line in enumerate(lines)
+            if index not in own]
 
 
 def test_both_configs_are_identical_but_for_their_engine_parameters():
