@@ -151,10 +151,11 @@ def geometry_preamble(arch: str | None = None) -> str:
             lines.append(f"__host__ __device__ constexpr int {name}({args}) {{ return {expr}; }}")
         else:
             lines.append(f"constexpr int {key} = {expr};")
-    if wgmma_arch(arch):   # the wgmma tiles' named schedules and epilogues: template arguments of conv_wgmma*
-        for enum in (Schedule, Epilogue):
-            lines.append(f"enum class {enum.__name__} : int {{ " + ", ".join(
-                f"{member.name} = {index}" for index, member in enumerate(enum)) + " };")
+    # The kernels' named template arguments: ConvInput and StemInput on every target, the wgmma tiles'
+    # schedules and epilogues (conv_wgmma*) on sm_90a.
+    for enum in (ConvInput, StemInput) + ((Schedule, Epilogue) if wgmma_arch(arch) else ()):
+        lines.append(f"enum class {enum.__name__} : int {{ " + ", ".join(
+            f"{member.name} = {index}" for index, member in enumerate(enum)) + " };")
     return "\n".join(lines) + "\n"
 
 
@@ -162,6 +163,27 @@ BK = GEOMETRY["BK"]
 STEM_KG_PADDED = GEOMETRY["STEM_KG"]
 HEAD_IMGS = 8           # images per avgpool_fc block: its template argument (name_expressions)
 HEAD_BLOCKS_X = 4       # class slices per avgpool_fc grid row (a launch choice, not compiled in)
+
+
+class ConvInput(Enum):
+    """What an implicit-GEMM convolution's A operand, the im2col rows, is gathered from: conv_implicit_gemm's
+    template argument (all four), conv_wgmma's (the fp16 ones). The value says it in words."""
+
+    FP16_NHWC = "fp16 NHWC activations"
+    FP16_NHWC_FUSED_SHORTCUT = ("fp16 NHWC activations, then from main_k_tiles on the downsampling shortcut's "
+                                "1x1 projection (loaders.cuh); its own instantiation, so that FP16_NHWC's k-loop "
+                                "has no branch for it")
+    STEM_UINT8_NHWC = "the stem's uint8 NHWC pixels, normalised on the way (stem.cu's reference path)"
+    STEM_FP32_NCHW = "the stem's fp32 NCHW normalised values (stem.cu's reference path)"
+
+
+class StemInput(Enum):
+    """The network input the stem kernels read (stem.cu, stem_wgmma.cu, stem.cuh): their template argument. The
+    value is the input's dtype, the key of STEM_TILES, STEM_KERNELS, STEM_POOL_KERNELS and
+    STEM_POOL_WGMMA_KERNELS."""
+
+    UINT8_NHWC = "uint8"      # raw pixels; the ImageNet normalisation fused (in_scale, in_shift)
+    FP32_NCHW = "float32"     # normalised values
 
 
 @dataclass(frozen=True)
@@ -173,8 +195,7 @@ class TileConfig:
     warps_m: int
     warps_n: int
     stages: int
-    mode: int = 0        # 0: fp16 NHWC input; 1: stem, uint8 NHWC; 2: stem, fp32 NCHW (3: mode 0 with the fused
-                         # shortcut, the instantiation `shortcut_name_expression` names)
+    input: ConvInput = ConvInput.FP16_NHWC   # (FP16_NHWC_FUSED_SHORTCUT: `shortcut_name_expression`)
     efficiency: float = 1.0   # relative tensor-core efficiency per SM (cost model)
     blocks_per_sm: int = 1    # resident blocks per SM (from smem/threads/registers)
 
@@ -189,7 +210,7 @@ class TileConfig:
     @property
     def name_expression(self) -> str:
         return (f"conv_implicit_gemm<{self.bm},{self.bn},{self.warps_m},{self.warps_n},"
-                f"{self.stages},{self.mode}>")
+                f"{self.stages},ConvInput::{self.input.name}>")
 
     @property
     def label(self) -> str:
@@ -310,8 +331,8 @@ class WgmmaConfig:
 
     @property
     def name_expression(self) -> str:
-        """conv_wgmma<BM, BN, WGS, STAGES, Schedule SCHEDULE[, bool SHORTCUT]>, conv_wgmma_tma<..., Schedule,
-        Epilogue> (the C++ enum classes are generated from Schedule and Epilogue: geometry_preamble), or the
+        """conv_wgmma<BM, BN, WGS, STAGES, Schedule SCHEDULE[, ConvInput INPUT]>, conv_wgmma_tma<..., Schedule,
+        Epilogue> (the C++ enum classes are generated from Schedule, Epilogue, ConvInput: geometry_preamble), or the
         dev kernel conv_wgmma_ws<BM, BN, WGS, STAGES>."""
         shape = f"{self.bm},{self.bn},{self.warpgroups},{self.stages}"
         if self.tma:
@@ -493,20 +514,24 @@ def patch_wgmma_applies(tile: PatchWgmmaConfig, c: int, k: int, r: int, stride: 
     return r == 3 and stride == 1 and pad == 1 and c == BK and k % tile.bn == 0 and tile.fits(w)
 
 
-STEM_TILES = {
-    "uint8": TileConfig(128, 64, 4, 2, 3, mode=1),
-    "float32": TileConfig(128, 64, 4, 2, 3, mode=2),
-}
-STEM_KERNELS = {"uint8": "stem_conv7x7s2<1>", "float32": "stem_conv7x7s2<2>"}
+STEM_TILES = {stem.value: TileConfig(128, 64, 4, 2, 3, input=ConvInput[f"STEM_{stem.name}"]) for stem in StemInput}
+
+
+def stem_kernels(kernel: str) -> dict[str, str]:
+    """{input dtype: name expression} of a stem kernel's instantiations, one per StemInput."""
+    return {stem.value: f"{kernel}<StemInput::{stem.name}>" for stem in StemInput}
+
+
+STEM_KERNELS = stem_kernels("stem_conv7x7s2")
 STEM_SMEM_BYTES = smem_bytes("STEM_SMEM_BYTES")     # A + B tiles + input patch (stem.cu)
 STEM_TILE_H, STEM_TILE_W = GEOMETRY["STEM_TH"], GEOMETRY["STEM_TW"]
 STEM_THREADS, STEM_POOL_THREADS = GEOMETRY["STEM_THREADS"], GEOMETRY["STEM_POOL_THREADS"]
 EW_THREADS, HEAD_THREADS = GEOMETRY["EW_THREADS"], GEOMETRY["HEAD_THREADS"]
-STEM_POOL_KERNELS = {"uint8": "stem_pool_conv7x7s2<1>", "float32": "stem_pool_conv7x7s2<2>"}
+STEM_POOL_KERNELS = stem_kernels("stem_pool_conv7x7s2")
 STEM_POOL_SMEM_BYTES = smem_bytes("STEM_POOL_SMEM_BYTES")   # A + B tiles + input patch
 STEM_POOL_TILE_H, STEM_POOL_TILE_W = GEOMETRY["SP_PH"], GEOMETRY["SP_PW"]   # pooled pixels per block tile
 # The fused stem + max-pool on wgmma (stem_wgmma.cu, sm_90a): what stem_pool runs on the wgmma and mixed paths.
-STEM_POOL_WGMMA_KERNELS = {"uint8": "stem_pool_wgmma<1>", "float32": "stem_pool_wgmma<2>"}
+STEM_POOL_WGMMA_KERNELS = stem_kernels("stem_pool_wgmma")
 STEM_WGMMA_SMEM_BYTES = smem_bytes("STEM_WGMMA_SMEM_BYTES")
 STEM_WGMMA_TILE_H, STEM_WGMMA_TILE_W = GEOMETRY["SW_PH"], GEOMETRY["SW_PW"]
 STEM_WGMMA_THREADS, STEM_WGMMA_BLOCKS_PER_SM = GEOMETRY["SW_THREADS"], GEOMETRY["SW_BLOCKS_PER_SM"]
@@ -838,17 +863,19 @@ def shortcut_applies(tile) -> bool:
     conv_implicit_gemm (fp16 NHWC) and conv_wgmma; not the patch kernels, conv_wgmma_ws nor the persistent
     "wp" tiles (ptxas 13.0: the 128x128 s3 one spilled 24 bytes at its 128-register cap with the second
     loader; the fused-shortcut convs have 19-41 k-tiles per tile, where persistence matters least)."""
-    return ((isinstance(tile, TileConfig) and tile.mode == 0)
+    return ((isinstance(tile, TileConfig) and tile.input is ConvInput.FP16_NHWC)
             or (isinstance(tile, WgmmaConfig) and not tile.warp_specialized and not tile.persistent))
 
 
 def shortcut_name_expression(tile) -> str:
-    """The tile's instantiation with the fused shortcut (a tile of `shortcut_applies`): conv_implicit_gemm's
-    MODE 3, conv_wgmma's SHORTCUT = true. Its own instantiation, so that the plain one's k-loop has no
-    branch for it."""
+    """The tile's instantiation with the fused shortcut (a tile of `shortcut_applies`): its ConvInput
+    FP16_NHWC_FUSED_SHORTCUT (conv_implicit_gemm, conv_wgmma). Its own instantiation, so that the plain one's
+    k-loop has no branch for it."""
+    fused = ConvInput.FP16_NHWC_FUSED_SHORTCUT
     if isinstance(tile, TileConfig):
-        return f"conv_implicit_gemm<{tile.bm},{tile.bn},{tile.warps_m},{tile.warps_n},{tile.stages},3>"
-    return f"conv_wgmma<{tile.bm},{tile.bn},{tile.warpgroups},{tile.stages},Schedule::{tile.schedule.name},true>"
+        return replace(tile, input=fused).name_expression
+    return (f"conv_wgmma<{tile.bm},{tile.bn},{tile.warpgroups},{tile.stages},Schedule::{tile.schedule.name},"
+            f"ConvInput::{fused.name}>")
 
 
 def patch_applies(tile: PatchConfig, c: int, k: int, r: int, stride: int, pad: int) -> bool:

@@ -30,13 +30,17 @@
 // EPILOGUE: epilogue.cuh's (bias, residual, ReLU, fp16 NHWC, or the split-K
 // partials), straight from the accumulator fragments.
 //
-// FUSED SHORTCUT (MODE 3, else as MODE 0): k-tiles from main_k_tiles on are
-// a downsampling block's 1x1 projection of shortcut_x, summed into this 3x3/1
-// conv's reduction (loaders.cuh). A separate instantiation, so that MODE 0's
-// k-loop stays as it was (a run-time branch in it cost 5-13% at batch 8).
+// INPUT (enum class ConvInput, generated from configs.ConvInput) names what
+// the A operand, the im2col rows, is gathered from.
 //
-// STEM (MODE 1/2, the reference path of stem.cu, which explains the stem's
-// input modes and its [K][8 r][24] filter layout): the reduction of 147
+// FUSED SHORTCUT (FP16_NHWC_FUSED_SHORTCUT, else as FP16_NHWC): k-tiles from
+// main_k_tiles on are a downsampling block's 1x1 projection of shortcut_x,
+// summed into this 3x3/1 conv's reduction (loaders.cuh). A separate
+// instantiation, so that FP16_NHWC's k-loop stays as it was (a run-time branch
+// in it cost 5-13% at batch 8).
+//
+// STEM (STEM_UINT8_NHWC, STEM_FP32_NCHW: the reference path of stem.cu, which
+// explains the stem's inputs and its [K][8 r][24] filter layout): the reduction of 147
 // values is not a multiple of 64 and the input is UINT8 NHWC or fp32 NCHW, so
 // a gather replaces the cp.async A loader and converts (and, for UINT8,
 // normalises) each value on its way into shared memory. In that filter layout
@@ -47,7 +51,7 @@
 //       split-K through an fp32 workspace.
 //   v2  stem loader gathers runs of 8 contiguous input values per chunk (index
 //       arithmetic once per chunk, not per value). (The stem now has its own
-//       kernel, stem.cu; MODE 1/2 stay as its reference path.)
+//       kernel, stem.cu; the STEM_* inputs stay as its reference path.)
 //   v3  fragments double-buffered across k16 steps; mma not volatile.
 
 #include "common.cuh"
@@ -62,7 +66,7 @@ struct TileSmem {
     static constexpr int STAGE_HALFS = A_HALFS + B_HALFS;
 };
 
-template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int MODE>
+template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, ConvInput INPUT>
 __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)
 conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w, const float *__restrict__ bias,
                    const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
@@ -73,7 +77,7 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
                    int shortcut_stride, int main_k_tiles) {
     pdl_begin_prefetch_filter(w, BN, K, ldw, num_k_tiles, k_tiles_per_split);   // common.cuh
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
-    constexpr bool NHWC = MODE == 0 || MODE == 3;            // fp16 NHWC input (else the stem modes)
+    constexpr bool NHWC = INPUT == ConvInput::FP16_NHWC || INPUT == ConvInput::FP16_NHWC_FUSED_SHORTCUT;   // else stem
     constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;   // warp tile
     constexpr int MI = WTM / 16, NI = WTN / 8;              // mma tiles per warp
     static_assert((BM * 8) % THREADS == 0 && (BN * 8) % THREADS == 0, "loader mapping");
@@ -96,9 +100,9 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
     const int chunk = tid & 7;
     int a_base[A_ITERS], a_ih[A_ITERS], a_iw[A_ITERS];
     igemm_a_rows<A_ITERS, ROW_STEP>(a_base, a_ih, a_iw, m0, tid, M, H, W, C, P, Q, stride, pad);   // loaders.cuh
-    const int c_tiles = C / BK;   // fp16 NHWC modes only
+    const int c_tiles = C / BK;   // the FP16_NHWC inputs only
 
-    // Stem loader state (MODE 1/2): the output pixel of A row tid % BM.
+    // Stem loader state (the STEM_* inputs): the output pixel of A row tid % BM.
     u64 stem_base = 0;
     int stem_ih0 = -(1 << 20), stem_iw0 = 0;
     if constexpr (!NHWC) {
@@ -115,7 +119,7 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
         half_bits *sA = smem + stage * TileSmem<BM, BN>::STAGE_HALFS;
         half_bits *sB = sA + TileSmem<BM, BN>::A_HALFS;
         igemm_load_b<B_ITERS, ROW_STEP>(sB, w, n0, K, ldw, kt, tid, chunk);
-        if constexpr (MODE == 3) {
+        if constexpr (INPUT == ConvInput::FP16_NHWC_FUSED_SHORTCUT) {
             if (kt < main_k_tiles)
                 igemm_load_a<A_ITERS, ROW_STEP>(sA, reinterpret_cast<const half_bits *>(x_), a_base, a_ih, a_iw, kt,
                                                 c_tiles, S, H, W, C, tid, chunk);
@@ -123,7 +127,7 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
                 igemm_load_a_shortcut<A_ITERS, ROW_STEP>(sA, shortcut_x, a_base, a_ih, a_iw, kt - main_k_tiles,
                                                          1.f / (H * W * C), pad, shortcut_h, shortcut_w, shortcut_c,
                                                          shortcut_stride, tid, chunk);
-        } else if constexpr (MODE == 0) {
+        } else if constexpr (INPUT == ConvInput::FP16_NHWC) {
             igemm_load_a<A_ITERS, ROW_STEP>(sA, reinterpret_cast<const half_bits *>(x_), a_base, a_ih, a_iw, kt,
                                             c_tiles, S, H, W, C, tid, chunk);
         } else {
@@ -151,7 +155,7 @@ conv_implicit_gemm(const void *__restrict__ x_, const half_bits *__restrict__ w,
                     const int iw = stem_iw0 + sx;
                     float val = 0.f;
                     if (row_ok && j < 21 && (unsigned)iw < (unsigned)W) {
-                        if constexpr (MODE == 1) {
+                        if constexpr (INPUT == ConvInput::STEM_UINT8_NHWC) {
                             const unsigned char *x = reinterpret_cast<const unsigned char *>(x_);
                             val = (float)x[stem_base + ((u64)ih * W + iw) * 3 + c] * in_scale[c] + in_shift[c];
                         } else {

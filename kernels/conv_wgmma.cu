@@ -50,7 +50,7 @@
 // FUSED SHORTCUT. k-tiles from main_k_tiles on (to num_k_tiles) are a
 // downsampling block's 1x1 projection of shortcut_x (loaders.cuh explains it);
 // without one, main_k_tiles == num_k_tiles. Only the instantiations with
-// SHORTCUT = true have the second loader: a run-time branch in every tile's
+// INPUT = ConvInput::FP16_NHWC_FUSED_SHORTCUT have the second loader: a run-time branch in every tile's
 // k-loop cost 5-13% at batch 8 (NOTES.md outcome 22). conv_wgmma_ws
 // takes the same arguments and has none (its 256x128 producer spilled with
 // the second loader, and its tiles were never chosen: NOTES.md outcome 11).
@@ -360,7 +360,8 @@ __device__ __forceinline__ void conv_wgmma_persistent_tiles(float (&acc)[MB][BN 
     cp_async_wait<0>();   // only empty groups remain: no copy outlives the block
 }
 
-template <int BM, int BN, int WGS, int STAGES, Schedule SCHEDULE = Schedule::MULTISTAGE, bool SHORTCUT = false>
+template <int BM, int BN, int WGS, int STAGES, Schedule SCHEDULE = Schedule::MULTISTAGE,
+          ConvInput INPUT = ConvInput::FP16_NHWC>
 __global__ void __launch_bounds__(WGS * 128, wgmma_min_blocks(BM, BN, STAGES))
 conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, const float *__restrict__ bias,
            const half_bits *__restrict__ residual, half_bits *__restrict__ y, float *__restrict__ partial,
@@ -376,6 +377,9 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
     static_assert(SCHEDULE == Schedule::MULTISTAGE || SCHEDULE == Schedule::CLUSTER_SPLIT_K
                   || SCHEDULE == Schedule::PERSISTENT, "conv_wgmma's schedules (the TMA ones: conv_wgmma_tma)");
     constexpr bool CLUSTER_SPLITK = SCHEDULE == Schedule::CLUSTER_SPLIT_K, PERSISTENT = SCHEDULE == Schedule::PERSISTENT;
+    static_assert(INPUT == ConvInput::FP16_NHWC || INPUT == ConvInput::FP16_NHWC_FUSED_SHORTCUT,
+                  "conv_wgmma's inputs (fp16 NHWC activations; the stem has its own kernels)");
+    constexpr bool SHORTCUT = INPUT == ConvInput::FP16_NHWC_FUSED_SHORTCUT;
     constexpr int THREADS = WGS * 128;
     constexpr int WM = BM / WGS;              // rows per warpgroup
     constexpr int MB = WM / 64;               // m64 blocks per warpgroup
@@ -402,7 +406,7 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
     const int kt_end = min(num_k_tiles, kt_begin + k_tiles_per_split);
     const int nkt = kt_end - kt_begin;
 
-    // Loader state and loaders: loaders.cuh, as in conv_implicit_gemm.cu (MODE 0).
+    // Loader state and loaders: loaders.cuh, as in conv_implicit_gemm.cu (FP16_NHWC).
     const int chunk = tid & 7;
     int a_base[A_ITERS], a_ih[A_ITERS], a_iw[A_ITERS];
     igemm_a_rows<A_ITERS, ROW_STEP>(a_base, a_ih, a_iw, m0, tid, M, H, W, C, P, Q, stride, pad);

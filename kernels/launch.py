@@ -482,7 +482,7 @@ class KernelLibrary:
         tail = (_i(n), _i(h), _i(w), _i(c), _i(k), _i(p), _i(q), _i(r), _i(s), _i(stride), _i(pad), _i(ldw),
                 _i(k_tiles), _i(plan.k_tiles_per_split), _i(1 if relu else 0), _ptr(shortcut_x), _i(shortcut_h),
                 _i(shortcut_w), _i(shortcut_c), _i(shortcut_stride), _i(main_k_tiles))
-        if isinstance(tile, WgmmaConfig):   # no stem modes: no in_scale / in_shift
+        if isinstance(tile, WgmmaConfig):   # no stem inputs (ConvInput.STEM_*): no in_scale / in_shift
             if in_scale is not None or in_shift is not None or c % BK or k % 8:
                 raise ValueError(f"{tile.label} runs fp16 NHWC convolutions with C % {BK} == 0 and K % 8 == 0 "
                                  f"(the stem has its own kernels), got C={c}, K={k}")

@@ -1,5 +1,5 @@
 // The cp.async loaders of the implicit-GEMM kernels (conv_implicit_gemm.cu
-// MODE 0, conv_wgmma.cu): one BK = 64 k-tile of A (im2col rows) and of B
+// ConvInput::FP16_NHWC, conv_wgmma.cu): one BK = 64 k-tile of A (im2col rows) and of B
 // (filter rows) into swizzled [rows][64] shared-memory tiles (common.cuh, swz).
 //
 // Thread mapping: thread tid copies 16-byte chunk tid % 8 of rows tid / 8,

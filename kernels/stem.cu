@@ -1,6 +1,6 @@
 // The stem: 7x7/2 convolution, pad 3, 3 -> 64 channels, + folded-BatchNorm
-// bias + ReLU, from UINT8 NHWC pixels (MODE 1, ImageNet normalisation fused)
-// or fp32 NCHW normalised values (MODE 2). fp16 NHWC out.
+// bias + ReLU, from UINT8 NHWC pixels (StemInput::UINT8_NHWC, ImageNet normalisation fused)
+// or fp32 NCHW normalised values (FP32_NCHW). fp16 NHWC out.
 //
 // Why not the generic implicit GEMM: with C=3 the im2col row of an output
 // pixel is 147 scattered values, and gathering them from global memory per
@@ -106,7 +106,7 @@ __device__ __forceinline__ void stem_mma_32x32(float (&acc)[2][4][4], const half
                                  [&](int row, int ch) { return smem_addr(sB + stem_swz(row, ch)); });
 }
 
-template <int MODE>
+template <StemInput INPUT>
 __global__ void __launch_bounds__(STEM_THREADS, 2)
 stem_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, const float *__restrict__ bias,
                half_bits *__restrict__ y, const float *__restrict__ in_scale, const float *__restrict__ in_shift,
@@ -123,7 +123,7 @@ stem_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, con
     stem_load_filter<STEM_THREADS>(sB, w, tid);
     cp_async_commit();
     float scale[3] = {1.f, 1.f, 1.f}, shift[3] = {0.f, 0.f, 0.f};
-    if (MODE == 1) {
+    if (INPUT == StemInput::UINT8_NHWC) {
 #pragma unroll
         for (int c = 0; c < 3; ++c) { scale[c] = in_scale[c]; shift[c] = in_shift[c]; }
     }
@@ -138,7 +138,7 @@ stem_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, con
         __syncthreads();   // the previous tile is done with sIn and sA
 
         // 1. normalised fp16 input patch
-        stem_load_patch<MODE, STEM_IN_H, STEM_IN_W, STEM_IN_ROW, STEM_THREADS>(sIn, x_, scale, shift, n, H, W, iy0, ix0, tid);
+        stem_load_patch<INPUT, STEM_IN_H, STEM_IN_W, STEM_IN_ROW, STEM_THREADS>(sIn, x_, scale, shift, n, H, W, iy0, ix0, tid);
         __syncthreads();
 
         // 2. A tile
@@ -201,7 +201,7 @@ static_assert(SP_PH * SP_PW * 8 <= STEM_POOL_THREADS, "one thread per 8 channels
 static_assert(((SP_M + STEM_K) * STEM_KG + SP_IN_H * SP_IN_ROW) * 2 <= STEM_POOL_SMEM_BYTES
               && SP_ROWS * SP_C_ROW <= SP_M * STEM_KG, "sA + sB + sIn fit; the stem values fit over sA");
 
-template <int MODE>
+template <StemInput INPUT>
 __global__ void __launch_bounds__(STEM_POOL_THREADS, 2)
 stem_pool_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, const float *__restrict__ bias,
                     half_bits *__restrict__ y, const float *__restrict__ in_scale, const float *__restrict__ in_shift,
@@ -218,7 +218,7 @@ stem_pool_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w
     stem_load_filter<STEM_POOL_THREADS>(sB, w, tid);
     cp_async_commit();
     float scale[3] = {1.f, 1.f, 1.f}, shift[3] = {0.f, 0.f, 0.f};
-    if (MODE == 1) {
+    if (INPUT == StemInput::UINT8_NHWC) {
 #pragma unroll
         for (int c = 0; c < 3; ++c) { scale[c] = in_scale[c]; shift[c] = in_shift[c]; }
     }
@@ -233,7 +233,7 @@ stem_pool_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w
         const int iy0 = 2 * sy0 - 3, ix0 = 2 * sx0 - 3;          // input origin
         __syncthreads();   // the previous tile is done with sIn and sA
 
-        stem_load_patch<MODE, SP_IN_H, SP_IN_W, SP_IN_ROW, STEM_POOL_THREADS>(sIn, x_, scale, shift, n, H, W, iy0, ix0, tid);
+        stem_load_patch<INPUT, SP_IN_H, SP_IN_W, SP_IN_ROW, STEM_POOL_THREADS>(sIn, x_, scale, shift, n, H, W, iy0, ix0, tid);
         __syncthreads();
 
         vec16 c0, c1, c2;

@@ -7,12 +7,12 @@
 #include "common.cuh"
 
 // The normalised fp16 input patch of IN_H x IN_W pixels from (iy0, ix0) of
-// image n into sIn ([IN_H][IN_ROW] halfs, 3 channels per pixel): MODE 1 uint8
-// NHWC pixels * scale + shift, MODE 2 fp32 NCHW values; 0 outside the image.
+// image n into sIn ([IN_H][IN_ROW] halfs, 3 channels per pixel): UINT8_NHWC
+// pixels * scale + shift, FP32_NCHW fp32 values; 0 outside the image.
 // BATCHED: each thread first loads all its pixels (ceil(IN_H*IN_W / THREADS),
 // their global loads in flight together), then stores them; else one pixel
 // at a time (the mma.sync stem kernels, whose other warps cover the latency).
-template <int MODE, int IN_H, int IN_W, int IN_ROW, int THREADS, bool BATCHED = false>
+template <StemInput INPUT, int IN_H, int IN_W, int IN_ROW, int THREADS, bool BATCHED = false>
 __device__ __forceinline__ void stem_load_patch(half_bits *sIn, const void *__restrict__ x_, const float (&scale)[3],
                                                 const float (&shift)[3], int n, int H, int W, int iy0, int ix0,
                                                 int tid) {
@@ -21,7 +21,7 @@ __device__ __forceinline__ void stem_load_patch(half_bits *sIn, const void *__re
         const int gy = iy0 + iy, gx = ix0 + ix;
         v[0] = v[1] = v[2] = 0.f;
         if ((unsigned)gy < (unsigned)H && (unsigned)gx < (unsigned)W) {
-            if (MODE == 1) {
+            if (INPUT == StemInput::UINT8_NHWC) {
                 const unsigned char *p = reinterpret_cast<const unsigned char *>(x_) + ((u64)(n * H + gy) * W + gx) * 3;
 #pragma unroll
                 for (int c = 0; c < 3; ++c) v[c] = (float)p[c] * scale[c] + shift[c];

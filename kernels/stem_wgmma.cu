@@ -40,7 +40,7 @@
 // pooled pixels. Blocks are persistent (grid = SMs x SW_BLOCKS_PER_SM, tiles
 // blockIdx.x, + gridDim.x, ...) and load the filter and the bias once.
 //
-// THE uint8 PATCH IS PREFETCHED (MODE 1, the served input). The next tile's
+// THE uint8 PATCH IS PREFETCHED (UINT8_NHWC, the served input). The next tile's
 // raw bytes (35 rows of 39 pixels x 3 bytes, each row as the SW_RAW_ROW / 16
 // 16-byte chunks from the one holding its first byte, so any alignment of the
 // input works) are copied by cp.async while this tile's wgmma, epilogue and
@@ -48,7 +48,7 @@
 // the fp16 patch (0 outside the image). Before (the global loads at the top of
 // the tile, as stem.cu still does): ~3.5 of the ~11 cycles between a warp's
 // instructions were spent waiting on them (ncu, 2026-11-23), and the 3-byte
-// pixel loads were 44% of the tile loop's instructions. MODE 2 (fp32 NCHW)
+// pixel loads were 44% of the tile loop's instructions. FP32_NCHW
 // keeps the synchronous stem_load_patch.
 //
 // SHARED MEMORY. A warp's A load reads the 8 stem pixels g = 0..7 of its rows:
@@ -138,7 +138,7 @@ __device__ __forceinline__ void stem_normalise_raw_patch(half_bits *sIn, const u
     }
 }
 
-template <int MODE>
+template <StemInput INPUT>
 __global__ void __launch_bounds__(SW_THREADS, SW_BLOCKS_PER_SM)
 stem_pool_wgmma(const void *__restrict__ x_, const half_bits *__restrict__ w, const float *__restrict__ bias,
                 half_bits *__restrict__ y, const float *__restrict__ in_scale, const float *__restrict__ in_shift,
@@ -152,7 +152,7 @@ stem_pool_wgmma(const void *__restrict__ x_, const half_bits *__restrict__ w, co
                                                   + (((raw + ALIGN_MASK) & ~ALIGN_MASK) - raw));   // [3][64][64]
     half_bits *sIn = sB + STEM_K * STEM_KG;                      // [35][SW_IN_ROW]
     half_bits *sStem = sIn + SW_PATCH_HALFS;                     // [256][SP_C_ROW]
-    unsigned char *sRaw = reinterpret_cast<unsigned char *>(sStem + SW_M * SP_C_ROW);   // [35][SW_RAW_ROW] (MODE 1)
+    unsigned char *sRaw = reinterpret_cast<unsigned char *>(sStem + SW_M * SP_C_ROW);   // [35][SW_RAW_ROW] (UINT8_NHWC)
     float *sBias = reinterpret_cast<float *>(sRaw + SW_IN_H * SW_RAW_ROW);               // [64]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warpgroup_index(), warp_in_wg = warp & 3;
@@ -173,7 +173,7 @@ stem_pool_wgmma(const void *__restrict__ x_, const half_bits *__restrict__ w, co
         sIn[r * SW_IN_ROW + 3 * SW_IN_W + v] = 0;
     }
     float scale[3] = {1.f, 1.f, 1.f}, shift[3] = {0.f, 0.f, 0.f};
-    if (MODE == 1) {
+    if (INPUT == StemInput::UINT8_NHWC) {
 #pragma unroll
         for (int c = 0; c < 3; ++c) { scale[c] = in_scale[c]; shift[c] = in_shift[c]; }
     }
@@ -200,7 +200,7 @@ stem_pool_wgmma(const void *__restrict__ x_, const half_bits *__restrict__ w, co
         py0 = ty * SW_PH, px0 = tx * SW_PW;
         iy0 = 2 * (2 * py0 - 1) - 3, ix0 = 2 * (2 * px0 - 1) - 3;   // stem origin 2 * pooled - 1
     };
-    if (MODE == 1 && blockIdx.x < total_tiles) {   // the first tile's raw patch (MODE 1)
+    if (INPUT == StemInput::UINT8_NHWC && blockIdx.x < total_tiles) {   // the first tile's raw patch (UINT8_NHWC)
         int n, py0, px0, iy0, ix0;
         tile_origin(blockIdx.x, n, py0, px0, iy0, ix0);
         stem_stage_raw_patch(sRaw, x_u8, x_bytes, n, H, W, iy0, ix0, tid);
@@ -213,7 +213,7 @@ stem_pool_wgmma(const void *__restrict__ x_, const half_bits *__restrict__ w, co
         const int sy0 = 2 * py0 - 1, sx0 = 2 * px0 - 1;          // stem origin
         // No barrier before the patch: every thread's A loads of the previous tile were done
         // before the barrier ahead of its pool, and the pool reads only the stem values.
-        if constexpr (MODE == 1) {
+        if constexpr (INPUT == StemInput::UINT8_NHWC) {
             cp_async_wait<0>();            // the filter (first tile) and this tile's raw patch
             fence_proxy_async_shared();    // ... the filter visible to wgmma's async-proxy reads
             __syncthreads();               // ... and every thread's copies to all
@@ -226,7 +226,7 @@ stem_pool_wgmma(const void *__restrict__ x_, const half_bits *__restrict__ w, co
             }
             cp_async_commit();
         } else {
-            stem_load_patch<MODE, SW_IN_H, SW_IN_W, SW_IN_ROW, SW_THREADS, true>(sIn, x_, scale, shift, n, H, W, iy0,
+            stem_load_patch<INPUT, SW_IN_H, SW_IN_W, SW_IN_ROW, SW_THREADS, true>(sIn, x_, scale, shift, n, H, W, iy0,
                                                                             ix0, tid);
             cp_async_wait<0>();            // the filter (first tile)
             fence_proxy_async_shared();    // ... the filter visible to wgmma's async-proxy reads

@@ -113,10 +113,10 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
                    for t in WGMMA_CONV_TILES}
         seen = 0
         for block in report.split("Function properties for ")[1:]:
-            # conv_wgmma<BM, BN, WGS, STAGES, Schedule, bool SHORTCUT>;
+            # conv_wgmma<BM, BN, WGS, STAGES, Schedule, ConvInput>;
             # conv_wgmma_tma<BM, BN, WGS, STAGES, Schedule, Epilogue>
             match = re.match(r"_Z1[04](conv_wgmma(?:_tma)?)ILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)EL8Schedule(\d+)E"
-                             r"(?:Lb[01]E|L8Epilogue(\d+)E)E", block)
+                             r"(?:L9ConvInput\d+E|L8Epilogue(\d+)E)E", block)
             if match:
                 tile = by_args[tuple(int(v) for v in match.groups()[1:6]) + (int(match.group(7) or 0),)]
                 registers = int(re.search(r"Used (\d+) registers", block).group(1))
@@ -326,7 +326,7 @@ def test_cluster_splitk_tiles_are_the_plain_tiles_again_and_their_staged_tile_fi
         assert c.name_expression == f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},Schedule::CLUSTER_SPLIT_K>"
         assert c.name_expression in wgmma_90a and c.name_expression not in names_90
         assert shortcut_name_expression(c) == (
-            f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},Schedule::CLUSTER_SPLIT_K,true>")
+            f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},Schedule::CLUSTER_SPLIT_K,ConvInput::FP16_NHWC_FUSED_SHORTCUT>")
         ring = t.stages * (t.bm + t.bn) * GEOMETRY["BK"] * 2
         assert smem_bytes("cluster_stage_bytes", BM=c.bm, BN=c.bn) == c.bm * (c.bn + 8) * 4 <= ring, c.label
         assert c not in conv_tiles("wgmma") + conv_tiles("mixed")
@@ -435,6 +435,46 @@ def test_wgmma_schedules_and_epilogues_have_names_and_the_labels_come_from_them(
     assert tile_by_label("wt128x128g2s4v").schedule is Schedule.TMA_WARP_SPECIALIZED
     assert tile_by_label("wt128x128g2s4v").epilogue is Epilogue.VEC16
     assert tile_by_label("wq128x128g2s6").schedule is Schedule.TMA_PINGPONG
+
+
+def test_kernel_inputs_have_names_on_both_sides_and_the_name_expressions_come_from_them():
+    """conv_implicit_gemm / conv_wgmma take a ConvInput, the stem kernels a StemInput: C++ enum classes generated
+    on every target from configs' enums, whose names the .cu files and the name expressions spell."""
+    from fusedresnet.kernels.configs import (
+        ARCHS,
+        CONV_TILES,
+        STEM_KERNELS,
+        STEM_POOL_KERNELS,
+        STEM_POOL_WGMMA_KERNELS,
+        STEM_TILES,
+        ConvInput,
+        StemInput,
+        geometry_preamble,
+    )
+    assert [c.name for c in ConvInput] == ["FP16_NHWC", "FP16_NHWC_FUSED_SHORTCUT", "STEM_UINT8_NHWC",
+                                           "STEM_FP32_NCHW"]
+    assert {s.name: s.value for s in StemInput} == {"UINT8_NHWC": "uint8", "FP32_NCHW": "float32"}
+    assert STEM_TILES["uint8"].input is ConvInput.STEM_UINT8_NHWC
+    assert STEM_TILES["float32"].name_expression == "conv_implicit_gemm<128,64,4,2,3,ConvInput::STEM_FP32_NCHW>"
+    assert STEM_KERNELS == {"uint8": "stem_conv7x7s2<StemInput::UINT8_NHWC>",
+                            "float32": "stem_conv7x7s2<StemInput::FP32_NCHW>"}
+    assert STEM_POOL_KERNELS["float32"] == "stem_pool_conv7x7s2<StemInput::FP32_NCHW>"
+    assert STEM_POOL_WGMMA_KERNELS["uint8"] == "stem_pool_wgmma<StemInput::UINT8_NHWC>"
+    t = CONV_TILES[0]
+    assert t.name_expression == (f"conv_implicit_gemm<{t.bm},{t.bn},{t.warps_m},{t.warps_n},{t.stages},"
+                                 "ConvInput::FP16_NHWC>")
+    assert shortcut_name_expression(t) == t.name_expression.replace("FP16_NHWC", "FP16_NHWC_FUSED_SHORTCUT")
+    assert not any(shortcut_applies(stem) for stem in STEM_TILES.values())
+    for arch in ARCHS:
+        preamble = geometry_preamble(arch)
+        for enum in (ConvInput, StemInput):
+            declared = re.search(rf"enum class {enum.__name__} : int {{ (.*) }};", preamble).group(1)
+            assert declared == ", ".join(f"{e.name} = {i}" for i, e in enumerate(enum)), arch
+    spelled = set()
+    for path in (*KERNEL_DIR.glob("*.cu"), *KERNEL_DIR.glob("*.cuh")):
+        spelled |= set(re.findall(r"\b(ConvInput|StemInput)::(\w+)", path.read_text()))
+    assert {"ConvInput", "StemInput"} == {enum for enum, _ in spelled}
+    assert all(name in {"ConvInput": ConvInput, "StemInput": StemInput}[enum].__members__ for enum, name in spelled)
 
 
 def test_every_wgmma_tile_fits_its_blocks_per_sm_and_the_launch_bounds_ask_for_them():
@@ -707,7 +747,8 @@ def test_served_kernels_are_those_the_tuned_plans_and_the_untuned_plans_can_choo
                     assert kernel(plan.tile, shortcut_c) in served, (path, batch, hw, key, plan.tile.label)
                     plan = untuned_plan(batch, *hw, c, k, r, stride, r // 2, 78, path, shortcut_c)   # an H20
                     assert kernel(plan.tile, shortcut_c) in served, (path, batch, hw, key, plan.tile.label)
-        stems = {"stem_pool_wgmma<1>", "stem_pool_wgmma<2>"} if arch == WGMMA_ARCH else set(STEM_POOL_KERNELS.values())
+        stems = ({"stem_pool_wgmma<StemInput::UINT8_NHWC>", "stem_pool_wgmma<StemInput::FP32_NCHW>"}
+                 if arch == WGMMA_ARCH else set(STEM_POOL_KERNELS.values()))
         assert stems | {"avgpool_fc<8>", "splitk_epilogue"} <= set(served)
     # On the table's GPU (H100: 90 plans, all wgmma) the sm_90a module shrinks to less than half of the candidates
     mixed = served_name_expressions(WGMMA_ARCH, MIXED, load_tuned_plans(device, MIXED), True)
