@@ -126,7 +126,7 @@ def request_counters(server, model: str) -> dict:
             "failure": snapshot.total(triton_metrics.FAILURE, model),
             "rejected": snapshot.total(triton_metrics.FAILURE, model, reason="REJECTED"),
             "backend": snapshot.total(triton_metrics.FAILURE, model, reason="BACKEND"),
-            # answered CANCELLED by the model (backend/triton_model.py): calls whose client left
+            # calls whose client left, answered CANCELLED by Triton's scheduler (still queued) or the model
             "cancelled": snapshot.total(triton_metrics.FAILURE, model, reason="CANCELED"),
             "computed": snapshot.total(triton_metrics.INFERENCES, model)}   # images the model computed
 

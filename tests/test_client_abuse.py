@@ -46,8 +46,8 @@ from robustness_helpers import (
 RECOVERY_BOUND_S = WEDGED_AFTER_S + 180.0   # a hung server found, killed, and a new one ready
 PENDING = "nv_inference_pending_request_count"
 SETTLE_BOUND_S = 180.0                      # the abandoned calls still queued are executed by then
-# abandoned calls are answered CANCELLED once an instance takes them in, so a full queue frees within the
-# batches executing when the clients left (a few images' time on the CPU; the queue's 256 images otherwise)
+# abandoned calls are answered CANCELLED once an instance is free, so a full queue frees within the batches
+# executing when the clients left (0.5-0.6 s on the CPU, 2026-11-26; the queue's 256 images if computed)
 ADMITTED_BOUND_S = 10.0
 MODEL = MODEL_CUSTOM            # the model every behaviour abuses
 QUIET_MODEL = MODEL_CUDNN       # the model no behaviour touches
@@ -91,9 +91,9 @@ def assert_answers_correct(outcomes: client_abuse.CallOutcomes, reference: np.nd
 
 def settled_counters(launcher, timeout_s: float = SETTLE_BOUND_S) -> dict:
     """Triton's request counters once nothing is pending (nv_inference_pending_request_count 0 on two
-    scrapes in a row, counters unchanged): calls a client abandoned stay queued and are still executed
-    (this build does not drop them); a valid request sent before the queue drained could be refused.
-    Calls in execution are not pending, so the counters may still grow a little after this."""
+    scrapes in a row, counters unchanged). Calls a client abandoned stay queued until an instance is free
+    to take a batch; Triton 2.51's scheduler then answers them CANCELLED (failure, reason CANCELED) without
+    running them. Calls in execution are not pending, so the counters may still grow a little after this."""
     previous = None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -191,7 +191,8 @@ def test_calls_abandoned_in_flight_round_after_round_leave_the_service_up(launch
 
 def test_calls_abandoned_while_the_model_is_busy_are_not_computed(launcher, images, reference, requests, results):
     """Three rounds of 128 calls abandoned in flight while the model is busy (the queue fills to its 256):
-    Triton's own counters show the abandoned calls answered CANCELLED, not computed (the images computed
+    Triton's own counters show the abandoned calls answered CANCELLED, not computed (by Triton's scheduler
+    while queued, by the model's execute() once batched; the images computed
     are the answered calls plus at most what was executing when the clients went away); the queue they
     filled is free again within one batch's execution (the first valid call sent right after is admitted
     within ADMITTED_BOUND_S), and the valid calls after it are answered correctly, none refused."""
