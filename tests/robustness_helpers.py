@@ -125,7 +125,10 @@ def request_counters(server, model: str) -> dict:
     return {"success": snapshot.total(triton_metrics.SUCCESS, model),
             "failure": snapshot.total(triton_metrics.FAILURE, model),
             "rejected": snapshot.total(triton_metrics.FAILURE, model, reason="REJECTED"),
-            "backend": snapshot.total(triton_metrics.FAILURE, model, reason="BACKEND")}
+            "backend": snapshot.total(triton_metrics.FAILURE, model, reason="BACKEND"),
+            # calls whose client left, answered CANCELLED by Triton's scheduler (still queued) or the model
+            "cancelled": snapshot.total(triton_metrics.FAILURE, model, reason="CANCELED"),
+            "computed": snapshot.total(triton_metrics.INFERENCES, model)}   # images the model computed
 
 
 def counter_delta(after: dict, before: dict) -> dict:

@@ -46,6 +46,9 @@ from robustness_helpers import (
 RECOVERY_BOUND_S = WEDGED_AFTER_S + 180.0   # a hung server found, killed, and a new one ready
 PENDING = "nv_inference_pending_request_count"
 SETTLE_BOUND_S = 180.0                      # the abandoned calls still queued are executed by then
+# abandoned calls are answered CANCELLED once an instance is free, so a full queue frees within the batches
+# executing when the clients left (0.5-0.6 s on the CPU, 2026-11-26; the queue's 256 images if computed)
+ADMITTED_BOUND_S = 10.0
 MODEL = MODEL_CUSTOM            # the model every behaviour abuses
 QUIET_MODEL = MODEL_CUDNN       # the model no behaviour touches
 IMAGES = 8
@@ -88,9 +91,9 @@ def assert_answers_correct(outcomes: client_abuse.CallOutcomes, reference: np.nd
 
 def settled_counters(launcher, timeout_s: float = SETTLE_BOUND_S) -> dict:
     """Triton's request counters once nothing is pending (nv_inference_pending_request_count 0 on two
-    scrapes in a row, counters unchanged): calls a client abandoned stay queued and are still executed
-    (this build does not drop them); a valid request sent before the queue drained could be refused.
-    Calls in execution are not pending, so the counters may still grow a little after this."""
+    scrapes in a row, counters unchanged). Calls a client abandoned stay queued until an instance is free
+    to take a batch; Triton 2.51's scheduler then answers them CANCELLED (failure, reason CANCELED) without
+    running them. Calls in execution are not pending, so the counters may still grow a little after this."""
     previous = None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -184,6 +187,51 @@ def test_calls_abandoned_in_flight_round_after_round_leave_the_service_up(launch
 
     run_behaviour(launcher, images, reference, results, "abandoned_in_flight", behaviour,
                   lambda f: (f["sent"], f["statuses"].get("OK", 0)))
+
+
+def test_calls_abandoned_while_the_model_is_busy_are_not_computed(launcher, images, reference, requests, results):
+    """Three rounds of 128 calls abandoned in flight while the model is busy (the queue fills to its 256):
+    Triton's own counters show the abandoned calls answered CANCELLED, not computed (by Triton's scheduler
+    while queued, by the model's execute() once batched; the images computed
+    are the answered calls plus at most what was executing when the clients went away); the queue they
+    filled is free again within one batch's execution (the first valid call sent right after is admitted
+    within ADMITTED_BOUND_S), and the valid calls after it are answered correctly, none refused."""
+    before = settled_counters(launcher)
+    total = client_abuse.CallOutcomes()
+    for outcome in client_abuse.abandon(launcher.grpc_url, requests, rounds=3, in_flight=128, hold_s=0.3):
+        total.merge(outcome)
+    assert_answers_correct(total, reference)
+    closed = time.monotonic()
+    refused = 0
+    with client(launcher, "grpc") as triton:
+        while True:   # a queue full of abandoned calls refuses until an instance takes them in
+            try:
+                assert_correct(infer_image(triton, "grpc", MODEL, images[:1]), reference[:1])
+                break
+            except InferenceServerException as error:
+                assert "UNAVAILABLE" in str(error) and time.monotonic() - closed < SETTLE_BOUND_S, str(error)
+                refused += 1
+                time.sleep(0.1)
+        admitted_after_s = time.monotonic() - closed
+        for first in range(IMAGES):
+            assert_correct(infer_image(triton, "grpc", MODEL, images[first:first + 1]), reference[first:first + 1])
+        answered_after_s = time.monotonic() - closed
+    delta = counter_delta(settled_counters(launcher), before)
+    answered, abandoned = total.statuses.get("OK", 0), total.statuses.get("ABANDONED", 0)
+    figures = total.summary() | {"first_valid_refused": refused,
+                                 "first_valid_admitted_after_s": round(admitted_after_s, 2),
+                                 "valid_answered_after_s": round(answered_after_s, 2), "triton_counters": delta}
+    record(results, "client_abuse", {"abandoned_not_computed": figures})
+    assert abandoned >= 3 * 64, figures
+    valid = 1 + IMAGES
+    # every call Triton took in counts once: a success (answered, or computed before its client left) or
+    # a failure (CANCELLED by the model); calls refused at the full queue are counted by neither
+    assert delta["success"] == delta["computed"] >= answered + valid, figures
+    assert delta["success"] + delta["failure"] <= total.sent + refused + valid, figures
+    # most abandoned calls were answered CANCELLED without being computed
+    assert delta["cancelled"] >= abandoned // 2, figures
+    assert delta["computed"] - answered - valid <= abandoned // 4, figures
+    assert admitted_after_s <= ADMITTED_BOUND_S, figures
 
 
 def test_deadlines_that_expire_under_load_leave_the_service_up(launcher, images, reference, requests, results):
