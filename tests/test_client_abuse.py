@@ -46,7 +46,7 @@ from robustness_helpers import (
 
 RECOVERY_BOUND_S = WEDGED_AFTER_S + 180.0   # a hung server found, killed, and a new one ready
 PENDING = "nv_inference_pending_request_count"
-SETTLE_BOUND_S = 180.0                      # the abandoned calls still queued are executed by then
+SETTLE_BOUND_S = 180.0                      # the abandoned calls still queued are computed or dropped by then
 # abandoned calls are answered CANCELLED once an instance is free, so a full queue frees within the batches
 # executing when the clients left (0.5-3.9 s on the CPU, 2026-11-26)
 ADMITTED_BOUND_S = 30.0
