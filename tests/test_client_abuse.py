@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -45,10 +46,11 @@ from robustness_helpers import (
 
 RECOVERY_BOUND_S = WEDGED_AFTER_S + 180.0   # a hung server found, killed, and a new one ready
 PENDING = "nv_inference_pending_request_count"
-SETTLE_BOUND_S = 180.0                      # the abandoned calls still queued are executed by then
+SETTLE_BOUND_S = 180.0                      # the abandoned calls still queued are computed or dropped by then
 # abandoned calls are answered CANCELLED once an instance is free, so a full queue frees within the batches
-# executing when the clients left (0.5-0.6 s on the CPU, 2026-11-26; the queue's 256 images if computed)
-ADMITTED_BOUND_S = 10.0
+# executing when the clients left (0.5-3.9 s on the CPU, 2026-11-26)
+ADMITTED_BOUND_S = 30.0
+BUSY_CALLS = 4                  # valid calls of 16 images, one per CPU instance, while calls are abandoned
 MODEL = MODEL_CUSTOM            # the model every behaviour abuses
 QUIET_MODEL = MODEL_CUDNN       # the model no behaviour touches
 IMAGES = 8
@@ -174,34 +176,35 @@ def run_behaviour(launcher, images, reference, results, name, behaviour, sent_an
     return figures
 
 
-def test_calls_abandoned_in_flight_round_after_round_leave_the_service_up(launcher, images, reference, requests,
-                                                                          results):
-    def behaviour():
-        rounds = client_abuse.abandon(launcher.grpc_url, requests, rounds=6, in_flight=128, hold_s=1.0)
-        total = client_abuse.CallOutcomes()
-        for outcome in rounds:
-            total.merge(outcome)
-        assert_answers_correct(total, reference)
-        assert total.statuses["ABANDONED"] >= 6 * 64, total.summary()  # most calls were in flight at each close
-        return total.summary() | {"rounds": len(rounds)}
-
-    run_behaviour(launcher, images, reference, results, "abandoned_in_flight", behaviour,
-                  lambda f: (f["sent"], f["statuses"].get("OK", 0)))
-
-
-def test_calls_abandoned_while_the_model_is_busy_are_not_computed(launcher, images, reference, requests, results):
-    """Three rounds of 128 calls abandoned in flight while the model is busy (the queue fills to its 256):
-    Triton's own counters show the abandoned calls answered CANCELLED, not computed (by Triton's scheduler
-    while queued, by the model's execute() once batched; the images computed
-    are the answered calls plus at most what was executing when the clients went away); the queue they
-    filled is free again within one batch's execution (the first valid call sent right after is admitted
-    within ADMITTED_BOUND_S), and the valid calls after it are answered correctly, none refused."""
+def test_calls_abandoned_while_the_model_is_busy_are_dropped_if_still_queued(launcher, images, reference, requests,
+                                                                            results):
+    """Three rounds of 128 calls abandoned in flight while valid calls keep the model busy. Triton's own
+    counters account for each call once: computed (a success: it was in a batch before its client left;
+    nothing stops a batch once it runs) or answered CANCELLED without being computed (a failure, reason
+    CANCELED: still queued when its client left, dropped by Triton's scheduler, or cancelled between
+    batching and execute()). On the CPU how many of each depends on timing (2026-11-26: 46 to 374 of 384
+    CANCELLED), so at least one must be. The queue the abandoned calls filled frees within the batches
+    already running: the first valid call sent right after is admitted within ADMITTED_BOUND_S and the
+    valid calls after it are answered correctly, none refused.
+    First of the module, so that no earlier behaviour's batches are still executing (not pending, so
+    settled_counters cannot see them) and counted in this one's figures."""
     before = settled_counters(launcher)
-    total = client_abuse.CallOutcomes()
-    for outcome in client_abuse.abandon(launcher.grpc_url, requests, rounds=3, in_flight=128, hold_s=0.3):
-        total.merge(outcome)
+    busy_images, busy_reference = np.concatenate([images] * 2), np.concatenate([reference] * 2)
+
+    def busy_call(_):   # valid calls of 16 images that keep the model's instances busy
+        with client(launcher, "grpc") as triton:
+            return infer_image(triton, "grpc", MODEL, busy_images)
+
+    with ThreadPoolExecutor(BUSY_CALLS) as pool:
+        busy = pool.map(busy_call, range(BUSY_CALLS))
+        time.sleep(0.5)
+        total = client_abuse.CallOutcomes()
+        for outcome in client_abuse.abandon(launcher.grpc_url, requests, rounds=3, in_flight=128, hold_s=0.3):
+            total.merge(outcome)
+        closed = time.monotonic()
+        for logits in busy:
+            assert_correct(logits, busy_reference)
     assert_answers_correct(total, reference)
-    closed = time.monotonic()
     refused = 0
     with client(launcher, "grpc") as triton:
         while True:   # a queue full of abandoned calls refuses until an instance takes them in
@@ -221,17 +224,31 @@ def test_calls_abandoned_while_the_model_is_busy_are_not_computed(launcher, imag
     figures = total.summary() | {"first_valid_refused": refused,
                                  "first_valid_admitted_after_s": round(admitted_after_s, 2),
                                  "valid_answered_after_s": round(answered_after_s, 2), "triton_counters": delta}
-    record(results, "client_abuse", {"abandoned_not_computed": figures})
+    record(results, "client_abuse", {"abandoned_while_busy": figures})
     assert abandoned >= 3 * 64, figures
-    valid = 1 + IMAGES
     # every call Triton took in counts once: a success (answered, or computed before its client left) or
-    # a failure (CANCELLED by the model); calls refused at the full queue are counted by neither
-    assert delta["success"] == delta["computed"] >= answered + valid, figures
-    assert delta["success"] + delta["failure"] <= total.sent + refused + valid, figures
-    # most abandoned calls were answered CANCELLED without being computed
-    assert delta["cancelled"] >= abandoned // 2, figures
-    assert delta["computed"] - answered - valid <= abandoned // 4, figures
+    # a failure (CANCELLED); calls refused at a full queue are counted by neither
+    assert delta["success"] >= answered + 1 + IMAGES + BUSY_CALLS, figures
+    assert delta["success"] + delta["failure"] <= total.sent + refused + 1 + IMAGES + BUSY_CALLS, figures
+    # the model computed the images of the calls counted as successes: 16 each busy call, 1 each other
+    assert delta["computed"] == delta["success"] + BUSY_CALLS * (len(busy_images) - 1), figures
+    assert delta["failure"] == delta["cancelled"] > 0, figures
     assert admitted_after_s <= ADMITTED_BOUND_S, figures
+
+
+def test_calls_abandoned_in_flight_round_after_round_leave_the_service_up(launcher, images, reference, requests,
+                                                                          results):
+    def behaviour():
+        rounds = client_abuse.abandon(launcher.grpc_url, requests, rounds=6, in_flight=128, hold_s=1.0)
+        total = client_abuse.CallOutcomes()
+        for outcome in rounds:
+            total.merge(outcome)
+        assert_answers_correct(total, reference)
+        assert total.statuses["ABANDONED"] >= 6 * 64, total.summary()  # most calls were in flight at each close
+        return total.summary() | {"rounds": len(rounds)}
+
+    run_behaviour(launcher, images, reference, results, "abandoned_in_flight", behaviour,
+                  lambda f: (f["sent"], f["statuses"].get("OK", 0)))
 
 
 def test_deadlines_that_expire_under_load_leave_the_service_up(launcher, images, reference, requests, results):
