@@ -357,13 +357,6 @@ class ResNetTritonModel:
         responses = [None] * len(requests)
         items: list[tuple[int, torch.Tensor]] = []
         for index, request in enumerate(requests):
-            # A call its client cancelled, abandoned or let expire is answered at once, not computed
-            # (docs/ROBUSTNESS.md: cancelled requests)
-            if request.is_cancelled():
-                responses[index] = pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(f"{self.model_name}: cancelled by the client",
-                                               pb_utils.TritonError.CANCELLED))
-                continue
             try:
                 items.append((index, read_request(request, self.input_name, self.max_batch_size)))
             except RequestError as error:
