@@ -37,7 +37,6 @@ import datetime
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fusedresnet.backend.provenance import git_commit
-from fusedresnet.backend.spec import MODEL_CUSTOM, MODEL_ENTRIES, MODEL_REPOSITORY, model_config
+from fusedresnet.backend.spec import MODEL_CUSTOM, MODEL_REPOSITORY, model_config
 from fusedresnet.backend.triton_install import host_gpus
 from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, build_image_pool, save_image_pool
 from fusedresnet.loadtest.serving_sequence import LaunchedServer, repository_with_instances
@@ -281,11 +280,9 @@ def measure(args, gpu_count: int, server_cores: list[int], scratch: Path, result
     token_file = scratch / "admin-token"
     token_file.write_text(secrets.token_hex(24))
     token_file.chmod(0o600)
+    # the custom model's IMAGE entry alone: faster starts, all GPU memory to it
     repository = repository_with_instances(MODEL_REPOSITORY, model_config(MODEL_CUSTOM).instance_group[0].count,
-                                           scratch / "models")
-    for entry in MODEL_ENTRIES:  # the custom model's IMAGE entry alone: faster starts, all GPU memory to it
-        if entry != MODEL_CUSTOM:
-            shutil.rmtree(repository / entry)
+                                           scratch / "models", entries=(MODEL_CUSTOM,))
     bench = Bench(scratch, save_image_pool(build_image_pool(DEFAULT_POOL_SIZE), scratch / "pool.npy"), token_file,
                   results["generator_cores_list"], args.seconds, args.warmup_s)
     log_dir = args.log_dir

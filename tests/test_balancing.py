@@ -28,7 +28,7 @@ import pytest
 
 from fusedresnet.backend.network import free_ports, port_is_free
 from fusedresnet.backend.serve import TritonServer
-from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, NUM_CLASSES
+from fusedresnet.backend.spec import MODEL_CUSTOM, NUM_CLASSES
 from fusedresnet.backend.triton_install import find_triton, private_backend_tree
 from fusedresnet.client.resnet_client import ResNetClient, check_endpoints, grpc_target
 from fusedresnet.loadtest import triton_metrics
@@ -49,8 +49,8 @@ def needs(program: str):
 
 @pytest.fixture(scope="module")
 def one_instance_repository(prepared_repository, tmp_path_factory):
-    repository = repository_with_instances(prepared_repository, 1, tmp_path_factory.mktemp("balancing") / "models")
-    shutil.rmtree(repository / MODEL_CUDNN)
+    repository = repository_with_instances(prepared_repository, 1, tmp_path_factory.mktemp("balancing") / "models",
+                                           entries=(MODEL_CUSTOM,))
     return repository
 
 

@@ -30,7 +30,7 @@ import yaml
 
 from fusedresnet.backend.network import free_ports, port_is_free
 from fusedresnet.backend.serve import TritonServer
-from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM
+from fusedresnet.backend.spec import MODEL_CUSTOM
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.loadtest.serving_sequence import repository_with_instances
 
@@ -86,8 +86,7 @@ def adapter_queries() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def monitored_server(prepared_repository, admin_token, tmp_path_factory):
     scratch = tmp_path_factory.mktemp("prometheus-server")
-    repository = repository_with_instances(prepared_repository, 1, scratch / "models")
-    shutil.rmtree(repository / MODEL_CUDNN)
+    repository = repository_with_instances(prepared_repository, 1, scratch / "models", entries=(MODEL_CUSTOM,))
     http_port, grpc_port, metrics_port = free_ports(3)
     server = TritonServer(repository, "127.0.0.1", http_port, grpc_port, metrics_port, admin_token=admin_token,
                           log_file=scratch / "server.log", extra_args=deployment_triton_args())
