@@ -497,15 +497,20 @@ def add_zero_model(repository: Path) -> None:
     (repository / ZERO_MODEL / "config.pbtxt").write_text(zero_model_config())
 
 
+def scaling_repository(folder: Path) -> Path:
+    """The custom model's IMAGE entry alone (faster starts, all GPU memory to it) and the zero-answer model."""
+    repository = repository_with_instances(MODEL_REPOSITORY, model_config(MODEL_CUSTOM).instance_group[0].count,
+                                           folder, entries=(MODEL_CUSTOM,))
+    add_zero_model(repository)
+    return repository
+
+
 def measure(args, counts: list[int], server_cores: list[int], scratch: Path, results: dict, write,
             started: float):
     token_file = scratch / "admin-token"
     token_file.write_text(secrets.token_hex(24))
     token_file.chmod(0o600)
-    # the custom model's IMAGE entry alone (faster starts, all GPU memory to it) and the zero-answer model
-    repository = repository_with_instances(MODEL_REPOSITORY, model_config(MODEL_CUSTOM).instance_group[0].count,
-                                           scratch / "models", entries=(MODEL_CUSTOM,))
-    add_zero_model(repository)
+    repository = scaling_repository(scratch / "models")
     bench = Bench(scratch, save_image_pool(build_image_pool(DEFAULT_POOL_SIZE), scratch / "pool.npy"), token_file,
                   results["generator_cores_list"], server_cores, args.seconds, args.warmup_s)
     log_dir = args.log_dir
