@@ -67,6 +67,7 @@ GENERATOR_GAIN = 0.10                   # twice the generator processes raising 
 ZERO_MODEL_NEAR = 0.85                  # custom img/s at least this share of the zero model's: the serving path
 SERVER_CPU_LIMIT_SHARE = 0.9            # the servers' CPU over their cores above which they are a limit
 GPU_BUSY = 0.9                          # Triton's GPU utilisation above which the GPUs are a limit
+FULL_BATCH = 0.9                        # mean batch over max_batch_size above which the instances are a limit
 STEP_OVERHEAD_S = 3.0                   # a step beyond its warm-up and window: processes, requests, scrapes
 SERVER_START_S = 25.0                   # a start of servers (engines, kernels from the CuPy cache) and their stop
 
@@ -322,7 +323,9 @@ def limit_of(steps: list[dict], layout: str, gpus: int) -> dict:
     - the servers' gRPC / Python-backend path: the zero-answer model (no GPU work), served the same way
       and driven by the same generator, answered no more than 1/ZERO_MODEL_NEAR times the custom model;
     - the servers' cores: their process trees at >= SERVER_CPU_LIMIT_SHARE of the server cores;
-    - the GPUs: Triton's GPU utilisation >= GPU_BUSY at the peak.
+    - the GPUs: Triton's GPU utilisation >= GPU_BUSY at the peak;
+    - the model instances: Triton's mean batch >= FULL_BATCH of max_batch_size (requests wait for a
+      free instance; with the GPUs not busy, the instances' CPU side of execute()).
     Each finding carries the figures that show it; with none, the figures say what was ruled out."""
     where = layout_of(layout, gpus)
     best = peak(steps, where, LIMIT_SERIES, gpus)
@@ -379,6 +382,11 @@ def limit_of(steps: list[dict], layout: str, gpus: int) -> dict:
     busy = best.get("gpu_utilization")
     if busy is not None and busy >= GPU_BUSY:
         findings.append(("the GPUs", f"GPU utilisation {busy:.0%}"))
+    batch, max_batch = best.get("avg_batch"), model_config(MODEL_CUSTOM).max_batch_size
+    if batch is not None and batch >= FULL_BATCH * max_batch:
+        findings.append(("the model instances", f"mean batch {batch:.0f} of {max_batch}, queue "
+                                                f"{fmt(best.get('queue_us'))} us, compute "
+                                                f"{fmt(best.get('compute_infer_us'))} us per execution"))
     measured = "; ".join(part for part in (
         f"generator at {share:.0%} of its cores" if share is not None else None,
         f"{best['processes']} generator processes at {per_process:.0f}% of a core each on average"
@@ -445,6 +453,8 @@ def markdown(results: dict) -> str:
     lines += ["", f"What limits gRPC at 32 images/request (from this run's measurements; `{CHECKS[0]}`: the same "
               f"load from twice the generator processes on the same cores; `{CHECKS[1]}`: the zero-answer model, "
               "no GPU work, in the same servers):", ""]
+    if results.get("baseline_limit_32"):
+        lines.append(f"- one GPU (the baseline, one server): {results['baseline_limit_32']['text']}")
     lines += [f"- {entry['layout']}, {entry['gpus']} GPUs: {entry['limit_32']['text']}" for entry in results["layouts"]]
     lines += ["", "Every step (server CPU: the servers' process trees over their cores; GPU: Triton's utilisation):",
               "",
@@ -619,6 +629,7 @@ def main(argv=None) -> int:
 
     def write():
         results["layouts"] = summarize(results["steps"], counts)
+        results["baseline_limit_32"] = limit_of(results["steps"], "server-per-gpu", 1)
         results["wall_s"] = round(time.time() - started, 1)
         args.out.write_text(json.dumps(results, indent=1, default=str) + "\n")
 

@@ -259,10 +259,11 @@ def test_limit_of_the_recorded_2_gpu_run_is_its_generator_processes():
     assert limit["figures"]["scaling"] == pytest.approx(39952 / 33048, rel=1e-3)
 
 
-def limit_case(plain, doubled, zero, cpu_percent=400.0, server_share=0.5, gpu_utilization=0.4, gpus=4):
-    def step(*args, **kwargs):      # the measured step's CPU and GPU figures, whichever is the peak
-        return scaling_step(*args, cpu_percent=cpu_percent, server_share=server_share,
-                            gpu_utilization=gpu_utilization, **kwargs)
+def limit_case(plain, doubled, zero, cpu_percent=400.0, server_share=0.5, gpu_utilization=0.4, gpus=4,
+               avg_batch=64.0):
+    def step(*args, **kwargs):      # the measured step's CPU, GPU and batch figures, whichever is the peak
+        return {**scaling_step(*args, cpu_percent=cpu_percent, server_share=server_share,
+                               gpu_utilization=gpu_utilization, **kwargs), "avg_batch": avg_batch}
     steps = [step("one-gpu", 1, "32", 33000.0), step("server-per-gpu", gpus, "32", plain)]
     if doubled:
         steps.append(step("server-per-gpu", gpus, "32", doubled, processes=16, check="generator-x2"))
@@ -285,6 +286,9 @@ def test_limit_named_from_each_measurement_and_not_without_one():
     assert [f["limit"] for f in cores["findings"]] == ["the load generator's processes", "the load generator's cores",
                                                        "the servers' cores"]
     assert "each of its 16 processes at 94% of a core" in cores["text"]
+    full = limit_case(60000.0, 60500.0, 300000.0, avg_batch=127.0)
+    assert [f["limit"] for f in full["findings"]] == ["the model instances"]
+    assert "mean batch 127 of 128" in full["text"]
     unknown = limit_case(60000.0, 60500.0, 300000.0)
     assert unknown["findings"] == [] and unknown["text"].startswith("limit not separated by these measurements: ")
     assert "zero-answer model 300000 img/s" in unknown["text"] and "16 generator processes +1%" in unknown["text"]
