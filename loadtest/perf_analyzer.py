@@ -145,6 +145,11 @@ def command(binary: Path, model: str, protocol: str, url: str, images_per_reques
             "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-interval",
             str(MEASUREMENT_INTERVAL_MS), "--stability-percentage", str(STABILITY_PERCENT),
             "--max-trials", str(MAX_TRIALS), "-H", token_header(protocol, token), "-f", str(csv_path)]
+    if concurrency > 1:
+        # Asynchronous calls from perf_analyzer's thread pool: in its default synchronous mode it starts one
+        # thread per request in flight, and at 64 (on the 4 load cores) its run never ended (H100, 2026-11-26:
+        # 93 s at 11.6k img/s, no result).
+        args.append("--async")
     if shared_memory != "none":
         # Regions for every output: LOGITS of the whole request (ENGINE is far smaller).
         args += ["--shared-memory", shared_memory, "--output-shared-memory-size", str(max(logits_bytes, 102400))]
