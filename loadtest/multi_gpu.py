@@ -1,31 +1,35 @@
-"""Several GPUs on one host: one server per GPU behind the balancer against one server over all GPUs.
+"""Several GPUs on one host: one server per GPU behind the balancer against one server over the GPUs.
 
-    python -m fusedresnet.loadtest.multi_gpu --out results/multi_gpu.json [--generator-cores 16-31]
+    python -m fusedresnet.loadtest.multi_gpu --out results/multi_gpu.json [--generator-cores 32-63]
 
-Two layouts of the same model repository (the custom model, its configured instances per GPU), each
-against the same server on one GPU:
+One run measures 1, 2, 4, ... GPUs up to the host's (gpu_counts), so the scaling at 2 and at 4 GPUs
+come from the same run. Two layouts of the same model repository (the custom model with its
+configured instances per GPU, and the zero-answer model), each against the first server on one GPU:
 - "server-per-gpu": one launcher per GPU (`--gpus k`), as the Kubernetes Deployment runs one pod
-  per GPU. Over gRPC, one load generator spreads its requests over every server with gRPC's
-  round_robin policy (client/resnet_client.py, grpc_channel: the client-side balancer); with CUDA
-  shared memory each GPU has its own load generator, whose regions live on that GPU and are
-  registered with that GPU's server (a region belongs to one server).
-- "one-server": one launcher over every GPU; Triton's dynamic batcher gives each batch to a free
-  instance on any GPU. With CUDA shared memory there is again one load generator per GPU, its
-  regions on that GPU.
-The one-GPU figures are the first server of "server-per-gpu" driven alone. Series: gRPC at 1 and at
-32 images per request, and CUDA shared memory at 32; each at a few loads (requests in flight per
-GPU); a series' peak over its one-GPU peak is its scaling (`scaling_1`, `scaling_32`,
-`scaling_32_cuda_shm`).
+  per GPU; the first k servers are driven for k GPUs. Over gRPC, one load generator spreads its
+  requests over them with gRPC's round_robin policy (client/resnet_client.py, grpc_channel: the
+  client-side balancer); with CUDA shared memory each GPU has its own load generator, whose regions
+  live on that GPU and are registered with that GPU's server (a region belongs to one server).
+- "one-server": one launcher over the first k GPUs; Triton's dynamic batcher gives each batch to a
+  free instance on any GPU. With CUDA shared memory there is again one load generator per GPU.
+Series: gRPC at 1 and at 32 images per request, and CUDA shared memory at 32, each at its loads
+(requests in flight per GPU); a series' peak over its one-GPU peak is its scaling (`scaling_1`,
+`scaling_32`, `scaling_32_cuda_shm`), per layout and GPU count.
+
+What limits gRPC at 32 images/request (the series with a target) is named from measurements
+(limit_of): at each GPU count and layout the same load from twice the generator processes, and in
+the per-GPU servers the zero-answer model (loadtest/zero_model: no GPU work) from that generator;
+every step records the generator's CPU, the servers' process-tree CPU over the generator's window
+(ServerCpu), and Triton's mean batch, queue and compute times and GPU utilisation.
 
 The load generator is the project's own (loadtest/grpc_flood.py), run as processes pinned with
 `taskset` to `--generator-cores`; the servers run on `--server-cores` (default: the host's cores
-split in two halves). Each step records the generator's CPU in percent of one core and as a share
-of its cores: near 100% the generator, not the servers, is the limit. Concurrent generators (one
-per GPU) each measure their own window of the same length after the same warm-up; their img/s are
-summed. Every step keeps the generators' own records (Triton's counts, per-GPU shares, latencies).
+split in two halves). Concurrent generators (one per GPU) each measure their own window of the same
+length after the same warm-up; their img/s are summed. Every step keeps the generators' own records
+(Triton's counts, per-GPU shares, latencies). No step starts after `--budget-s`.
 
-Writes the JSON (device, date, gpus, cores, layouts with their scaling, every step) and a markdown
-report beside it. Works for any number of GPUs (2 or more).
+Writes the JSON (device, date, gpus, gpu_counts, cores, layouts with their scaling and limit, every
+step) after every step, and a markdown report beside it at the end.
 """
 
 from __future__ import annotations
