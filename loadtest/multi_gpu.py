@@ -466,7 +466,7 @@ def markdown(results: dict) -> str:
               "| generator CPU | busiest generator process % | server CPU | tritonserver % of a core | GPU "
               "| mean batch | queue us | problems |", "|---" * 19 + "|"]
     for s in results["steps"]:
-        problems = "; ".join(s["problems"] + s["errors"])[:200]
+        problems = " ".join("; ".join(s["problems"] + s["errors"]).replace("|", "/").split())[-200:]  # one cell
         triton = s.get("tritonserver_cpu_percent")
         lines.append(f"| {s['layout']} | {s['gpus']} | {s['series_name']} | {s.get('model', MODEL_CUSTOM)} "
                      f"| {s.get('check') or ''} | {s['concurrency']} | {s['processes']} | {fmt(s['img_per_s'])} "

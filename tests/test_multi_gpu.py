@@ -204,7 +204,8 @@ def test_multi_gpu_summary_takes_each_layouts_peak_against_one_gpu_at_every_coun
     steps = [step("one-gpu", 1, "1", 20000.0), step("one-gpu", 1, "1", 21000.0), step("one-gpu", 1, "32", 40000.0),
              step("server-per-gpu", 2, "1", 38000.0), step("server-per-gpu", 2, "32", 76000.0),
              step("server-per-gpu", 2, "32", 74000.0), step("one-server", 2, "1", 30000.0),
-             step("one-server", 2, "32", None), step("server-per-gpu", 4, "32", 120000.0),
+             {**step("one-server", 2, "32", None), "errors": ["generator exited 1: Traceback\n  x | y\nBoom"]},
+             step("server-per-gpu", 4, "32", 120000.0),
              step("server-per-gpu", 4, "32", 150000.0, processes=16, check="generator-x2"),
              step("server-per-gpu", 4, "32", 900000.0, processes=16, check="zero-model", model="zero_answer")]
     entries = {(e["layout"], e["gpus"]): e for e in multi_gpu.summarize(steps, [1, 2, 4])}
@@ -225,6 +226,7 @@ def test_multi_gpu_summary_takes_each_layouts_peak_against_one_gpu_at_every_coun
     assert "| server-per-gpu | 2 | gRPC, 32 image(s)/request | 40000 | 76000 | **1.90x** | 1.8 |" in text
     assert "| server-per-gpu | 4 | gRPC, 32 image(s)/request | 40000 | 150000 | **3.75x** | 3.5 |" in text
     assert "- server-per-gpu, 4 GPUs: target met" in text
+    assert "| generator exited 1: Traceback x / y Boom |" in text     # an error stays in its table cell
 
 
 def test_gpu_counts_of_one_run_and_its_estimate():
