@@ -242,7 +242,8 @@ def test_gpu_counts_of_one_run_and_its_estimate():
 
 
 def recorded_run() -> dict:
-    return json.loads((RESULTS / "multi_gpu.json").read_text())
+    """The 2-GPU run of 2026-11-26 02:13 (kept in history: results/multi_gpu.json is the latest run)."""
+    return json.loads((RESULTS / "history" / "serving" / "multi_gpu_2026-11-26T0213.json").read_text())
 
 
 def test_limit_of_the_recorded_2_gpu_run_is_its_generator_processes():
