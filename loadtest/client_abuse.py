@@ -222,12 +222,16 @@ def valid_calls(url: str, requests: list[bytes], count: int, in_flight: int = 8)
 
 VALID_DEADLINE_S = 60.0          # a valid request unanswered this long after it was first sent is lost
 VALID_RETRY_BACKOFF_S = (0.05, 1.0)   # first and longest wait before a retry (doubling), as the project's clients
+# gRPC waits up to 120 s between reconnection attempts (1 s, x1.6 each): after a 10-s restart a channel would
+# stay down for seconds more with the server back; the valid clients try again every second at most
+VALID_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 async def _valid_for(url: str, requests: list[bytes], seconds: float, in_flight: int,
                      deadline_s: float = VALID_DEADLINE_S) -> dict:
     """Valid calls kept `in_flight` for `seconds`, each answered one replaced by the next, sent as a real client
-    of the project does: on channels with its retry policy (client/resnet_client.grpc_channel), and retried here
+    of the project does: on channels with its retry policy (client/resnet_client.grpc_channel; reconnection
+    attempts at most VALID_RECONNECT apart), and retried here
     too on UNAVAILABLE (a server that restarts refuses connections for longer than gRPC's own retries last),
     with backoff, until `deadline_s` after the request was first sent. A request is lost only if it never got
     an answer (another status, or UNAVAILABLE past its deadline); every answer is compared with this run's first
@@ -244,7 +248,8 @@ async def _valid_for(url: str, requests: list[bytes], seconds: float, in_flight:
     statuses, lost_examples, retry_examples = Counter(), [], []
     by_second: Counter = Counter()
     longest_s = 0.0
-    channels = [grpc.aio.insecure_channel(target, options=[*channel_args, ("grpc.use_local_subchannel_pool", 1)])
+    channels = [grpc.aio.insecure_channel(target, options=[*channel_args, *VALID_RECONNECT,
+                                                            ("grpc.use_local_subchannel_pool", 1)])
                 for _ in range(max(1, in_flight // 8))]
     infer = [channel.unary_unary(MODEL_INFER, request_serializer=None,
                                  response_deserializer=_response_type().FromString) for channel in channels]
