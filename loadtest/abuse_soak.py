@@ -62,6 +62,7 @@ from fusedresnet.loadtest.sweep import describe_device, git_commit
 RSS_GROWTH_BOUND = (128 << 20, 0.10)
 GPU_GROWTH_BOUND_MIB = 256
 MIB = 1 << 20
+SETTLE_S = 120.0          # after the soak, at most this long for a restart under way to end with a ready server
 
 
 def tritonserver_of(launcher: subprocess.Popen) -> psutil.Process | None:
@@ -364,7 +365,7 @@ def main(argv=None) -> int:
             valid_results.append(json.loads((work / f"valid{i}.json").read_text()))
         # A crash of the last moments (a hung server is restarted after the launcher's WEDGED_AFTER_S) must end
         # with a ready server too: settled twice, a sample apart
-        settle_by = time.monotonic() + 300
+        settle_by = time.monotonic() + SETTLE_S
         while time.monotonic() < settle_by:
             if sampler.settled():
                 time.sleep(args.sample_every_s)
