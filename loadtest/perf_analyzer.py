@@ -90,9 +90,20 @@ CSV_COLUMNS = {
     "p95 latency": "p95_us",
     "p99 latency": "p99_us",
 }
-MEASUREMENT_INTERVAL_MS = 2000   # perf_analyzer's window; it repeats windows until 3 agree within STABILITY_PERCENT
-STABILITY_PERCENT = 15
-MAX_TRIALS = 6
+# One measurement of a fixed number of requests per step (--request-count), after a warm-up of a fifth of them.
+# perf_analyzer's default, windows repeated until three agree, never ended at 64 one-image requests in flight on
+# the H100 host (2026-11-26: 93 s at 11.6k img/s, synchronous or asynchronous calls, custom and zero model alike),
+# and the windows' count differs between steps. The count aims at about 5 s per step at the rates measured there.
+REQUEST_SECONDS_PER_IN_FLIGHT = 1000        # requests per request in flight, for one image per request
+MIN_REQUESTS = 3000
+
+
+def request_count(concurrency: int, images_per_request: int) -> int:
+    """Requests measured in one step: ~1000 per request in flight at one image (64 in flight: ~12k req/s), fewer
+    for bigger requests (32 images: ~1/6 as many per request in flight), never under MIN_REQUESTS."""
+    return max(MIN_REQUESTS, round(REQUEST_SECONDS_PER_IN_FLIGHT * concurrency / images_per_request ** 0.5))
+
+
 STEP_TIMEOUT_S = 90
 
 
@@ -141,10 +152,14 @@ def command(binary: Path, model: str, protocol: str, url: str, images_per_reques
             shared_memory: str, token: str, csv_path: Path) -> list[str]:
     """One perf_analyzer run: `concurrency` requests in flight of `images_per_request` random images each."""
     logits_bytes = images_per_request * NUM_CLASSES * 4
+    count = request_count(concurrency, images_per_request)
     args = [str(binary), "-m", model, "-i", protocol, "-u", url, "-b", str(images_per_request),
-            "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-interval",
-            str(MEASUREMENT_INTERVAL_MS), "--stability-percentage", str(STABILITY_PERCENT),
-            "--max-trials", str(MAX_TRIALS), "-H", token_header(protocol, token), "-f", str(csv_path)]
+            "--concurrency-range", f"{concurrency}:{concurrency}", "--request-count", str(count),
+            "--warmup-request-count", str(count // 5), "-H", token_header(protocol, token), "-f", str(csv_path)]
+    if concurrency > 1:
+        # Asynchronous calls from perf_analyzer's thread pool (its default synchronous mode starts a thread per
+        # request in flight, 64 threads on the 4 load cores).
+        args.append("--async")
     if shared_memory != "none":
         # Regions for every output: LOGITS of the whole request (ENGINE is far smaller).
         args += ["--shared-memory", shared_memory, "--output-shared-memory-size", str(max(logits_bytes, 102400))]
@@ -389,6 +404,9 @@ def cross_check(records: list[dict]) -> list[dict]:
     return pairs
 
 
+# Server settings of the story and of the latency probe: name -> (CUDA MPS, instance count; None: as shipped).
+SERVER_SETTINGS = {"mps": (True, None), "mps8": (True, 8), "instances1": (False, 1)}
+
 # The serving story (Conceptual Guide Part 2): each step one change from the one before, custom model only.
 # (title, what changes, series, concurrency, server setting: None = the shipped server of the series steps)
 STORY = (
@@ -400,7 +418,12 @@ STORY = (
     ("+ CUDA MPS", "server: nvidia-cuda-mps-control -d before tritonserver starts (the 4 stub processes share "
      "the GPU instead of time-slicing it)", "grpc/32/cuda@32", 32, "mps"),
     ("+ 8 instances", "config: instance_group count 8 (under MPS)", "grpc/32/cuda@32", 32, "mps8"),
+    ("+ 64 requests in flight", "client: --concurrency-range 64:64 (16 batches of 128 in flight: every one of the "
+     "8 instances has the next batch queued while it answers one)", "grpc/32/cuda@64", 64, "mps8"),
 )
+# One request in flight on a server with one instance per model, custom and zero model: what the rotation of
+# successive requests over the 4 stub processes costs at one request in flight.
+LATENCY_PROBE = ("grpc/1@1", 1, "instances1", (MODEL_CUSTOM, ZERO_MODEL))
 
 
 def story(records: list[dict]) -> list[dict]:
@@ -492,31 +515,45 @@ def main(argv=None) -> int:
                 if same is not None:
                     same["story_step"] = index
     if not args.no_story:
+        # (setting, [(story index or None for the probe, series text, level, model)]) in order of first use
+        plan: dict[str, list] = {}
         for index, (_, _, text, level, setting) in enumerate(STORY):
-            s = dataclasses.replace(Series.parse(text), load_generator=PERF_ANALYZER)
-            if setting is None or not in_time(MODEL_CUSTOM, s, level):
-                continue
-            instances = 8 if setting == "mps8" else None
+            if setting is not None:
+                plan.setdefault(setting, []).append((index, text, level, MODEL_CUSTOM))
+        text, level, setting, probe_models = LATENCY_PROBE
+        plan.setdefault(setting, []).extend((None, text, level, model) for model in probe_models)
+        for setting, steps in plan.items():
+            mps, instances = SERVER_SETTINGS[setting]
+            probing = any(index is None for index, *_ in steps)
             folder = build_repository(BUILD_DIR / f"perf_analyzer_story_{setting}", entries=(MODEL_CUSTOM,),
-                                      zero=False, instances=instances)
+                                      zero=probing, instances=instances)
+            runnable = [(index, dataclasses.replace(Series.parse(text), load_generator=PERF_ANALYZER), level, model)
+                        for index, text, level, model in steps]
+            runnable = [step for step in runnable if in_time(step[3], step[1], step[2])]
+            if not runnable:
+                continue
             try:
-                with cuda_mps(BUILD_DIR / "perf_analyzer_mps"), \
+                with (cuda_mps(BUILD_DIR / "perf_analyzer_mps") if mps else contextlib.nullcontext()), \
                         pinned_server(folder, run.token, server_cores, load_cores,
                                       args.out / f"server_story_{setting}.log") as server:
-                    record = perf_analyzer_step(run, server, MODEL_CUSTOM, s, level, note=f"story-{setting}")
-                    record["story_step"], record["server_setting"] = index, setting
-                    print_step(record)
-            except Exception as error:   # the story goes on without this step; the report says why
+                    for index, s, level, model in runnable:
+                        record = perf_analyzer_step(run, server, model, s, level, note=f"story-{setting}")
+                        record["server_setting"] = setting
+                        if index is not None:
+                            record["story_step"] = index
+                        print_step(record)
+            except Exception as error:   # the story goes on without this setting; the report says why
                 story_servers[setting] = f"failed: {error}"
-                print(f"story step {setting} failed: {error}", file=sys.stderr)
+                print(f"story setting {setting} failed: {error}", file=sys.stderr)
     merged = report.read_results(args.merge)["steps"] if args.merge else []
     results = {
         "device": device_name(), "date": started.isoformat(timespec="seconds"), "git_commit": git_commit(),
         "command": "python -m fusedresnet.loadtest.perf_analyzer " + " ".join(argv or sys.argv[1:]),
         "engines": engines, "steps": merged + run.records, "skipped": skipped,
         "settings": {"server": f"as shipped (127.0.0.1, admin token), its processes on cores {sorted(server_cores)}",
-                     "load_cores": sorted(load_cores), "measurement_interval_ms": MEASUREMENT_INTERVAL_MS,
-                     "stability_percent": STABILITY_PERCENT, "series": [dataclasses.asdict(s) for s in series],
+                     "load_cores": sorted(load_cores),
+                     "requests_per_step": "perf_analyzer --request-count: max(3000, 1000 x in flight / sqrt(images))",
+                     "series": [dataclasses.asdict(s) for s in series],
                      "cross_check": [dataclasses.asdict(s) for s in floods], "story_servers": story_servers},
         "cross_check": cross_check(run.records), "serving_story": story(run.records),
     }

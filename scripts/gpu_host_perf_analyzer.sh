@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU-host run of issue 31, measured with Triton's own tools (about 7 minutes on the H100, at most 9):
+# GPU-host run of issue 31, measured with Triton's own tools (about 6 minutes on the H100, at most 9.5):
 # perf_analyzer against the server as shipped (127.0.0.1, admin token), for resnet18_custom, resnet18_cudnn and
 # the zero-answer model (loadtest/zero_model) over gRPC, HTTP, system and CUDA shared memory; grpc_flood on the
 # same gRPC steps (the cross-check); the serving story from as shipped to the best configuration (CUDA MPS,
@@ -20,8 +20,8 @@ pa="$(python3 -c 'from fusedresnet.loadtest.perf_analyzer import binary_path; pr
 python3 -c "import importlib.metadata as m; print('perf-analyzer', m.version('perf-analyzer'), '$pa')" | tee -a "$OUT/device.txt"
 load_cores=()
 [[ -n "${LOAD_CORES:-}" ]] && load_cores=(--load-cores "$LOAD_CORES")
-timeout 480 python3 -m fusedresnet.loadtest.perf_analyzer --out "$OUT/results" "${load_cores[@]}" \
-  --time-budget-s "${STEPS_BUDGET_S:-330}" "$@" 2>&1 | grep -v "^fusedresnet:" | tee "$OUT/perf_analyzer.log"
+timeout 540 python3 -m fusedresnet.loadtest.perf_analyzer --out "$OUT/results" "${load_cores[@]}" \
+  --time-budget-s "${STEPS_BUDGET_S:-420}" "$@" 2>&1 | grep -v "^fusedresnet:" | tee "$OUT/perf_analyzer.log"
 status=${PIPESTATUS[0]}
 cp build/perf_analyzer_repository/zero_answer/config.pbtxt "$OUT/results/zero_answer_config.pbtxt" 2>/dev/null || true
 exit "$status"

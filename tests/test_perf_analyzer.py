@@ -125,12 +125,36 @@ def test_report_compares_with_the_zero_model_and_checks_the_targets_of_issue_31(
     zero = report.ZERO_MODEL
     steps = [step(MODEL_CUSTOM, pa, 1, "none", 1, 700, 1.40, 2.0), step(zero, pa, 1, "none", 1, 900, 1.00, 1.5),
              step(MODEL_CUSTOM, pa, 32, "none", 32, 46_000, 20, 30), step(zero, pa, 32, "none", 32, 50_000, 19, 25),
-             step(MODEL_CUSTOM, pa, 32, "cuda", 32, 96_000, 10, 12)]
-    text = "\n".join(report.ceiling_section(report.grouped(steps)))
-    assert "| custom, CUDA shared memory, 32 images/request (perf_analyzer) | >= 95,000 img/s | 96,000 img/s" in text
+             step(MODEL_CUSTOM, pa, 32, "cuda", 32, 80_000, 10, 12),
+             # the serving story's best server setting counts for the CUDA shared-memory target
+             dict(step(MODEL_CUSTOM, pa, 32, "cuda", 64, 96_000, 10, 13), server_setting="mps8", story_step=5),
+             # the latency probe: one instance per model, one request in flight
+             dict(step(MODEL_CUSTOM, pa, 1, "none", 1, 800, 1.20, 1.6), server_setting="instances1",
+                  execute_engine_us=155.0, compute_infer_us=700.0),
+             dict(step(zero, pa, 1, "none", 1, 1000, 0.95, 1.3), server_setting="instances1", compute_infer_us=290.0)]
+    text = "\n".join(report.ceiling_section(report.grouped(steps), steps))
+    assert ("| custom, CUDA shared memory, 32 images/request (perf_analyzer, best server setting) | >= 95,000 img/s "
+            "| 96,000 img/s (64 in flight, p99 13.00 ms, server: mps8) | met |") in text
     assert "32 images/request, peak against the zero model's | >= 90% | 92% | met |" in text
     assert "1 image/request, peak against the zero model's | >= 90% | 78% | **not met** |" in text
     assert "1.40 - 1.00 = +0.40 ms | **not met** |" in text
+    assert "| the same, server setting instances1 | <= +0.3 ms | 1.20 - 0.95 = +0.25 ms | met |" in text
+    assert "compute infer 700 us against the zero model's 290 us" in text and "engine 155" in text
+    shipped_only = [s for s in steps if not s.get("server_setting")]
+    assert "80,000 img/s (32 in flight, p99 12.00 ms, server: as shipped) | **not met** |" in "\n".join(
+        report.ceiling_section(report.grouped(shipped_only), shipped_only))
+
+
+def test_each_step_measures_a_fixed_request_count_after_a_warm_up(tmp_path):
+    def counts(images, in_flight):
+        args = perf_analyzer.command(tmp_path / "pa", MODEL_CUSTOM, "grpc", "127.0.0.1:8001", images, in_flight,
+                                     "none", "t", tmp_path / "x.csv")
+        return int(args[args.index("--request-count") + 1]), int(args[args.index("--warmup-request-count") + 1]), args
+    one, warm, args = counts(1, 64)
+    assert one == 64_000 and warm == 12_800 and "--async" in args and "--measurement-interval" not in args
+    assert counts(32, 32)[0] == round(32_000 / 32 ** 0.5)
+    single, _, args = counts(1, 1)
+    assert single == perf_analyzer.MIN_REQUESTS and "--async" not in args     # one in flight: synchronous calls
 
 
 def test_cross_check_pairs_the_two_load_generators_on_the_same_traffic():
