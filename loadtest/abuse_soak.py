@@ -14,9 +14,10 @@ after the request was first sent (a restarting server refuses connections for lo
 retries last). A valid request is LOST only when it never got an answer; every answer is compared with that
 process's first answer to the same request (relative L2 within the project's tolerance).
 
-Abuse, in a loop until the end: a round of abandoned calls (256 in flight on one connection, closed after
-1 s), a burst of calls with a 5 ms deadline, an RST_STREAM storm, then `--pause`. `--abort-server-at S`
-also sends SIGABRT to tritonserver S seconds in (the crash the launcher must recover from).
+Abuse, in a loop until the end (`--abuse` picks the behaviours): a round of abandoned calls (256 in flight on
+one connection, closed after 1 s), a burst of 500 calls with a 5 ms deadline, an RST_STREAM storm of 1,000
+calls, then `--pause`. `--abort-server-at S` also sends SIGABRT to tritonserver S seconds in, once it serves
+(the crash the launcher must recover from).
 
 Timeline, every `--sample-every-s`: the valid img/s of the interval (answers counted by the valid processes),
 Triton's own metrics for the model over the interval (requests succeeded/failed, images, queue and
@@ -62,6 +63,11 @@ from fusedresnet.loadtest.sweep import describe_device, git_commit
 RSS_GROWTH_BOUND = (128 << 20, 0.10)
 GPU_GROWTH_BOUND_MIB = 256
 MIB = 1 << 20
+ABUSE = {   # behaviour -> one cycle's statuses
+    "abandon": lambda url, requests: client_abuse.abandon(url, requests, 1, 256, 1.0)[0].summary()["statuses"],
+    "deadlines": lambda url, requests: client_abuse.deadlines(url, requests, 500, 64, 0.005).summary()["statuses"],
+    "rst-storm": lambda url, requests: client_abuse.rst_storm(url, requests, 1000).summary()["statuses"],
+}
 SETTLE_S = 120.0          # after the soak, at most this long for a restart under way to end with a ready server
 
 
@@ -121,18 +127,26 @@ class Sampler(threading.Thread):
     def run(self):
         answered_at, pid, next_sample = time.time(), None, 0.0
         while not self.stop.is_set():
-            server = tritonserver_of(self.launcher)
-            if server is not None and server.pid not in self.pids_seen:
-                self.pids_seen.append(server.pid)
-            ready = server is not None and grpc_ready(self.grpc_url)
-            if ready and pid is not None and server.pid != pid:
-                self.windows.append([answered_at, time.time()])
-            if ready:
-                answered_at, pid = time.time(), server.pid
-            if time.monotonic() >= next_sample:
-                next_sample = time.monotonic() + self.every_s
-                self.samples.append(self.sample(server, ready))
+            try:
+                answered_at, pid, next_sample = self.poll(answered_at, pid, next_sample)
+            except psutil.Error:        # a process that vanished between two looks: look again
+                pass
             self.stop.wait(0.5)
+
+    def poll(self, answered_at: float, pid: int | None, next_sample: float) -> tuple[float, int | None, float]:
+        """One look: the serving pid, its readiness (a new ready pid closes a restart window), a sample if due."""
+        server = tritonserver_of(self.launcher)
+        if server is not None and server.pid not in self.pids_seen:
+            self.pids_seen.append(server.pid)
+        ready = server is not None and grpc_ready(self.grpc_url)
+        if ready and pid is not None and server.pid != pid:
+            self.windows.append([answered_at, time.time()])
+        if ready:
+            answered_at, pid = time.time(), server.pid
+        if time.monotonic() >= next_sample:
+            next_sample = time.monotonic() + self.every_s
+            self.samples.append(self.sample(server, ready))
+        return answered_at, pid, next_sample
 
     def sample(self, server: psutil.Process | None, ready: bool) -> dict:
         processes = [server, *python_stubs(server.pid).values()] if server is not None else []
@@ -173,9 +187,13 @@ class Sampler(threading.Thread):
                 else round(delta["compute_infer_us"] / 1e3, 2)}
 
 
-def abort_server(launcher: subprocess.Popen, started: float, aborted: dict):
-    """SIGABRT to the launcher's tritonserver (the crash it must recover from); `aborted` says when and which."""
+def abort_server(launcher: subprocess.Popen, grpc_url: str, started: float, aborted: dict):
+    """SIGABRT to the launcher's tritonserver once it serves (the crash it must recover from); `aborted` says
+    when and which."""
     server = tritonserver_of(launcher)
+    while (server is None or not grpc_ready(grpc_url)) and launcher.poll() is None:
+        time.sleep(0.5)
+        server = tritonserver_of(launcher)
     if server is not None:
         server.send_signal(signal.SIGABRT)
         aborted.update(t=round(time.time() - started, 1), pid=server.pid)
@@ -290,6 +308,9 @@ def main(argv=None) -> int:
     parser.add_argument("--deadline-s", type=float, default=client_abuse.VALID_DEADLINE_S,
                         help="a valid request unanswered this long after it was first sent is lost")
     parser.add_argument("--pause", type=float, default=10.0, help="seconds between abuse cycles")
+    parser.add_argument("--abuse", type=lambda text: [b for b in text.split(",") if b], default=list(ABUSE),
+                        help=f"the behaviours of each abuse cycle, comma-separated (default {','.join(ABUSE)}; "
+                             "empty: none)")
     parser.add_argument("--min-images-per-s", type=float, default=0.0,
                         help="the valid load must reach this (e.g. half the measured peak)")
     parser.add_argument("--load-cores", default=default_load_cores(),
@@ -301,6 +322,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("build/abuse_soak"))
     parser.add_argument("launcher_args", nargs="*", help="extra launcher arguments, after --")
     args = parser.parse_args(argv)
+    if set(args.abuse) - set(ABUSE):
+        parser.error(f"--abuse: unknown {sorted(set(args.abuse) - set(ABUSE))}; known: {', '.join(ABUSE)}")
     load_cores = parse_cores(args.load_cores)
     all_cores = os.sched_getaffinity(0)
     server_cores = all_cores - load_cores
@@ -348,15 +371,14 @@ def main(argv=None) -> int:
         requests = [client_abuse.infer_request(args.model, images[i:i + 1]) for i in range(8)]
         abuse, aborted = [], {}
         if args.abort_server_at is not None:
-            abort_timer = threading.Timer(args.abort_server_at, abort_server, (launcher, started, aborted))
+            abort_timer = threading.Timer(args.abort_server_at, abort_server, (launcher, grpc_url, started, aborted))
             abort_timer.daemon = True
             abort_timer.start()
         end = time.monotonic() + args.seconds
         while time.monotonic() < end:
-            cycle = {"t": round(time.time() - started, 1),
-                     "abandon": client_abuse.abandon(grpc_url, requests, 1, 256, 1.0)[0].summary()["statuses"],
-                     "deadlines": client_abuse.deadlines(grpc_url, requests, 500, 64, 0.005).summary()["statuses"],
-                     "rst_storm": client_abuse.rst_storm(grpc_url, requests, 1000).summary()["statuses"]}
+            cycle = {"t": round(time.time() - started, 1)}
+            for behaviour in args.abuse:
+                cycle[behaviour] = ABUSE[behaviour](grpc_url, requests)
             abuse.append(cycle)
             time.sleep(max(0.0, min(args.pause, end - time.monotonic())))
         valid_results = []

@@ -1,5 +1,7 @@
 """The abuse soak (loadtest/abuse_soak.py) in short, on the CPU, against the launcher serving the zero-answer
-model: tritonserver is aborted (SIGABRT) in the middle; the launcher restarts it, and the valid clients, which
+model: tritonserver is aborted (SIGABRT) in the middle (no abuse cycles: abandoned, expired and cancelled calls
+crash this Triton at random, docs/ROBUSTNESS.md, which would make the test's course a matter of chance; the
+behaviours themselves are tests/test_client_abuse.py's); the launcher restarts it, and the valid clients, which
 retry UNAVAILABLE as the project's clients do, lose no request. The report has its 5-s timeline and the
 memory of each server process. The 10-minute run on the GPU host is scripts/gpu_host_robustness.sh."""
 
@@ -19,8 +21,9 @@ def test_a_short_soak_with_an_aborted_server_loses_no_valid_request_and_explains
     out = tmp_path / "soak"
     status = abuse_soak.main([
         "--seconds", str(SECONDS), "--model", ZERO_MODEL, "--valid-processes", "2", "--valid-in-flight", "4",
-        "--images-per-request", "8", "--pause", "60", "--warm-up-s", "2", "--sample-every-s", "2",
-        "--abort-server-at", str(ABORT_AT), "--load-cores", str(cores[-1]), "--out", str(out),
+        "--images-per-request", "8", "--abuse", "", "--pause", "60", "--warm-up-s", "2",
+        "--sample-every-s", "2", "--abort-server-at", str(ABORT_AT), "--load-cores", str(cores[-1]),
+        "--out", str(out),
         "--", "--model-repository", str(ZERO_MODEL_REPOSITORY)])
     report = json.loads(out.with_suffix(".json").read_text())
     valid = report["valid"]
@@ -28,9 +31,8 @@ def test_a_short_soak_with_an_aborted_server_loses_no_valid_request_and_explains
     assert report["aborted"] and report["aborted"]["t"] >= ABORT_AT
     assert report["restarts"] >= 1 and len(report["servers_seen"]) == report["restarts"] + 1
     assert len(report["restart_windows_s"]) == report["restarts"]
-    window = report["restart_windows_s"][0]
-    # (the old server last answered around the abort: its sampler's probe may come a few seconds later)
-    assert window[0] - 3 <= report["aborted"]["t"] < window[1]
+    # the restart of the abort (the old server last answered around it: the sampler's probe may be late)
+    window = next(w for w in report["restart_windows_s"] if w[0] - 3 <= report["aborted"]["t"] < w[1])
     # requests refused while the server was down were retried and answered: none lost, none wrong
     assert valid["lost"] == 0 and valid["mismatched_answers"] == 0, valid
     assert valid["retries"] > 0 and sum(p["answered_after_retry"] for p in valid["per_process"]) > 0, valid
