@@ -347,6 +347,7 @@ def drive(workers, results, go, start_at, settings: FloodSettings, metrics_url: 
     after = step.scrape_until_settled(metrics_url, settings.model,
                                       triton_metrics.requests_seen(before, settings.model) + records.sent)
     record = measurements.client_side_summary(records, window, settings.images_per_request)
+    record["window_unix"] = list(window)     # the measurement window (time.time()), for others' samples of it
     inside = (records.finished_at >= window[0]) & (records.finished_at < window[1]) & records.succeeded
     record["max_ms"] = float(records.latency_ms[inside].max()) if inside.any() else None
     record.update(measurements.all_request_counts(records))
@@ -375,8 +376,9 @@ def drive(workers, results, go, start_at, settings: FloodSettings, metrics_url: 
 
 
 def main(argv=None) -> int:
+    from fusedresnet.loadtest.report import ZERO_MODEL  # the zero-answer model of a measurement's own repository
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=MODELS, default=MODEL_CUSTOM)
+    parser.add_argument("--model", choices=(*MODELS, ZERO_MODEL), default=MODEL_CUSTOM)
     parser.add_argument("--url", default=f"{DEFAULT_HOST}:{DEFAULT_GRPC_PORT}",
                         help="Triton's gRPC endpoint; several: host:port,host:port or dns:///name:port")
     parser.add_argument("--metrics-url", default=f"http://{DEFAULT_HOST}:{DEFAULT_METRICS_PORT}/metrics",

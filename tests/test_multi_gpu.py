@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import json
+import os
 import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,6 +39,7 @@ from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.loadtest import triton_metrics
 
 GPU_COUNT = torch.cuda.device_count()
+RESULTS = Path(__file__).resolve().parent.parent / "results"
 several_gpus = pytest.mark.skipif(GPU_COUNT < 2, reason=f"needs two or more GPUs ({GPU_COUNT} here)")
 
 
@@ -184,28 +188,155 @@ def test_served_models_have_instances_on_every_gpu_and_each_answers_right(triton
     assert np.isclose(sum(gpu["share"] for gpu in split.values()), 1.0), split
 
 
-def test_multi_gpu_summary_takes_each_layouts_peak_against_one_gpu():
+def scaling_step(layout, gpus, series, img_per_s, processes=8, check=None, model=MODEL_CUSTOM, cpu_percent=400.0,
+                 server_share=0.5, gpu_utilization=0.4, level=32):
+    return {"layout": layout, "gpus": gpus, "series": series, "series_name": series, "img_per_s": img_per_s,
+            "p50_ms": 1.0, "p99_ms": 10.0, "concurrency": level * gpus, "generators": 1, "processes": processes,
+            "failures": 0, "generator_cpu_percent": cpu_percent, "generator_cpu_share": cpu_percent / 1600,
+            "generator_cpu_max_process": cpu_percent / processes, "server_cpu_share": server_share,
+            "gpu_utilization": gpu_utilization, "avg_batch": 64.0, "level_per_gpu": level, "check": check,
+            "model": model, "problems": [], "errors": []}
+
+
+def test_multi_gpu_summary_takes_each_layouts_peak_against_one_gpu_at_every_count():
     from fusedresnet.loadtest import multi_gpu
-
-    def step(layout, gpus, series, img_per_s):
-        return {"layout": layout, "gpus": gpus, "series": series, "series_name": series, "img_per_s": img_per_s,
-                "p50_ms": 1.0, "p99_ms": 10.0, "concurrency": 64, "generators": 1, "processes": 8, "failures": 0,
-                "generator_cpu_percent": 800.0, "generator_cpu_share": 0.5, "problems": [], "errors": []}
-
+    step = scaling_step
     steps = [step("one-gpu", 1, "1", 20000.0), step("one-gpu", 1, "1", 21000.0), step("one-gpu", 1, "32", 40000.0),
              step("server-per-gpu", 2, "1", 38000.0), step("server-per-gpu", 2, "32", 76000.0),
              step("server-per-gpu", 2, "32", 74000.0), step("one-server", 2, "1", 30000.0),
-             step("one-server", 2, "32", None)]
-    layouts = {entry["layout"]: entry for entry in multi_gpu.summarize(steps, 2)}
-    assert set(layouts) == {"server-per-gpu", "one-server"}
-    assert layouts["server-per-gpu"]["scaling_1"] == pytest.approx(38000 / 21000)
-    assert layouts["server-per-gpu"]["scaling_32"] == pytest.approx(76000 / 40000)
-    assert layouts["one-server"]["scaling_1"] == pytest.approx(30000 / 21000)
-    assert layouts["one-server"]["scaling_32"] is None          # a failed step is no peak
-    assert layouts["server-per-gpu"]["scaling_32_target"] == 1.8
-    text = multi_gpu.markdown({"device": "d", "date": "t", "command": "c", "gpus": 2, "generator_cores": "16-31",
-                               "server_cores": "0-15", "steps": steps, "layouts": list(layouts.values())})
-    assert "| server-per-gpu | gRPC, 32 image(s)/request | 40000 | 76000 | **1.90x** | 1.8 |" in text
+             {**step("one-server", 2, "32", None), "errors": ["generator exited 1: Traceback\n  x | y\nBoom"]},
+             step("server-per-gpu", 4, "32", 120000.0),
+             step("server-per-gpu", 4, "32", 150000.0, processes=16, check="generator-x2"),
+             step("server-per-gpu", 4, "32", 900000.0, processes=16, check="zero-model", model="zero_answer")]
+    entries = {(e["layout"], e["gpus"]): e for e in multi_gpu.summarize(steps, [1, 2, 4])}
+    assert set(entries) == {(layout, gpus) for layout in ("server-per-gpu", "one-server") for gpus in (2, 4)}
+    for entry in entries.values():      # issue 32's keys, per layout and GPU count
+        assert {"layout", "gpus", "scaling_1", "scaling_32"} <= set(entry)
+    assert entries["server-per-gpu", 2]["scaling_1"] == pytest.approx(38000 / 21000)
+    assert entries["server-per-gpu", 2]["scaling_32"] == pytest.approx(76000 / 40000)
+    assert entries["one-server", 2]["scaling_1"] == pytest.approx(30000 / 21000)
+    assert entries["one-server", 2]["scaling_32"] is None          # a failed step is no peak
+    # the doubled generator's step counts towards the peak, the zero-answer model's never does
+    assert entries["server-per-gpu", 4]["scaling_32"] == pytest.approx(150000 / 40000)
+    assert entries["server-per-gpu", 2]["scaling_32_target"] == 1.8
+    assert entries["server-per-gpu", 4]["scaling_32_target"] == 3.5
+    assert entries["server-per-gpu", 4]["limit_32"]["text"].startswith("target met (3.75x >= 3.5x)")
+    text = multi_gpu.markdown({"device": "d", "date": "t", "command": "c", "gpus": 4, "generator_cores": "32-63",
+                               "server_cores": "0-31", "steps": steps, "layouts": list(entries.values())})
+    assert "| server-per-gpu | 2 | gRPC, 32 image(s)/request | 40000 | 76000 | **1.90x** | 1.8 |" in text
+    assert "| server-per-gpu | 4 | gRPC, 32 image(s)/request | 40000 | 150000 | **3.75x** | 3.5 |" in text
+    assert "- server-per-gpu, 4 GPUs: target met" in text
+    assert "| generator exited 1: Traceback x / y Boom |" in text     # an error stays in its table cell
+
+
+def test_gpu_counts_of_one_run_and_its_estimate():
+    from fusedresnet.loadtest import multi_gpu
+    assert multi_gpu.gpu_counts(2) == [1, 2]
+    assert multi_gpu.gpu_counts(4) == [1, 2, 4]
+    assert multi_gpu.gpu_counts(6) == [1, 2, 4, 6]
+    steps, starts = multi_gpu.planned_steps([1, 2, 4])
+    # per count: 4 series steps and 2 checks on the per-GPU servers; one-server at 2 and 4: 4 steps and 1 check
+    assert (steps, starts) == (3 * 6 + 2 * 5, 2 + 2)
+    # the 4-GPU run's measurement fits the script's budget (390 s) with a step of overrun
+    assert multi_gpu.estimate_s([1, 2, 4], 3.5, 1.5) < 390
+
+
+def recorded_run() -> dict:
+    """The 2-GPU run of 2026-11-26 02:13 (kept in history: results/multi_gpu.json is the latest run)."""
+    return json.loads((RESULTS / "history" / "serving" / "multi_gpu_2026-11-26T0213.json").read_text())
+
+
+def test_limit_of_the_recorded_2_gpu_run_is_its_generator_processes():
+    """The last real run (2 x H200, no checks yet): its 8 generator processes each busy past a core at
+    2 GPUs, under 80% at 1 GPU: the report names the generator's processes, from those figures."""
+    from fusedresnet.loadtest import multi_gpu
+    steps = recorded_run()["steps"]
+    best = max((s for s in steps if s["layout"] == "server-per-gpu" and s["series"] == "32"),
+               key=lambda s: s["img_per_s"])
+    per_process = best["generator_cpu_percent"] / best["processes"]
+    assert per_process > 100
+    limit = multi_gpu.limit_of(steps, "server-per-gpu", 2)
+    assert [f["limit"] for f in limit["findings"]] == ["the load generator's processes"]
+    assert f"each of its 8 processes at {per_process:.0f}% of a core" in limit["text"]
+    assert limit["text"].startswith("limit: ")
+    assert limit["figures"]["scaling"] == pytest.approx(39952 / 33048, rel=1e-3)
+
+
+def limit_case(plain, doubled, zero, cpu_percent=400.0, server_share=0.5, gpu_utilization=0.4, gpus=4,
+               avg_batch=64.0):
+    def step(*args, **kwargs):      # the measured step's CPU, GPU and batch figures, whichever is the peak
+        return {**scaling_step(*args, cpu_percent=cpu_percent, server_share=server_share,
+                               gpu_utilization=gpu_utilization, **kwargs), "avg_batch": avg_batch}
+    steps = [step("one-gpu", 1, "32", 33000.0), step("server-per-gpu", gpus, "32", plain)]
+    if doubled:
+        steps.append(step("server-per-gpu", gpus, "32", doubled, processes=16, check="generator-x2"))
+    if zero:
+        steps.append(step("server-per-gpu", gpus, "32", zero, processes=16, check="zero-model", model="zero_answer"))
+    from fusedresnet.loadtest import multi_gpu
+    return multi_gpu.limit_of(steps, "server-per-gpu", gpus)
+
+
+def test_limit_named_from_each_measurement_and_not_without_one():
+    generator = limit_case(60000.0, 75000.0, 300000.0)
+    assert [f["limit"] for f in generator["findings"]] == ["the load generator"]
+    assert "16 generator processes gave +25% img/s over 8" in generator["text"]
+    path = limit_case(60000.0, 61000.0, 64000.0)
+    assert [f["limit"] for f in path["findings"]] == ["the servers' gRPC / Python-backend path"]
+    assert "the zero-answer model 64000 img/s vs the custom model 61000 img/s (95%)" in path["text"]
+    gpus = limit_case(60000.0, 60500.0, 300000.0, gpu_utilization=0.97)
+    assert [f["limit"] for f in gpus["findings"]] == ["the GPUs"]
+    cores = limit_case(60000.0, 60500.0, 300000.0, server_share=0.95, cpu_percent=1500.0)
+    assert [f["limit"] for f in cores["findings"]] == ["the load generator's processes", "the load generator's cores",
+                                                       "the servers' cores"]
+    assert "each of its 16 processes at 94% of a core" in cores["text"]
+    full = limit_case(60000.0, 60500.0, 300000.0, avg_batch=127.0)
+    assert [f["limit"] for f in full["findings"]] == ["the model instances"]
+    assert "mean batch 127 of 128" in full["text"]
+    unknown = limit_case(60000.0, 60500.0, 300000.0)
+    assert unknown["findings"] == [] and unknown["text"].startswith("limit not separated by these measurements: ")
+    assert "zero-answer model 300000 img/s" in unknown["text"] and "16 generator processes +1%" in unknown["text"]
+    met = limit_case(120000.0, 121000.0, 300000.0)
+    assert met["text"].startswith("target met (3.67x >= 3.5x)")
+    two = limit_case(60000.0, 61000.0, 64000.0, gpus=2)
+    assert two["target"] == 1.8 and two["text"].startswith("target met")
+
+
+def test_the_zero_model_check_runs_through_the_launcher_and_records_the_servers_cpu(prepared_repository, tmp_path):
+    """The zero-answer check as the GPU run makes it, on this host's CPU: the scaling repository (custom
+    model and zero-answer model) behind the launcher, one grpc_flood step of 32 images/request; the
+    generator's window is recorded and the server's process tree (launcher, tritonserver, stubs) and
+    tritonserver itself are measured over it."""
+    from types import SimpleNamespace
+
+    from fusedresnet.backend.spec import MODEL_REPOSITORY
+    from fusedresnet.loadtest import multi_gpu
+    from fusedresnet.loadtest.image_pool import build_image_pool, save_image_pool
+    from fusedresnet.loadtest.serving_sequence import LaunchedServer
+    token_file = tmp_path / "token"
+    token_file.write_text("unused")      # gRPC without shared memory registers nothing
+    repository = multi_gpu.scaling_repository(tmp_path / "models")
+    assert sorted(p.name for p in repository.iterdir() if p.is_dir()) == sorted([MODEL_CUSTOM, "zero_answer"])
+    cores = sorted(os.sched_getaffinity(0))
+    bench = multi_gpu.Bench(tmp_path, save_image_pool(build_image_pool(64), tmp_path / "pool.npy"), token_file,
+                            cores, cores, seconds=1.5, warmup_s=0.5)
+    launched = LaunchedServer(repository, {}, MODEL_REPOSITORY.parent, token_file, tmp_path / "server.log")
+    try:
+        server = SimpleNamespace(process=launched.process, url=launched.url, metrics_url=launched.metrics_url)
+        series = multi_gpu.Series("32", 32, "none", (2,))
+        record = multi_gpu.drive(bench, "one-gpu", [server], series, 2, 1, model="zero_answer", check="zero-model")
+    finally:
+        launched.stop()
+    assert record["errors"] == [] and record["problems"] == [] and record["failures"] == 0, record
+    assert record["img_per_s"] > 0 and record["avg_batch"] >= 1
+    (generator,) = record["generator_records"]
+    assert generator["model"] == "zero_answer"
+    window = generator["window_unix"]
+    assert window[1] - window[0] == pytest.approx(1.5)
+    (tree,), (triton,) = record["server_cpu_percent"], record["tritonserver_cpu_percent"]
+    assert 0 < triton <= tree        # tritonserver found in the launcher's tree, busy through the window
+    assert record["server_cpu_share"] == pytest.approx(tree / (100 * len(cores)))
+    assert (record["gpus"], record["check"], record["model"], record["level_per_gpu"]) == (1, "zero-model",
+                                                                                         "zero_answer", 2)
 
 
 def test_cpu_lists_read_as_taskset_writes_them():
