@@ -220,42 +220,91 @@ def valid_calls(url: str, requests: list[bytes], count: int, in_flight: int = 8)
     return asyncio.run(_steady(url, requests, count, in_flight, 2, 120.0, None))
 
 
-async def _valid_for(url: str, requests: list[bytes], seconds: float, in_flight: int) -> dict:
-    """Valid calls kept `in_flight` for `seconds` (each answered one replaced by the next, a failed one
-    after 0.2 s): each answer compared with this run's first answer to the same request (relative L2
-    within IMAGE_REL_L2_TOLERANCE); failures kept with their time."""
-    from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, compare_logits
+VALID_DEADLINE_S = 60.0          # a valid request unanswered this long after it was first sent is lost
+VALID_RETRY_BACKOFF_S = (0.05, 1.0)   # first and longest wait before a retry (doubling), as the project's clients
+# gRPC waits up to 120 s between reconnection attempts (1 s, x1.6 each): after a 10-s restart a channel would
+# stay down for seconds more with the server back; the valid clients try again every second at most
+VALID_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.max_reconnect_backoff_ms", 1000)]
 
+
+async def _valid_for(url: str, requests: list[bytes], seconds: float, in_flight: int,
+                     deadline_s: float = VALID_DEADLINE_S) -> dict:
+    """Valid calls kept `in_flight` for `seconds`, each answered one replaced by the next, sent as a real client
+    of the project does: on channels with its retry policy (client/resnet_client.grpc_channel; reconnection
+    attempts at most VALID_RECONNECT apart), and retried here
+    too on UNAVAILABLE (a server that restarts refuses connections for longer than gRPC's own retries last),
+    with backoff, until `deadline_s` after the request was first sent. A request is lost only if it never got
+    an answer (another status, or UNAVAILABLE past its deadline); every answer is compared with this run's first
+    answer to the same request (relative L2 within IMAGE_REL_L2_TOLERANCE). Answered images are counted per
+    second of the epoch ("answered_images_by_second") for the soak's timeline."""
+    import grpc
+
+    from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, compare_logits
+    from fusedresnet.client.resnet_client import grpc_channel
+
+    target, channel_args = grpc_channel(url)
     first_answers: dict[int, np.ndarray] = {}
-    statuses, failures, mismatched, sent = Counter(), [], 0, 0
-    channels, infer = _channels(url, max(1, in_flight // 8))
+    figures = Counter()            # sent, answered_first_time, answered_after_retry, lost, retries, mismatched
+    statuses, lost_examples, retry_examples = Counter(), [], []
+    by_second: Counter = Counter()
+    longest_s = 0.0
+    channels = [grpc.aio.insecure_channel(target, options=[*channel_args, *VALID_RECONNECT,
+                                                            ("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(max(1, in_flight // 8))]
+    infer = [channel.unary_unary(MODEL_INFER, request_serializer=None,
+                                 response_deserializer=_response_type().FromString) for channel in channels]
     end = time.monotonic() + seconds
 
     async def worker(slot: int):
-        nonlocal mismatched, sent
+        nonlocal longest_s
         while time.monotonic() < end:
-            index = (slot + sent) % len(requests)
-            sent += 1
-            outcome = await _outcome(infer[slot % len(infer)](requests[index], timeout=60.0))
+            index = (slot + figures["sent"]) % len(requests)
+            figures["sent"] += 1
+            first_sent, attempt, backoff = time.monotonic(), 0, VALID_RETRY_BACKOFF_S[0]
+            while True:
+                left = deadline_s - (time.monotonic() - first_sent)
+                outcome = await _outcome(infer[slot % len(infer)](requests[index], timeout=max(left, 0.001)))
+                if isinstance(outcome, np.ndarray) or outcome[0] != "UNAVAILABLE" \
+                        or time.monotonic() - first_sent + backoff >= deadline_s:
+                    break
+                attempt += 1
+                figures["retries"] += 1
+                if len(retry_examples) < 5:
+                    retry_examples.append((time.time(), f"{outcome[0]}: {outcome[1][:160]}"))
+                await asyncio.sleep(backoff)
+                backoff = min(2 * backoff, VALID_RETRY_BACKOFF_S[1])
             if isinstance(outcome, np.ndarray):
                 statuses["OK"] += 1
+                figures["answered_after_retry" if attempt else "answered_first_time"] += 1
+                longest_s = max(longest_s, time.monotonic() - first_sent)
+                by_second[int(time.time())] += len(outcome)
                 reference = first_answers.setdefault(index, outcome)
-                mismatched += compare_logits(outcome, reference)["rel_l2"] > IMAGE_REL_L2_TOLERANCE
+                figures["mismatched"] += compare_logits(outcome, reference)["rel_l2"] > IMAGE_REL_L2_TOLERANCE
             else:
                 statuses[outcome[0]] += 1
-                failures.append((time.time(), f"{outcome[0]}: {outcome[1][:120]}"))
-                await asyncio.sleep(0.2)
+                figures["lost"] += 1
+                lost_examples.append((time.time(), f"{outcome[0]} after {attempt} retries: {outcome[1][:160]}"))
 
     try:
         await asyncio.gather(*(worker(slot) for slot in range(in_flight)))
     finally:
         for channel in channels:
             await channel.close(grace=None)
-    return {"sent": sent, "statuses": dict(statuses), "mismatched": int(mismatched), "failures": failures}
+    return {**{key: int(figures[key]) for key in ("sent", "answered_first_time", "answered_after_retry", "lost",
+                                                   "retries", "mismatched")},
+            "statuses": dict(statuses), "longest_to_answer_s": round(longest_s, 3), "deadline_s": deadline_s,
+            "failures": lost_examples, "retry_examples": retry_examples,
+            "answered_images_by_second": {str(second): count for second, count in sorted(by_second.items())}}
 
 
-def valid_for(url: str, requests: list[bytes], seconds: float, in_flight: int = 16) -> dict:
-    return asyncio.run(_valid_for(url, requests, seconds, in_flight))
+def _response_type():
+    from tritonclient.grpc import service_pb2
+    return service_pb2.ModelInferResponse
+
+
+def valid_for(url: str, requests: list[bytes], seconds: float, in_flight: int = 16,
+              deadline_s: float = VALID_DEADLINE_S) -> dict:
+    return asyncio.run(_valid_for(url, requests, seconds, in_flight, deadline_s))
 
 
 # ---------------------------------------------------------------- connections
@@ -437,6 +486,8 @@ def main(argv=None):
     parser.add_argument("--connections", type=int, default=1)
     parser.add_argument("--deadline", type=float, default=0.05, help="deadlines: seconds")
     parser.add_argument("--seconds", type=float, default=60.0, help="valid: seconds of valid load")
+    parser.add_argument("--deadline-s", type=float, default=VALID_DEADLINE_S,
+                        help="valid: a request unanswered this long after it was first sent (retries included) is lost")
     parser.add_argument("--seed", type=int, default=3, help="of the images")
     args = parser.parse_args(argv)
     images = np.random.default_rng(args.seed).integers(0, 256, (8 + args.images_per_request, 224, 224, 3),
@@ -444,7 +495,7 @@ def main(argv=None):
     requests = [infer_request(args.model, images[i:i + args.images_per_request])
                 for i in range(8)]
     if args.behaviour == "valid":
-        print(json.dumps(valid_for(args.url, requests, args.seconds, args.in_flight)))
+        print(json.dumps(valid_for(args.url, requests, args.seconds, args.in_flight, args.deadline_s)))
         return
     if args.behaviour == "abandon":
         rounds = abandon(args.url, requests, args.rounds, args.in_flight, args.hold, args.connections)

@@ -5,8 +5,12 @@
 #      and the SIGABRT tests of tests/test_faults.py                                      (about 3 min)
 #   2. a 10-minute soak (loadtest/abuse_soak.py): valid traffic at >= half the measured peak
 #      (38.7k img/s at 32 images/request, ../shared/gpu-host/README.md, 2026-11-25) mixed with
-#      abandonment, deadline and RST_STREAM cycles; nothing valid lost, memory flat, every crash
-#      recovered by the launcher                                                          (about 11 min)
+#      abandonment, deadline and RST_STREAM cycles; nothing valid lost (the valid clients retry
+#      UNAVAILABLE up to 60 s, as the project's clients do), memory flat per server process after
+#      its warm-up, every crash recovered by the launcher; the server on cores 0-9, the 8 valid
+#      processes and the abuse loop on SOAK_LOAD_CORES (default 10-15); a 5-s timeline (valid
+#      img/s, Triton's queue/compute times, CPU of server, clients and abuse loop, memory) in the
+#      report                                                                     (about 11-12 min)
 #   3. the abandonment crash rate on the zero-answer model, as shipped                    (about 3 min)
 # Results under $OUT (default build/gpu-host-robustness): device.txt, pytest-robustness.log,
 # robustness_client_abuse.{json,md}, robustness_faults.{json,md}, robustness_abuse_soak.{json,md},
@@ -31,9 +35,10 @@ FUSEDRESNET_RESULTS_DIR="$OUT" python3 -m pytest -v -rs --durations=10 tests/tes
 tail -n 15 "$OUT/pytest-robustness.log"
 echo "== 2. 10-minute soak ($(date -u +%H:%M:%S))"
 python3 -m fusedresnet.loadtest.abuse_soak --seconds 600 --valid-processes 8 --valid-in-flight 8 \
-    --images-per-request 32 --min-images-per-s 19350 --out "$OUT/robustness_abuse_soak" \
+    --images-per-request 32 --min-images-per-s 19350 --load-cores "${SOAK_LOAD_CORES:-10-15}" \
+    --out "$OUT/robustness_abuse_soak" \
     > "$OUT/abuse_soak.log" 2>&1 || status=1
-tail -n 30 "$OUT/abuse_soak.log"
+cat "$OUT/robustness_abuse_soak.md" 2>/dev/null || tail -n 30 "$OUT/abuse_soak.log"
 echo "== 3. abandonment crash rate, zero-answer model ($(date -u +%H:%M:%S))"
 python3 -m fusedresnet.loadtest.abandonment_trials --rounds "${ABANDONMENT_ROUNDS:-60}" --candidates "as shipped" \
     --out "$OUT/robustness_abandonment_gpu" > "$OUT/abandonment_trials.log" 2>&1 || status=1

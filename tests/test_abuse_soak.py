@@ -1,0 +1,60 @@
+"""The abuse soak (loadtest/abuse_soak.py) in short, on the CPU, against the launcher serving the zero-answer
+model: tritonserver is aborted (SIGABRT) in the middle (no abuse cycles: abandoned, expired and cancelled calls
+crash this Triton at random, docs/ROBUSTNESS.md, which would make the test's course a matter of chance; the
+behaviours themselves are tests/test_client_abuse.py's); the launcher restarts it, and the valid clients, which
+retry UNAVAILABLE as the project's clients do, lose no request. The report has its 5-s timeline and the
+memory of each server process. The 10-minute run on the GPU host is scripts/gpu_host_robustness.sh."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from fusedresnet.loadtest import abuse_soak
+from fusedresnet.loadtest.abandonment_trials import ZERO_MODEL, ZERO_MODEL_REPOSITORY
+
+SECONDS, ABORT_AT = 26.0, 6.0
+
+
+def test_a_short_soak_with_an_aborted_server_loses_no_valid_request_and_explains_itself(tmp_path):
+    cores = sorted(os.sched_getaffinity(0))
+    out = tmp_path / "soak"
+    status = abuse_soak.main([
+        "--seconds", str(SECONDS), "--model", ZERO_MODEL, "--valid-processes", "2", "--valid-in-flight", "4",
+        "--images-per-request", "8", "--abuse", "", "--pause", "60", "--warm-up-s", "2",
+        "--sample-every-s", "2", "--abort-server-at", str(ABORT_AT), "--load-cores", str(cores[-1]),
+        "--out", str(out),
+        "--", "--model-repository", str(ZERO_MODEL_REPOSITORY)])
+    report = json.loads(out.with_suffix(".json").read_text())
+    valid = report["valid"]
+    # the abort happened while the valid clients were sending, and the launcher brought a new server
+    assert report["aborted"] and report["aborted"]["t"] >= ABORT_AT
+    assert report["restarts"] >= 1 and len(report["servers_seen"]) == report["restarts"] + 1
+    assert len(report["restart_windows_s"]) == report["restarts"]
+    # the restart of the abort (the old server last answered around it: the sampler's probe may be late)
+    window = next(w for w in report["restart_windows_s"] if w[0] - 3 <= report["aborted"]["t"] < w[1])
+    # requests refused while the server was down were retried and answered: none lost, none wrong
+    assert valid["lost"] == 0 and valid["mismatched_answers"] == 0, valid
+    assert valid["retries"] > 0 and sum(p["answered_after_retry"] for p in valid["per_process"]) > 0, valid
+    assert valid["answered"] == valid["sent"] == sum(p["answered_first_time"] + p["answered_after_retry"]
+                                                    for p in valid["per_process"])
+    assert valid["longest_to_answer_s"] >= window[1] - window[0] - 2
+    # the timeline: samples of both servers, the valid rate answered before and after the restart
+    timeline = report["timeline"]
+    assert {s["pid"] for s in timeline} >= set(report["servers_seen"][:2])
+    started = report["started_at"]
+    answered_after = [s for s in timeline if s["t"] - started > window[1] and s.get("valid_img_per_s", 0) > 0]
+    answered_before = [s for s in timeline if s["t"] - started < window[0] and s.get("valid_img_per_s", 0) > 0]
+    assert answered_before and answered_after
+    assert any(s.get("triton_success", 0) > 0 and s.get("queue_ms") is not None for s in timeline)
+    assert all(s["cpu_server"] is not None and s["cpu_valid"] is not None for s in timeline)
+    # memory per server: each pid's span starts after it answered; a restarted server's loading is not growth
+    memory = {m["pid"]: m for m in report["memory_by_server"]}
+    assert set(memory) == set(report["servers_seen"])
+    judged = [m for m in memory.values() if m["span_s"]]
+    assert judged and all(m["span_s"][0] >= m["first_answered_at"] + 2 for m in judged)
+    assert report["server_cores"] and report["load_cores"] == str(cores[-1])
+    markdown = out.with_suffix(".md").read_text()
+    assert "| t | valid_img_per_s |" in markdown and "answered after retry" in markdown
+    assert status == (0 if report["ok"] else 1)
+    assert report["ok"], report["failed_because"]
