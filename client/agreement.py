@@ -19,6 +19,13 @@ SET_REL_L2_TOLERANCE = 1e-2
 IMAGE_REL_L2_TOLERANCE = 5e-2
 
 
+def relative_l2(candidate, reference) -> float:
+    """||candidate - reference|| / ||reference|| over all elements: what IMAGE_REL_L2_TOLERANCE bounds."""
+    cand = np.asarray(candidate, dtype=np.float64)
+    ref = np.asarray(reference, dtype=np.float64)
+    return float(np.linalg.norm(cand - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
 def compare_logits(candidate, reference) -> dict:
     """Agreement of candidate logits [N, C] with reference logits [N, C] (any float dtype)."""
     cand = np.asarray(candidate, dtype=np.float64)
@@ -27,7 +34,7 @@ def compare_logits(candidate, reference) -> dict:
         raise ValueError(f"logits must both be [N, C], got {cand.shape} and {ref.shape}")
     diff = cand - ref
     max_abs = float(np.abs(diff).max()) if diff.size else 0.0
-    rel_l2 = float(np.linalg.norm(diff) / max(np.linalg.norm(ref), 1e-30))
+    rel_l2 = relative_l2(cand, ref)
     row_rel_l2 = np.linalg.norm(diff, axis=1) / np.maximum(np.linalg.norm(ref, axis=1), 1e-30)
     top_ref = np.argsort(-ref, axis=1)[:, :5]
     top_cand = np.argsort(-cand, axis=1)[:, :5]

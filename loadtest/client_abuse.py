@@ -239,7 +239,7 @@ async def _valid_for(url: str, requests: list[bytes], seconds: float, in_flight:
     second of the epoch ("answered_images_by_second") for the soak's timeline."""
     import grpc
 
-    from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, compare_logits
+    from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, relative_l2
     from fusedresnet.client.resnet_client import grpc_channel
 
     target, channel_args = grpc_channel(url)
@@ -279,7 +279,7 @@ async def _valid_for(url: str, requests: list[bytes], seconds: float, in_flight:
                 longest_s = max(longest_s, time.monotonic() - first_sent)
                 by_second[int(time.time())] += len(outcome)
                 reference = first_answers.setdefault(index, outcome)
-                figures["mismatched"] += compare_logits(outcome, reference)["rel_l2"] > IMAGE_REL_L2_TOLERANCE
+                figures["mismatched"] += relative_l2(outcome, reference) > IMAGE_REL_L2_TOLERANCE
             else:
                 statuses[outcome[0]] += 1
                 figures["lost"] += 1
