@@ -443,7 +443,7 @@ def cross_check_section(pairs: list[dict] | None) -> list[str]:
     if not pairs:
         return []
     lines = ["## perf_analyzer against grpc_flood (the same traffic)", "",
-             "perf_analyzer: one C++ process, random input data, its own stable windows; grpc_flood: Python asyncio "
+             "perf_analyzer: one C++ process, random input data, a fixed request count after a warm-up; grpc_flood: Python asyncio "
              "processes sending the pool's images. Both pinned to the same load cores.", "",
              "| model | images/request | shm | in flight | perf_analyzer img/s | grpc_flood img/s | ratio "
              "| p50 ms pa / flood | p99 ms pa / flood | server CPU % (pa) | grpc_flood CPU % |",
@@ -496,10 +496,14 @@ def markdown(results: dict, table: dict, name: str) -> str:
              f"- Command: `{results['command']}`",
              "- Engines: " + ", ".join(f"{model} = {engine}" for model, engine in engines.items())
              + (f"; Triton {results['triton_version']}" if results.get("triton_version") else ""),
-             f"- Each step: {settings.get('warmup_s')} s warm-up, then {settings.get('measure_s')} s measured; "
-             f"locust users each keep one request in flight; up to {settings.get('processes')} locust process(es); "
-             f"{settings.get('pool_size')} distinct images; the two models run back to back at every level, "
-             "in alternating order. Server: " + str(settings.get("server")) + ".",
+             (f"- Each step: {settings['requests_per_step']} (one image per request at one in flight: "
+              f"synchronous calls, else asynchronous); grpc_flood steps: 1 s warm-up, 4 s measured. 'users' is "
+              f"requests in flight. Load generators on cores {settings.get('load_cores')}. Server: "
+              f"{settings.get('server')}." if settings.get("requests_per_step") else
+              f"- Each step: {settings.get('warmup_s')} s warm-up, then {settings.get('measure_s')} s measured; "
+              f"locust users each keep one request in flight; up to {settings.get('processes')} locust process(es); "
+              f"{settings.get('pool_size')} distinct images; the two models run back to back at every level, "
+              "in alternating order. Server: " + str(settings.get("server")) + "."),
              "- Ratios are custom / cuDNN: above 1 for images/s means custom serves more, "
              "below 1 for latency means custom answers sooner.",
              "- Serving efficiency: served images/s over what the model's engine computes alone at the step's "
