@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from fusedresnet.backend.cuda_mps import private_mps
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.spec import (
     ADMIN_TOKEN_ENV,
@@ -246,22 +247,19 @@ def build_repository(folder: Path, entries=MODEL_ENTRIES, zero: bool = True, ins
 
 @contextlib.contextmanager
 def cuda_mps(folder: Path):
-    """CUDA MPS for the processes started inside (the server's stubs share the GPU instead of time-slicing it)."""
-    env = {"CUDA_MPS_PIPE_DIRECTORY": str(folder / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(folder / "log")}
-    for path in env.values():
-        Path(path).mkdir(parents=True, exist_ok=True)
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    subprocess.run(["nvidia-cuda-mps-control", "-d"], check=True)
-    try:
-        yield
-    finally:
-        subprocess.run(["nvidia-cuda-mps-control"], input=b"quit\n", check=False)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    """CUDA MPS for the processes started inside (the server's stubs share the GPU instead of time-slicing it):
+    backend/cuda_mps.py's private daemon, its environment set in this process's while the block runs."""
+    with private_mps(folder) as env:
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 @contextlib.contextmanager

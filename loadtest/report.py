@@ -443,8 +443,9 @@ def cross_check_section(pairs: list[dict] | None) -> list[str]:
     if not pairs:
         return []
     lines = ["## perf_analyzer against grpc_flood (the same traffic)", "",
-             "perf_analyzer: one C++ process, random input data, a fixed request count after a warm-up; grpc_flood: Python asyncio "
-             "processes sending the pool's images. Both pinned to the same load cores.", "",
+             "perf_analyzer: one C++ process, random input data, a fixed request count after a warm-up; "
+             "grpc_flood: Python asyncio processes sending the pool's images. Both pinned to the same load cores.",
+             "",
              "| model | images/request | shm | in flight | perf_analyzer img/s | grpc_flood img/s | ratio "
              "| p50 ms pa / flood | p99 ms pa / flood | server CPU % (pa) | grpc_flood CPU % |",
              "|---|---:|---|---:|---:|---:|---:|---|---|---:|---:|"]
