@@ -424,8 +424,9 @@ def main(argv=None):
 def _serve(server: TritonServer, args) -> int:
     try:
         server.start(args.ready_timeout)
-        devices = (f"GPUs {server.gpus or 'all'}" + (", CUDA MPS" if server.mps_environment else "")
-                   if server.use_gpu else "CPU only")
+        devices = f"GPUs {server.gpus or 'all'}" if server.use_gpu else "CPU only"
+        if server.mps_environment:
+            devices += f", CUDA MPS: CUDA_MPS_PIPE_DIRECTORY={server.mps_environment['CUDA_MPS_PIPE_DIRECTORY']}"
         print(f"fusedresnet: Triton ready on gRPC {server.grpc_url}, HTTP {server.http_url}, "
               f"metrics {server.metrics_url} ({devices}); Ctrl-C stops it", flush=True)
         if args.host not in ("127.0.0.1", "localhost", "::1"):

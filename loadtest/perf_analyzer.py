@@ -248,7 +248,8 @@ def build_repository(folder: Path, entries=MODEL_ENTRIES, zero: bool = True, ins
 @contextlib.contextmanager
 def cuda_mps(folder: Path):
     """CUDA MPS for the processes started inside (the server's stubs share the GPU instead of time-slicing it):
-    backend/cuda_mps.py's private daemon, its environment set in this process's while the block runs."""
+    backend/cuda_mps.py's private daemon, its environment set in this process's while the block runs, so the
+    load generators' CUDA shared-memory regions are made under the same daemon as the server's stubs."""
     with private_mps(folder) as env:
         saved = {key: os.environ.get(key) for key in env}
         os.environ.update(env)
