@@ -14,6 +14,7 @@ daemon to quit. The launcher's `--mps` and the perf_analyzer run's story use it.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -40,7 +41,11 @@ def private_mps(folder: Path):
     env = mps_environment(folder)
     for path in env.values():
         Path(path).mkdir(parents=True, exist_ok=True)
-    started = subprocess.run([control, "-d"], env=env, capture_output=True, text=True, timeout=60)
+    try:
+        started = subprocess.run([control, "-d"], env={**os.environ, **env}, capture_output=True, text=True,
+                                 timeout=60)
+    except subprocess.TimeoutExpired as expired:
+        raise MpsError(f"CUDA MPS: `{MPS_CONTROL} -d` did not return in 60 s") from expired
     if started.returncode != 0:
         output = (started.stdout + started.stderr).strip() or "no output"
         raise MpsError(f"CUDA MPS: `{MPS_CONTROL} -d` failed (exit {started.returncode}): {output}; "
@@ -48,4 +53,5 @@ def private_mps(folder: Path):
     try:
         yield env
     finally:
-        subprocess.run([control], input="quit\n", env=env, capture_output=True, text=True, timeout=60, check=False)
+        subprocess.run([control], input="quit\n", env={**os.environ, **env}, capture_output=True, text=True,
+                       timeout=60, check=False)

@@ -414,7 +414,7 @@ def main(argv=None):
                       file=sys.stderr)
                 return 1
             try:
-                server.mps_environment = resources.enter_context(private_mps(BUILD_DIR / "cuda-mps"))
+                server.mps_environment = resources.enter_context(private_mps(BUILD_DIR / f"cuda-mps-{args.http_port}"))
             except MpsError as error:
                 print(f"fusedresnet: --mps: {error}", file=sys.stderr)
                 return 1

@@ -28,9 +28,9 @@ INPUTS = (INPUT_UINT8, INPUT_FP32)     # the input kinds
 # shared-memory modes refuse models with optional inputs). A network's IMAGE entry bears the network's
 # name; its IMAGE_NORMALIZED entry adds this suffix (resnet18_custom_normalized), same engine and weights.
 NORMALIZED_ENTRY_SUFFIX = "_normalized"
-# Until 2026-11-26 each model took IMAGE or IMAGE_NORMALIZED (optional inputs, one per request).
-CONTRACT_CHANGE = (f"each model entry takes one input: {INPUT_UINT8} for <network>, {INPUT_FP32} for "
-                   f"<network>{NORMALIZED_ENTRY_SUFFIX} (e.g. {MODEL_CUSTOM}{NORMALIZED_ENTRY_SUFFIX})")
+# A model that only reads its input and answers zeros (loadtest/zero_model), served beside the shipped ones by
+# the perf_analyzer and multi-GPU runs: the Python backend's ceiling on the host, measured with the same traffic.
+ZERO_MODEL = "zero_answer"
 
 
 def served_model(network: str, input_name: str = INPUT_UINT8) -> str:

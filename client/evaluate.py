@@ -36,7 +36,7 @@ from PIL import Image, UnidentifiedImageError
 
 from fusedresnet.backend.spec import BUILD_DIR, LABELS_FILE, MODEL_CUDNN, MODEL_CUSTOM, MODELS, load_labels
 from fusedresnet.client.agreement import compare_logits
-from fusedresnet.client.preprocess import IMAGE_SUFFIXES, center_crop_uint8, load_rgb
+from fusedresnet.client.preprocess import IMAGE_SUFFIXES, preprocess_files
 from fusedresnet.client.resnet_client import DEFAULT_URLS, PROTOCOLS, ResNetClient
 
 WNIDS_FILE = LABELS_FILE.with_name("imagenet_wnids.txt")   # line i: the WordNet id of class i
@@ -157,7 +157,7 @@ def labelled_images(folder: Path, ground_truth: Path | None = None) -> list[Labe
 
 def crops(images: list[LabelledImage]) -> np.ndarray:
     try:
-        return np.stack([center_crop_uint8(load_rgb(image.path)) for image in images])
+        return preprocess_files([image.path for image in images])
     except (UnidentifiedImageError, OSError) as error:
         raise EvaluationError(f"cannot read image: {error}") from None
 

@@ -28,9 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from fusedresnet.backend.network import free_ports
+from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.serve import TritonServer, exit_cause, grpc_ready
 from fusedresnet.loadtest.client_abuse import abandon, infer_request
-from fusedresnet.loadtest.sweep import describe_device, git_commit
+from fusedresnet.loadtest.sweep import describe_device
 
 ZERO_MODEL_REPOSITORY = Path(__file__).resolve().parent / "zero_model_repository"
 ZERO_MODEL = "zeros"

@@ -53,12 +53,13 @@ import numpy as np
 import psutil
 
 from fusedresnet.backend.network import free_ports, http_ready
+from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.serve import grpc_ready
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, MODEL_CUSTOM
 from fusedresnet.backend.stub_processes import python_stubs
 from fusedresnet.loadtest import client_abuse, triton_metrics
 from fusedresnet.loadtest.perf_analyzer import default_load_cores, parse_cores
-from fusedresnet.loadtest.sweep import describe_device, git_commit
+from fusedresnet.loadtest.sweep import describe_device
 
 RSS_GROWTH_BOUND = (128 << 20, 0.10)
 GPU_GROWTH_BOUND_MIB = 256

@@ -376,7 +376,7 @@ def drive(workers, results, go, start_at, settings: FloodSettings, metrics_url: 
 
 
 def main(argv=None) -> int:
-    from fusedresnet.loadtest.report import ZERO_MODEL  # the zero-answer model of a measurement's own repository
+    from fusedresnet.backend.spec import ZERO_MODEL  # the zero-answer model of a measurement's own repository
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=(*MODELS, ZERO_MODEL), default=MODEL_CUSTOM)
     parser.add_argument("--url", default=f"{DEFAULT_HOST}:{DEFAULT_GRPC_PORT}",

@@ -41,7 +41,6 @@ import datetime
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,10 +52,9 @@ from pathlib import Path
 import psutil
 
 from fusedresnet.backend.provenance import git_commit
-from fusedresnet.backend.spec import MODEL_CUSTOM, MODEL_REPOSITORY, model_config
+from fusedresnet.backend.spec import MODEL_CUSTOM, MODEL_REPOSITORY, ZERO_MODEL, model_config
 from fusedresnet.backend.triton_install import host_gpus
 from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, build_image_pool, save_image_pool
-from fusedresnet.loadtest.report import ZERO_MODEL
 from fusedresnet.loadtest.serving_sequence import LaunchedServer, repository_with_instances
 from fusedresnet.loadtest.sweep import describe_device
 
@@ -503,18 +501,11 @@ def estimate_s(counts: list[int], seconds: float, warmup_s: float) -> float:
     return steps * (seconds + warmup_s + STEP_OVERHEAD_S) + starts * SERVER_START_S
 
 
-def add_zero_model(repository: Path) -> None:
-    """The zero-answer model beside the custom one, as the perf_analyzer run serves it."""
-    from fusedresnet.loadtest.perf_analyzer import ZERO_MODEL_FILE, zero_model_config
-    (repository / ZERO_MODEL / "1").mkdir(parents=True)
-    shutil.copy2(ZERO_MODEL_FILE, repository / ZERO_MODEL / "1" / "model.py")
-    (repository / ZERO_MODEL / "config.pbtxt").write_text(zero_model_config())
-
-
 def scaling_repository(folder: Path) -> Path:
     """The custom model's IMAGE entry alone (faster starts, all GPU memory to it) and the zero-answer model."""
     repository = repository_with_instances(MODEL_REPOSITORY, model_config(MODEL_CUSTOM).instance_group[0].count,
                                            folder, entries=(MODEL_CUSTOM,))
+    from fusedresnet.loadtest.perf_analyzer import add_zero_model
     add_zero_model(repository)
     return repository
 

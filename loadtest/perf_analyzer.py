@@ -56,11 +56,11 @@ from fusedresnet.backend.spec import (
     MODEL_ENTRIES,
     MODEL_REPOSITORY,
     NUM_CLASSES,
+    ZERO_MODEL,
     model_config,
     served_model,
 )
 from fusedresnet.loadtest import report, triton_metrics
-from fusedresnet.loadtest.report import ZERO_MODEL
 from fusedresnet.loadtest.step import Series
 
 PERF_ANALYZER = "perf_analyzer"
@@ -216,6 +216,13 @@ def zero_model_config() -> str:
     return text_format.MessageToString(config)
 
 
+def add_zero_model(repository: Path) -> None:
+    """The zero-answer model (its model.py and zero_model_config()) in `repository`."""
+    (repository / ZERO_MODEL / "1").mkdir(parents=True)
+    shutil.copy2(ZERO_MODEL_FILE, repository / ZERO_MODEL / "1" / "model.py")
+    (repository / ZERO_MODEL / "config.pbtxt").write_text(zero_model_config())
+
+
 def build_repository(folder: Path, entries=MODEL_ENTRIES, zero: bool = True, instances: int | None = None) -> Path:
     """A copy of the prepared model repository with only `entries` (and the zero model), hard-linked where it can
     be; `instances` overrides the instance count of every entry (a config change of the serving story)."""
@@ -232,9 +239,7 @@ def build_repository(folder: Path, entries=MODEL_ENTRIES, zero: bool = True, ins
                     ignore=lambda directory, names: [n for n in names if Path(directory) == MODEL_REPOSITORY
                                                      and (Path(directory) / n).is_dir() and n not in entries])
     if zero:
-        (folder / ZERO_MODEL / "1").mkdir(parents=True)
-        shutil.copy2(ZERO_MODEL_FILE, folder / ZERO_MODEL / "1" / "model.py")
-        (folder / ZERO_MODEL / "config.pbtxt").write_text(zero_model_config())
+        add_zero_model(folder)
     if instances:
         for config_file in folder.glob("*/config.pbtxt"):
             config = model_config(config_file.parent.name, folder)

@@ -31,12 +31,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from fusedresnet.backend.spec import INPUT_FP32, INPUT_UINT8, MODEL_CUDNN, MODEL_CUSTOM  # noqa: E402
+from fusedresnet.backend.spec import INPUT_FP32, INPUT_UINT8, MODEL_CUDNN, MODEL_CUSTOM, ZERO_MODEL  # noqa: E402
 from fusedresnet.loadtest.triton_metrics import TIME_BREAKDOWN  # noqa: E402
 
-# A model that only reads its input and answers zeros (loadtest/zero_model), served beside the shipped ones by
-# the perf_analyzer run: the Python backend's ceiling on the host, measured with the same traffic.
-ZERO_MODEL = "zero_answer"
 MODEL_COLORS = {MODEL_CUSTOM: "tab:red", MODEL_CUDNN: "tab:blue", ZERO_MODEL: "tab:gray"}
 MODEL_SHORT = {MODEL_CUSTOM: "custom", MODEL_CUDNN: "cuDNN", ZERO_MODEL: "zero"}
 BREAKDOWN_LABELS = {"queue_us": "queue", "compute_input_us": "compute input",

@@ -11,13 +11,9 @@ import sys
 import pytest
 import tomllib
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from fusedresnet.backend.spec import MODEL_REPOSITORY, REPO_ROOT
-
-try:
-    import tomllib
-except ImportError:   # Python 3.10
-    from pip._vendor import tomli as tomllib
 
 # What only the server, the load tests or the GPU need (extras server, loadtest, gpu).
 SERVER_SIDE_PACKAGES = ("torch", "pytriton", "triton_python_backend_utils", "psutil", "locust", "matplotlib",
@@ -64,13 +60,9 @@ RESOLVER_PIP = "pip==26.3"
 CUDA_PACKAGES = ("torch", "cupy", "nvidia-cuda-nvrtc", "cuda-bindings")
 
 
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def cuda_major_of(name: str, version: str) -> int | None:
     """The CUDA major a resolved package is built for, where its name or version says so."""
-    name = canonical(name)
+    name = canonicalize_name(name)
     suffix = re.fullmatch(r"nvidia-.+-cu(\d+)|cupy-cuda(\d+)x", name)
     if suffix:
         return int(suffix.group(1) or suffix.group(2))
@@ -87,7 +79,7 @@ def gpu_step_requirements() -> list[str]:
     extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     pinned = [Requirement(r) for r in extras["server"] + extras["dev"]]
     return [".[gpu]"] + [str(r) for r in pinned
-                         if r.name == "torch" or "cuda" in canonical(r.name)]
+                         if r.name == "torch" or "cuda" in canonicalize_name(r.name)]
 
 
 def test_cuda_major_is_read_from_names_and_versions():
@@ -117,7 +109,7 @@ def test_gpu_install_resolves_to_one_cuda_major_matching_the_torch_wheel(tmp_pat
          *platforms, "--report", str(report), *gpu_step_requirements()],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert resolved.returncode == 0, resolved.stderr[-4000:]
-    installed = {canonical(item["metadata"]["name"]): item["metadata"]
+    installed = {canonicalize_name(item["metadata"]["name"]): item["metadata"]
                  for item in json.loads(report.read_text())["install"]}
     for name in CUDA_PACKAGES:
         assert any(n == name or n.startswith(name + "-") for n in installed), f"{name} is not in the GPU install"

@@ -5,8 +5,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import re
-import shutil
 import threading
 import time
 
@@ -35,6 +33,7 @@ from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLE
 from fusedresnet.client.preprocess import normalize
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.kernels.configs import TUNED_PLANS
+from fusedresnet.loadtest.serving_sequence import repository_with_instances
 
 # The engine each model must run, by name (README, *Using the service*): on a GPU the custom model runs
 # our fused kernels and nothing else; a fallback there is a failure, not another valid answer.
@@ -164,24 +163,12 @@ BATCHING_INSTANCES = 1
 BATCHING_QUEUE_DELAY_US = 500_000
 
 
-def repository_for_batching(source, target):
-    """A copy of the prepared repository whose models have BATCHING_INSTANCES instances and wait
-    BATCHING_QUEUE_DELAY_US for a batch to fill; everything else as shipped."""
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
-    for model in MODELS:
-        config = target / model / "config.pbtxt"
-        text, delays = re.subn(r"max_queue_delay_microseconds: \d+",
-                               f"max_queue_delay_microseconds: {BATCHING_QUEUE_DELAY_US}", config.read_text())
-        text, counts = re.subn(r"count: \d+, kind: KIND_AUTO", f"count: {BATCHING_INSTANCES}, kind: KIND_AUTO", text)
-        assert delays == 1 and counts == 1, f"{config}: the queue delay or the instance count is not where it was"
-        config.write_text(text)
-    return target
-
-
 @pytest.fixture(scope="module")
 def batching_server(prepared_repository, admin_token, tmp_path_factory):
     folder = tmp_path_factory.mktemp("batching")
-    repository = repository_for_batching(prepared_repository, folder / "model_repository")
+    # the networks' IMAGE entries with BATCHING_INSTANCES instances each, waiting BATCHING_QUEUE_DELAY_US for a batch
+    repository = repository_with_instances(prepared_repository, BATCHING_INSTANCES, folder / "model_repository",
+                                           queue_delay_us=BATCHING_QUEUE_DELAY_US, entries=MODELS)
     http_port, grpc_port, metrics_port = free_ports(3)
     server = TritonServer(repository, "127.0.0.1", http_port, grpc_port, metrics_port,
                           admin_token=admin_token, log_file=folder / "server.log")
