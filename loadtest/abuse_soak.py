@@ -58,6 +58,7 @@ from fusedresnet.backend.serve import grpc_ready
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, MODEL_CUSTOM
 from fusedresnet.backend.stub_processes import python_stubs
 from fusedresnet.loadtest import client_abuse, triton_metrics
+from fusedresnet.loadtest.measurements import gpu_memory_used_mib
 from fusedresnet.loadtest.perf_analyzer import default_load_cores, parse_cores
 from fusedresnet.loadtest.sweep import describe_device
 
@@ -84,15 +85,6 @@ def tritonserver_of(launcher: subprocess.Popen) -> psutil.Process | None:
     except psutil.NoSuchProcess:
         return None
     return next((c for c in children if c.name() == "tritonserver" and c.status() != psutil.STATUS_ZOMBIE), None)
-
-
-def gpu_memory_mib() -> float | None:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20)
-        return sum(float(v) for v in out.stdout.split()) if out.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        return None
 
 
 class CpuMeter:
@@ -170,7 +162,7 @@ class Sampler(threading.Thread):
             except psutil.NoSuchProcess:
                 pass
         sample = {"t": round(time.time(), 2), "pid": server.pid if server else None, "ready": ready,
-                  "rss_mib": round(rss / MIB, 1) if server else None, "gpu_mib": gpu_memory_mib(),
+                  "rss_mib": round(rss / MIB, 1) if server else None, "gpu_mib": gpu_memory_used_mib(),
                   "cpu_server": self.cpu.percent(processes), "cpu_valid": self.cpu.percent(valid),
                   "cpu_abuse": self.cpu.percent([psutil.Process()])}
         sample.update(self.triton_interval(sample["pid"]) if ready else {})
@@ -392,7 +384,11 @@ def main(argv=None) -> int:
         valid_results = []
         for i, process in enumerate(valid):
             process.wait(timeout=args.deadline_s + 120)
-            valid_results.append(json.loads((work / f"valid{i}.json").read_text()))
+            try:
+                valid_results.append(json.loads((work / f"valid{i}.json").read_text()))
+            except json.JSONDecodeError:
+                raise SystemExit(f"valid process {i} wrote no report (exit {process.returncode}); its stderr ends:\n"
+                                 + (work / f"valid{i}.err").read_text(errors="replace")[-2000:]) from None
         # A crash of the last moments (a hung server is restarted after the launcher's WEDGED_AFTER_S) must end
         # with a ready server too: settled twice, a sample apart
         settle_by = time.monotonic() + SETTLE_S

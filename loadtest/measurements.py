@@ -10,11 +10,15 @@ coarse at a few milliseconds); locust's totals are kept to cross-check counts.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from fusedresnet.loadtest.step_files import MEASURE_END_MARKER, MEASURE_START_MARKER, REQUEST_LOG_PATTERN, WARMUP_SUFFIX
 
@@ -34,6 +38,35 @@ class RequestRecords:
     @property
     def finished_at(self) -> np.ndarray:
         return self.started_at + self.latency_ms / 1e3
+
+
+def gpu_memory_used_mib() -> float | None:
+    """The GPUs' used memory in MiB, summed (nvidia-smi); None without a GPU or a reading."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    values = [float(v) for v in out.stdout.split() if v.replace(".", "", 1).isdigit()]
+    return sum(values) if out.returncode == 0 and values else None
+
+
+def tree_cpu_seconds(root: psutil.Process) -> tuple[float, float]:
+    """CPU seconds (user + system) of `root` and all its descendants, and of the tritonserver among them;
+    processes that ended meanwhile count as nothing, and a root that ended as (0, 0)."""
+    total = triton = 0.0
+    with contextlib.suppress(psutil.Error):
+        for process in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                times = process.cpu_times()
+                seconds = times.user + times.system
+                total += seconds
+                if process.name() == "tritonserver":
+                    triton += seconds
+    return total, triton
 
 
 def read_request_records(folder: Path) -> RequestRecords:

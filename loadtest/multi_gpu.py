@@ -55,6 +55,7 @@ from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.spec import MODEL_CUSTOM, MODEL_REPOSITORY, ZERO_MODEL, model_config
 from fusedresnet.backend.triton_install import host_gpus
 from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, build_image_pool, save_image_pool
+from fusedresnet.loadtest.measurements import tree_cpu_seconds
 from fusedresnet.loadtest.serving_sequence import LaunchedServer, repository_with_instances
 from fusedresnet.loadtest.sweep import describe_device
 
@@ -140,22 +141,9 @@ class ServerCpu:
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self.sample_until_stopped, daemon=True)
 
-    @staticmethod
-    def tree_seconds(root: psutil.Process) -> tuple[float, float]:
-        total = triton = 0.0
-        with contextlib.suppress(psutil.Error):
-            for process in [root, *root.children(recursive=True)]:
-                with contextlib.suppress(psutil.Error):
-                    times = process.cpu_times()
-                    seconds = times.user + times.system
-                    total += seconds
-                    if process.name() == "tritonserver":
-                        triton += seconds
-        return total, triton
-
     def sample_until_stopped(self):
         while not self.stopping.is_set():
-            pairs = [self.tree_seconds(h) for h in self.handles]
+            pairs = [tree_cpu_seconds(h) for h in self.handles]
             self.samples.append((time.time(), [a for a, _ in pairs], [b for _, b in pairs]))
             self.stopping.wait(self.SAMPLE_S)
 

@@ -61,7 +61,9 @@ from fusedresnet.backend.spec import (
     served_model,
 )
 from fusedresnet.loadtest import report, triton_metrics
+from fusedresnet.loadtest.measurements import tree_cpu_seconds
 from fusedresnet.loadtest.step import Series
+from fusedresnet.loadtest.sweep import describe_device
 
 PERF_ANALYZER = "perf_analyzer"
 ZERO_MODEL_FILE = Path(__file__).with_name("zero_model") / "1" / "model.py"
@@ -192,14 +194,11 @@ def default_load_cores() -> str:
 
 
 def server_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) of the server process and all its children (the stubs)."""
-    total = 0.0
-    root = psutil.Process(pid)
-    for process in [root, *root.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            times = process.cpu_times()
-            total += times.user + times.system
-    return total
+    """CPU seconds (user + system) of the server process and all its children (the stubs); 0 once it ended."""
+    try:
+        return tree_cpu_seconds(psutil.Process(pid))[0]
+    except psutil.NoSuchProcess:
+        return 0.0
 
 
 # ------------------------------------------------------------------------------------------- repository
@@ -551,7 +550,7 @@ def main(argv=None) -> int:
                 print(f"story setting {setting} failed: {error}", file=sys.stderr)
     merged = report.read_results(args.merge)["steps"] if args.merge else []
     results = {
-        "device": device_name(), "date": started.isoformat(timespec="seconds"), "git_commit": git_commit(),
+        "device": describe_device(), "date": started.isoformat(timespec="seconds"), "git_commit": git_commit(),
         "command": "python -m fusedresnet.loadtest.perf_analyzer " + " ".join(argv or sys.argv[1:]),
         "engines": engines, "steps": merged + run.records, "skipped": skipped,
         "settings": {"server": f"as shipped (127.0.0.1, admin token), its processes on cores {sorted(server_cores)}",
@@ -564,16 +563,6 @@ def main(argv=None) -> int:
     written = report.write_report(results, args.out, "loadtest_ab")
     print("wrote " + ", ".join(map(str, written)))
     return 0 if all(not r["problems"] for r in run.records) else 3
-
-
-def device_name() -> str:
-    try:
-        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                               text=True, timeout=20).stdout.split("\n")
-        gpus = [n.strip() for n in names if n.strip()]
-    except (OSError, subprocess.SubprocessError):
-        gpus = []
-    return f"{' + '.join(gpus) or 'no GPU'}, {psutil.cpu_count()} CPU cores"
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, INPUT_UINT8, OUTPUT_LOGITS
 from fusedresnet.backend.stub_processes import python_stubs
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.loadtest import triton_metrics
+from fusedresnet.loadtest.measurements import gpu_memory_used_mib  # noqa: F401  (re-exported for the tests)
 
 RESULTS_ENV = "FUSEDRESNET_RESULTS_DIR"
 CLIENT_TIMEOUT_S = 120.0         # no test request may wait longer than this for its answer
@@ -166,19 +167,6 @@ def shm_regions_of_stubs(server_pid: int) -> list[str]:
         except psutil.NoSuchProcess:
             continue
     return sorted(regions)
-
-
-def gpu_memory_used_mib() -> float | None:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None
-    try:
-        out = subprocess.run([smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    values = [float(v) for v in out.stdout.split() if v.replace(".", "", 1).isdigit()]
-    return sum(values) if out.returncode == 0 and values else None
 
 
 def device_description() -> str:
