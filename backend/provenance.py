@@ -16,14 +16,15 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def git_commit() -> str | None:
+def git_commit(tree: Path = REPO_ROOT) -> str | None:
+    """The commit of the code in `tree` (this checkout unless told), as the module docstring says."""
     if os.environ.get("FUSEDRESNET_GIT_COMMIT"):
         return os.environ["FUSEDRESNET_GIT_COMMIT"]
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=REPO_ROOT, timeout=10)
+                             cwd=tree, timeout=10)
         if out.returncode == 0:
             dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                   text=True, cwd=REPO_ROOT, timeout=10).stdout.strip()
+                                   text=True, cwd=tree, timeout=10).stdout.strip()
             return out.stdout.strip() + ("+dirty" if dirty else "")
     return None

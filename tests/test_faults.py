@@ -20,6 +20,7 @@ import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ import tritonclient.grpc as grpcclient
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.serve import EXIT_SERVER_DIED, EXIT_STUB_DIED, WEDGED_AFTER_S, TritonServer
 from fusedresnet.backend.spec import INPUT_UINT8, MODELS, OUTPUT_LOGITS
+from fusedresnet.loadtest.serving_sequence import repository_with_instances
 
 from robustness_helpers import (
     CLIENT_TIMEOUT_S,
@@ -48,6 +50,16 @@ REQUEST_BOUND_S = 60.0        # no request during a fault may take longer than t
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     return results_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def repository(prepared_repository, tmp_path_factory) -> Path:
+    """The networks' entries with one instance each. What these tests
+    prove (the launcher's watch and restart, Triton's stop) does not depend on the instance count, and
+    each of their nine server starts then loads 2 Python stubs instead of the shipped 12 (on the
+    2-core CI machine about 10 s instead of 35 s a start)."""
+    folder = tmp_path_factory.mktemp("faults") / "model_repository"
+    return repository_with_instances(prepared_repository, 1, folder, entries=MODELS)
 
 
 class TrafficLoop:
@@ -115,11 +127,11 @@ def first_correct_answer_after(loop: TrafficLoop, moment: float, reference: np.n
 
 
 def test_killed_stub_fails_in_flight_requests_and_the_launcher_restores_correct_answers(
-        tmp_path, results, admin_token, varied_images, reference_logits):
+        tmp_path, results, repository, admin_token, varied_images, reference_logits):
     images = varied_images[:16]
     reference = reference_logits(images)
     figures = {}
-    with Launcher(tmp_path, admin_token) as launcher:
+    with Launcher(tmp_path, admin_token, extra_args=["--model-repository", str(repository)]) as launcher:
         for model in MODELS:
             # Every instance of the model: with several, a request in flight on an instance that
             # lives on would be answered, and the one killed may have had nothing in flight.
@@ -176,8 +188,8 @@ def test_killed_stub_fails_in_flight_requests_and_the_launcher_restores_correct_
     record(results, "faults", {"stub_kill": figures, "recovery_bound_s": RECOVERY_BOUND_S})
 
 
-def test_launcher_with_no_restart_exits_with_status_3_when_a_stub_dies(tmp_path, admin_token):
-    launcher = Launcher(tmp_path, admin_token, extra_args=["--no-restart"])
+def test_launcher_with_no_restart_exits_with_status_3_when_a_stub_dies(tmp_path, repository, admin_token):
+    launcher = Launcher(tmp_path, admin_token, extra_args=["--no-restart", "--model-repository", str(repository)])
     with launcher:
         server_pid = launcher.server_pid()
         os.kill(launcher.stub_pids()[f"{MODELS[0]}_0_0"], signal.SIGKILL)
@@ -190,13 +202,13 @@ def test_launcher_with_no_restart_exits_with_status_3_when_a_stub_dies(tmp_path,
 
 
 def test_aborted_tritonserver_is_restarted_by_the_launcher_on_the_same_ports_with_its_cause_logged(
-        tmp_path, results, admin_token, varied_images, reference_logits):
+        tmp_path, results, repository, admin_token, varied_images, reference_logits):
     """SIGABRT to tritonserver, as the gRPC abandonment crash does it (sync.cc:105, then signal 6), while
     a client sends: Triton either exits or hangs in its abort handler; the launcher restarts it within
     RECOVERY_BOUND_S (+ WEDGED_AFTER_S for a hang) and logs why, with the server log's last lines."""
     images = varied_images[:8]
     reference = reference_logits(images)
-    with Launcher(tmp_path, admin_token) as launcher:
+    with Launcher(tmp_path, admin_token, extra_args=["--model-repository", str(repository)]) as launcher:
         server_pid = launcher.server_pid()
         with TrafficLoop(launcher, MODELS[0], images, protocols=("grpc", "http")) as loop:
             assert wait_until(lambda: any(isinstance(r[3], np.ndarray) for r in loop.snapshot()), 60)
@@ -229,8 +241,9 @@ def test_aborted_tritonserver_is_restarted_by_the_launcher_on_the_same_ports_wit
         "cause_logged": re.search(r"fusedresnet: (tritonserver [^;]*);", output).group(1)}})
 
 
-def test_launcher_with_no_restart_exits_with_status_4_when_tritonserver_is_aborted(tmp_path, admin_token):
-    launcher = Launcher(tmp_path, admin_token, extra_args=["--no-restart"])
+def test_launcher_with_no_restart_exits_with_status_4_when_tritonserver_is_aborted(tmp_path, repository,
+                                                                                     admin_token):
+    launcher = Launcher(tmp_path, admin_token, extra_args=["--no-restart", "--model-repository", str(repository)])
     with launcher:
         server_pid = launcher.server_pid()
         os.kill(server_pid, signal.SIGABRT)
@@ -242,7 +255,7 @@ def test_launcher_with_no_restart_exits_with_status_4_when_tritonserver_is_abort
 
 @pytest.mark.parametrize("exit_timeout_s, count", [(30, 96), (2, 192)], ids=["drains", "cut-short"])
 def test_server_stopped_under_load_answers_every_request_and_exits_within_the_exit_timeout(
-        tmp_path, results, admin_token, varied_images, reference_logits, exit_timeout_s, count):
+        tmp_path, results, repository, admin_token, varied_images, reference_logits, exit_timeout_s, count):
     """Stop (SIGINT, as Ctrl-C on the launcher) while `count` single-image requests are queued or running.
     drains: the exit timeout is longer than the work, Triton finishes every request and exits by itself.
     cut-short: on the CPU the work outlasts the exit timeout; Triton gives up at the timeout (this build
@@ -250,7 +263,7 @@ def test_server_stopped_under_load_answers_every_request_and_exits_within_the_ex
     images = varied_images[:8]
     reference = reference_logits(images)
     http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonServer(admin_token=admin_token, http_port=http_port, grpc_port=grpc_port,
+    server = TritonServer(repository, admin_token=admin_token, http_port=http_port, grpc_port=grpc_port,
                           metrics_port=metrics_port, log_file=tmp_path / "server.log", exit_timeout_s=exit_timeout_s)
     answers: dict[int, tuple[float, object]] = {}  # index -> (when answered, logits or error)
     lock = threading.Lock()
