@@ -28,6 +28,7 @@ from fusedresnet.backend.spec import (
     RESTRICTED_APIS,
 )
 from fusedresnet.backend.triton_install import ServerError, find_triton
+from fusedresnet.loadtest.serving_sequence import repository_with_instances
 
 from robustness_helpers import Launcher, assert_correct, client, infer_image, listening_addresses, wait_until
 
@@ -216,12 +217,16 @@ def test_generated_admin_token_is_random_private_reused_and_overridden_by_the_en
         admin_token.read_or_create_token(tmp_path / "no-such-file")
 
 
-def test_launcher_defaults_to_loopback_takes_the_token_from_a_file_and_never_prints_it(tmp_path, varied_images,
-                                                                                       reference_logits):
+def test_launcher_defaults_to_loopback_takes_the_token_from_a_file_and_never_prints_it(
+        tmp_path, prepared_repository, varied_images, reference_logits):
     token_file = tmp_path / "admin-token"
     token = "file-token-" + os.urandom(12).hex()
     token_file.write_text(token + "\n")
-    with Launcher(tmp_path, None, extra_args=["--admin-token-file", str(token_file)]) as launcher:
+    # one network, one instance: the listening addresses and the token do not depend on the models (a third
+    # of the shipped repository's start time)
+    repository = repository_with_instances(prepared_repository, 1, tmp_path / "model_repository", entries=(MODEL,))
+    with Launcher(tmp_path, None, extra_args=["--admin-token-file", str(token_file),
+                                              "--model-repository", str(repository)]) as launcher:
         addresses = listening_addresses([launcher.http_port, launcher.grpc_port, launcher.metrics_port])
         assert all(addresses[p] == {"127.0.0.1"} for p in addresses), addresses
         status, _ = http_call(launcher, "GET", "/v2/logging", headers={ADMIN_TOKEN_HEADER: token})
