@@ -14,9 +14,11 @@
 set -uo pipefail
 OUT="${OUT:-build/gpu-host}"; mkdir -p "$OUT"
 started=$(date +%s)
+# shellcheck source=scripts/gpu_host_env.sh
 source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
 echo "set-up: $(( $(date +%s) - started )) s"
 { date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader; nproc; \
+  echo "code ${FUSEDRESNET_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"; \
   nvidia-smi topo -m 2>/dev/null | head -12; } | tee "$OUT/device.txt"
 options=()
 [[ -n ${GENERATOR_CORES:-} ]] && options+=(--generator-cores "$GENERATOR_CORES")
@@ -25,8 +27,10 @@ options=()
 timeout 480 python3 -m fusedresnet.loadtest.multi_gpu --seconds "${SECONDS_PER_STEP:-3.5}" --warmup-s 1.5 \
   --budget-s "${BUDGET_S:-390}" "${options[@]}" --out "$OUT/multi_gpu.json" --log-dir build/gpu-logs/multi_gpu 2>&1 \
   | grep -v "^fusedresnet:" > "$OUT/multi_gpu.log"
+status=${PIPESTATUS[0]}
 [[ -f $OUT/multi_gpu.json && ! -f $OUT/multi_gpu.md ]] && \
   python3 -m fusedresnet.loadtest.multi_gpu --out "$OUT/multi_gpu.json" --markdown-only    # cut short: its steps so far
 tail -5 "$OUT/multi_gpu.log"; sed -n '1,/^Every step/p' "$OUT/multi_gpu.md"    # the scaling and the limits
 tar -czf "$OUT/server-logs.tgz" -C build gpu-logs 2>/dev/null || true
-echo "whole run: $(( $(date +%s) - started )) s"
+echo "whole run: $(( $(date +%s) - started )) s (multi_gpu exit status $status)"
+exit "$status"
