@@ -58,8 +58,8 @@ from fusedresnet.backend.serve import grpc_ready
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, MODEL_CUSTOM
 from fusedresnet.backend.stub_processes import python_stubs
 from fusedresnet.loadtest import client_abuse, triton_metrics
-from fusedresnet.loadtest.measurements import gpu_memory_used_mib
-from fusedresnet.loadtest.perf_analyzer import default_load_cores, parse_cores
+from fusedresnet.loadtest.measurements import cpu_list, gpu_memory_used_mib
+from fusedresnet.loadtest.perf_analyzer import default_load_cores
 from fusedresnet.loadtest.sweep import describe_device
 
 RSS_GROWTH_BOUND = (128 << 20, 0.10)
@@ -323,7 +323,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if set(args.abuse) - set(ABUSE):
         parser.error(f"--abuse: unknown {sorted(set(args.abuse) - set(ABUSE))}; known: {', '.join(ABUSE)}")
-    load_cores = parse_cores(args.load_cores)
+    load_cores = set(cpu_list(args.load_cores))
     all_cores = os.sched_getaffinity(0)
     server_cores = all_cores - load_cores
     if not server_cores or not load_cores <= all_cores:

@@ -40,6 +40,15 @@ class RequestRecords:
         return self.started_at + self.latency_ms / 1e3
 
 
+def cpu_list(text: str) -> list[int]:
+    """Cores in taskset's list format: "0-7,16" -> [0, 1, ..., 7, 16]."""
+    cores = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return sorted(cores)
+
+
 def gpu_memory_used_mib() -> float | None:
     """The GPUs' used memory in MiB, summed (nvidia-smi); None without a GPU or a reading."""
     smi = shutil.which("nvidia-smi")

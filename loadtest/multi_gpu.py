@@ -55,7 +55,7 @@ from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.spec import MODEL_CUSTOM, MODEL_REPOSITORY, ZERO_MODEL, model_config
 from fusedresnet.backend.triton_install import host_gpus
 from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, build_image_pool, save_image_pool
-from fusedresnet.loadtest.measurements import tree_cpu_seconds
+from fusedresnet.loadtest.measurements import cpu_list, tree_cpu_seconds
 from fusedresnet.loadtest.serving_sequence import LaunchedServer, repository_with_instances
 from fusedresnet.loadtest.sweep import describe_device
 
@@ -104,15 +104,6 @@ def gpu_counts(host_gpus: int) -> list[int]:
         counts.add(k)
         k *= 2
     return sorted(counts)
-
-
-def cpu_list(text: str) -> list[int]:
-    """"0-7,16" -> [0, 1, ..., 7, 16] (taskset's list format)."""
-    cores = set()
-    for part in text.split(","):
-        first, _, last = part.partition("-")
-        cores.update(range(int(first), int(last or first) + 1))
-    return sorted(cores)
 
 
 def cpu_text(cores: list[int]) -> str:

@@ -61,7 +61,7 @@ from fusedresnet.backend.spec import (
     served_model,
 )
 from fusedresnet.loadtest import report, triton_metrics
-from fusedresnet.loadtest.measurements import tree_cpu_seconds
+from fusedresnet.loadtest.measurements import cpu_list, tree_cpu_seconds
 from fusedresnet.loadtest.step import Series
 from fusedresnet.loadtest.sweep import describe_device
 
@@ -175,15 +175,6 @@ def shown(args: list[str], token: str) -> str:
     words = [Path(args[0]).name, *args[1:]]
     words[words.index("-f") + 1] = Path(words[words.index("-f") + 1]).name
     return " ".join(word.replace(token, f"${ADMIN_TOKEN_ENV}") for word in words)
-
-
-def parse_cores(text: str) -> set[int]:
-    """'12-15' or '0,2,4-6' -> {12, 13, 14, 15}."""
-    cores = set()
-    for part in text.split(","):
-        first, _, last = part.partition("-")
-        cores.update(range(int(first), int(last or first) + 1))
-    return cores
 
 
 def default_load_cores() -> str:
@@ -466,7 +457,7 @@ def main(argv=None) -> int:
     parser.add_argument("--time-budget-s", type=float, default=330.0,
                         help="steps not started within this many seconds are skipped (and listed)")
     args = parser.parse_args(argv)
-    load_cores = parse_cores(args.load_cores)
+    load_cores = set(cpu_list(args.load_cores))
     all_cores = set(os.sched_getaffinity(0))
     server_cores = all_cores - load_cores
     if not server_cores or not load_cores <= all_cores:

@@ -37,6 +37,7 @@ from fusedresnet.backend.triton_install import ServerError, find_triton, host_gp
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.loadtest import triton_metrics
+from fusedresnet.loadtest.measurements import cpu_list
 
 GPU_COUNT = torch.cuda.device_count()
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -341,5 +342,5 @@ def test_the_zero_model_check_runs_through_the_launcher_and_records_the_servers_
 
 def test_cpu_lists_read_as_taskset_writes_them():
     from fusedresnet.loadtest import multi_gpu
-    assert multi_gpu.cpu_list("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
+    assert cpu_list("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
     assert multi_gpu.cpu_text([16, 17]) == "16,17"

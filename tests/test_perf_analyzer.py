@@ -16,6 +16,7 @@ from fusedresnet.backend.spec import (
     model_config,
 )
 from fusedresnet.loadtest import perf_analyzer, report
+from fusedresnet.loadtest.measurements import cpu_list
 
 # Verbatim from upstream: triton-inference-server/perf_analyzer, docs/measurements_metrics.md
 # ("Visualizing Latency vs. Throughput"), the output of
@@ -68,9 +69,9 @@ def test_commands_carry_the_admin_token_without_a_space_and_the_shared_memory_si
 
 
 def test_load_cores_parse_and_the_default_leaves_the_server_cores():
-    assert perf_analyzer.parse_cores("12-15") == {12, 13, 14, 15}
-    assert perf_analyzer.parse_cores("0,2,4-5") == {0, 2, 4, 5}
-    default = perf_analyzer.parse_cores(perf_analyzer.default_load_cores())
+    assert cpu_list("12-15") == [12, 13, 14, 15]
+    assert cpu_list("0,2,4-5") == [0, 2, 4, 5]
+    default = set(cpu_list(perf_analyzer.default_load_cores()))
     import os
     assert default and default <= os.sched_getaffinity(0)
 
