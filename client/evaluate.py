@@ -25,6 +25,7 @@ with a message that names it, before any image is sent.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import sys
@@ -166,17 +167,14 @@ def served_logits(images: list[LabelledImage], protocol: str, url: str, batch: i
     """({model: logits [N, 1000]}, {model: engine}), every batch through both models."""
     logits = {model: [] for model in MODELS}
     engines = {}
-    clients = {model: ResNetClient(model, protocol, url) for model in MODELS}
-    try:
+    with contextlib.ExitStack() as opened:   # a client that fails to open closes those opened before it
+        clients = {model: opened.enter_context(ResNetClient(model, protocol, url)) for model in MODELS}
         for start in range(0, len(images), batch):
             batch_crops = crops(images[start:start + batch])
             for model, client in clients.items():
                 result = client.infer(batch_crops)
                 logits[model].append(result.logits)
                 engines[model] = result.engine
-    finally:
-        for client in clients.values():
-            client.close()
     return {model: np.concatenate(rows) for model, rows in logits.items()}, engines
 
 
