@@ -14,6 +14,7 @@ import re
 import psutil
 
 STUB_BINARY = "triton_python_backend_stub"
+SERVER_BINARY = "tritonserver"
 INSTANCE_NAME = re.compile(r"^\w+_\d+_\d+$")
 
 
@@ -21,17 +22,33 @@ def instance_name(stub: psutil.Process) -> str:
     return next((arg for arg in stub.cmdline() if INSTANCE_NAME.match(arg)), f"stub pid {stub.pid}")
 
 
-def python_stubs(server_pid: int) -> dict[str, psutil.Process]:
-    """Model instance name -> live (not zombie) Python-backend stub process of tritonserver `server_pid`."""
+def live_children(pid: int, name: str) -> list[psutil.Process]:
+    """The live (not zombie) child processes of `pid` called `name`; a child that ends meanwhile is left out."""
     try:
-        children = psutil.Process(server_pid).children()
+        children = psutil.Process(pid).children()
     except psutil.NoSuchProcess:
-        return {}
-    stubs = {}
+        return []
+    found = []
     for child in children:
         try:
-            if child.name() == STUB_BINARY and child.status() != psutil.STATUS_ZOMBIE:
-                stubs[instance_name(child)] = child
+            if child.name() == name and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def tritonserver_of(launcher_pid: int) -> psutil.Process | None:
+    """The tritonserver the launcher (`python -m fusedresnet.backend.serve`) runs now, if any."""
+    return next(iter(live_children(launcher_pid, SERVER_BINARY)), None)
+
+
+def python_stubs(server_pid: int) -> dict[str, psutil.Process]:
+    """Model instance name -> live (not zombie) Python-backend stub process of tritonserver `server_pid`."""
+    stubs = {}
+    for stub in live_children(server_pid, STUB_BINARY):
+        try:
+            stubs[instance_name(stub)] = stub
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return stubs

@@ -37,6 +37,7 @@ ready server (and the server is ready at the end), the valid load over the whole
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -56,9 +57,9 @@ from fusedresnet.backend.network import free_ports, http_ready
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.serve import grpc_ready
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, MODEL_CUSTOM
-from fusedresnet.backend.stub_processes import python_stubs
+from fusedresnet.backend.stub_processes import python_stubs, tritonserver_of
 from fusedresnet.loadtest import client_abuse, triton_metrics
-from fusedresnet.loadtest.measurements import cpu_list, gpu_memory_used_mib
+from fusedresnet.loadtest.measurements import cpu_list, cpu_text, gpu_memory_used_mib
 from fusedresnet.loadtest.perf_analyzer import default_load_cores
 from fusedresnet.loadtest.sweep import describe_device
 
@@ -79,12 +80,11 @@ SETTLE_S = 120.0          # after the soak, at most this long for a restart unde
 ONE_THREAD_PER_POOL = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def tritonserver_of(launcher: subprocess.Popen) -> psutil.Process | None:
-    try:
-        children = psutil.Process(launcher.pid).children()
-    except psutil.NoSuchProcess:
-        return None
-    return next((c for c in children if c.name() == "tritonserver" and c.status() != psutil.STATUS_ZOMBIE), None)
+def started_with_output(command: list[str], stdout: Path, stderr: Path | None = None, **popen) -> subprocess.Popen:
+    """`command` started with its output in `stdout` (and `stderr`, else the same file); the files are the child's
+    alone (this process closes its copies)."""
+    with open(stdout, "wb") as out, open(stderr or os.devnull, "wb") as err:
+        return subprocess.Popen(command, stdout=out, stderr=err if stderr else subprocess.STDOUT, **popen)
 
 
 class CpuMeter:
@@ -134,7 +134,7 @@ class Sampler(threading.Thread):
 
     def poll(self, answered_at: float, pid: int | None, next_sample: float) -> tuple[float, int | None, float]:
         """One look: the serving pid, its readiness (a new ready pid closes a restart window), a sample if due."""
-        server = tritonserver_of(self.launcher)
+        server = tritonserver_of(self.launcher.pid)
         if server is not None and server.pid not in self.pids_seen:
             self.pids_seen.append(server.pid)
         ready = server is not None and grpc_ready(self.grpc_url)
@@ -189,13 +189,29 @@ class Sampler(threading.Thread):
 def abort_server(launcher: subprocess.Popen, grpc_url: str, started: float, aborted: dict):
     """SIGABRT to the launcher's tritonserver once it serves (the crash it must recover from); `aborted` says
     when and which."""
-    server = tritonserver_of(launcher)
+    server = tritonserver_of(launcher.pid)
     while (server is None or not grpc_ready(grpc_url)) and launcher.poll() is None:
         time.sleep(0.5)
-        server = tritonserver_of(launcher)
+        server = tritonserver_of(launcher.pid)
     if server is not None:
         server.send_signal(signal.SIGABRT)
         aborted.update(t=round(time.time() - started, 1), pid=server.pid)
+
+
+def stop_launcher(launcher: subprocess.Popen, timeout_s: float = 90):
+    """Ctrl-C to the launcher (it stops Triton, which drains); if it is still running after `timeout_s`, SIGKILL to
+    it and to its tritonserver's process group (Triton runs in a session of its own and would outlive it)."""
+    server = tritonserver_of(launcher.pid)
+    if launcher.poll() is None:
+        launcher.send_signal(signal.SIGINT)
+        try:
+            launcher.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            launcher.wait()
+    if server is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(server.pid, signal.SIGKILL)
 
 
 def add_valid_rates(samples: list[dict], valid_results: list[dict]):
@@ -321,6 +337,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("build/abuse_soak"))
     parser.add_argument("launcher_args", nargs="*", help="extra launcher arguments, after --")
     args = parser.parse_args(argv)
+    args.argv = argv
     if set(args.abuse) - set(ABUSE):
         parser.error(f"--abuse: unknown {sorted(set(args.abuse) - set(ABUSE))}; known: {', '.join(ABUSE)}")
     load_cores = set(cpu_list(args.load_cores))
@@ -337,19 +354,28 @@ def main(argv=None) -> int:
     env = dict(os.environ, **{ADMIN_TOKEN_ENV: secrets.token_urlsafe(24)})
     os.sched_setaffinity(0, server_cores)          # inherited by the launcher, tritonserver and its stubs
     try:
-        launcher = subprocess.Popen(
+        launcher = started_with_output(
             [sys.executable, "-m", "fusedresnet.backend.serve", "--http-port", str(http_port), "--grpc-port",
              str(grpc_port), "--metrics-port", str(metrics_port), "--log-file", str(work / "server.log"),
-             *args.launcher_args], env=env, stdout=open(work / "launcher.out", "wb"), stderr=subprocess.STDOUT,
-            start_new_session=True)
+             *args.launcher_args], work / "launcher.out", env=env, start_new_session=True)
     finally:
         os.sched_setaffinity(0, load_cores)        # this process (the abuse loop) and the valid processes
+    try:
+        return soak(args, launcher, work, grpc_url, http_url, metrics_url, server_cores, load_cores)
+    finally:
+        os.sched_setaffinity(0, all_cores)         # a caller in this process (the tests) gets its cores back
+
+
+def soak(args, launcher: subprocess.Popen, work: Path, grpc_url: str, http_url: str, metrics_url: str,
+         server_cores: set[int], load_cores: set[int]) -> int:
+    """The soak against the started launcher: its report in args.out (.json, .md); 0 if it passed, else 1."""
+    argv = args.argv   # main's arguments, for the report's command line
     report = {"device": describe_device(), "commit": git_commit(), "seconds": args.seconds, "model": args.model,
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
               "command": "python -m fusedresnet.loadtest.abuse_soak " + " ".join(argv or sys.argv[1:]),
-              "server_cores": ",".join(map(str, sorted(server_cores))),
-              "load_cores": ",".join(map(str, sorted(load_cores))), "min_images_per_s": args.min_images_per_s}
-    valid, sampler = [], None
+              "server_cores": cpu_text(server_cores), "load_cores": cpu_text(load_cores),
+              "min_images_per_s": args.min_images_per_s}
+    valid, sampler, abort_timer = [], None, None
     try:
         deadline = time.monotonic() + 600
         while not http_ready(http_url) and time.monotonic() < deadline and launcher.poll() is None:
@@ -358,12 +384,12 @@ def main(argv=None) -> int:
             raise SystemExit(f"the launcher's server was not ready:\n{(work / 'launcher.out').read_text()}")
         started = time.time()
         report["started_at"] = started
-        valid = [subprocess.Popen([sys.executable, "-m", "fusedresnet.loadtest.client_abuse", "valid",
-                                   "--url", grpc_url, "--model", args.model, "--seconds", str(args.seconds),
-                                   "--in-flight", str(args.valid_in_flight), "--deadline-s", str(args.deadline_s),
-                                   "--images-per-request", str(args.images_per_request), "--seed", str(i)],
-                                  stdout=open(work / f"valid{i}.json", "wb"), stderr=open(work / f"valid{i}.err", "wb"),
-                                  env=dict(os.environ, **ONE_THREAD_PER_POOL))
+        valid = [started_with_output([sys.executable, "-m", "fusedresnet.loadtest.client_abuse", "valid",
+                                      "--url", grpc_url, "--model", args.model, "--seconds", str(args.seconds),
+                                      "--in-flight", str(args.valid_in_flight), "--deadline-s", str(args.deadline_s),
+                                      "--images-per-request", str(args.images_per_request), "--seed", str(i)],
+                                     work / f"valid{i}.json", work / f"valid{i}.err",
+                                     env=dict(os.environ, **ONE_THREAD_PER_POOL))
                  for i in range(args.valid_processes)]
         sampler = Sampler(launcher, grpc_url, metrics_url, args.model, valid, args.sample_every_s)
         sampler.start()
@@ -446,17 +472,14 @@ def main(argv=None) -> int:
         report["failed_because"] = reasons
         report["ok"] = not reasons
     finally:
+        if abort_timer is not None:
+            abort_timer.cancel()               # an abort time past the soak's end fires into nothing
         if sampler is not None:
             sampler.stop.set()
         for process in valid:
             if process.poll() is None:
                 process.kill()
-        if launcher.poll() is None:
-            launcher.send_signal(signal.SIGINT)
-            try:
-                launcher.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                launcher.kill()
+        stop_launcher(launcher)
         report["work_dir"] = str(work)
         args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
         write_markdown(report, args.out.with_suffix(".md"))

@@ -30,10 +30,9 @@ from tritonclient.utils import InferenceServerException
 
 from fusedresnet.backend.network import free_ports, http_ready
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, INPUT_UINT8, OUTPUT_LOGITS
-from fusedresnet.backend.stub_processes import python_stubs
+from fusedresnet.backend.stub_processes import python_stubs, tritonserver_of
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.loadtest import triton_metrics
-from fusedresnet.loadtest.measurements import gpu_memory_used_mib  # noqa: F401  (re-exported for the tests)
 
 RESULTS_ENV = "FUSEDRESNET_RESULTS_DIR"
 CLIENT_TIMEOUT_S = 120.0         # no test request may wait longer than this for its answer
@@ -242,19 +241,8 @@ class Launcher:
 
     def server_pid(self) -> int | None:
         """pid of the tritonserver that the launcher runs now (it changes when the launcher restarts it)."""
-        if self.process is None:
-            return None
-        try:
-            children = psutil.Process(self.process.pid).children()
-        except psutil.NoSuchProcess:
-            return None
-        for child in children:
-            try:
-                if child.name() == "tritonserver" and child.status() != psutil.STATUS_ZOMBIE:
-                    return child.pid
-            except psutil.NoSuchProcess:
-                continue
-        return None
+        server = tritonserver_of(self.process.pid) if self.process is not None else None
+        return server.pid if server is not None else None
 
     def stub_pids(self) -> dict[str, int]:
         return stub_pids(self.server_pid())

@@ -25,6 +25,7 @@ def test_a_short_soak_with_an_aborted_server_loses_no_valid_request_and_explains
         "--sample-every-s", "2", "--abort-server-at", str(ABORT_AT), "--load-cores", str(cores[-1]),
         "--out", str(out),
         "--", "--model-repository", str(ZERO_MODEL_REPOSITORY)])
+    assert sorted(os.sched_getaffinity(0)) == cores, "the soak left this process pinned to its load cores"
     report = json.loads(out.with_suffix(".json").read_text())
     valid = report["valid"]
     # the abort happened while the valid clients were sending, and the launcher brought a new server

@@ -28,12 +28,12 @@ import pytest
 
 from fusedresnet.backend.spec import INPUT_FP32, MODEL_CUSTOM, MODELS, served_model
 from fusedresnet.client.preprocess import normalize
+from fusedresnet.loadtest.measurements import gpu_memory_used_mib
 
 from bad_requests import BAD_REQUESTS, CHW, assert_clear_refusal, send_bad
 from robustness_helpers import (
     assert_correct,
     client,
-    gpu_memory_used_mib,
     infer_image,
     raw_grpc_infer,
     record,
