@@ -28,3 +28,7 @@ def git_commit(tree: Path = REPO_ROOT) -> str | None:
                                    text=True, cwd=tree, timeout=10).stdout.strip()
             return out.stdout.strip() + ("+dirty" if dirty else "")
     return None
+
+
+if __name__ == "__main__":   # the GPU-host scripts' device.txt: `python3 -m fusedresnet.backend.provenance`
+    print(git_commit() or "commit unknown")

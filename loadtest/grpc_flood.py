@@ -59,6 +59,7 @@ from fusedresnet.backend.spec import (
     MODEL_CUSTOM,
     MODEL_ENTRIES,
     MODELS,
+    ZERO_MODEL,
     served_model,
 )
 from fusedresnet.client.preprocess import INPUT_FORMATS, model_input
@@ -376,7 +377,6 @@ def drive(workers, results, go, start_at, settings: FloodSettings, metrics_url: 
 
 
 def main(argv=None) -> int:
-    from fusedresnet.backend.spec import ZERO_MODEL  # the zero-answer model of a measurement's own repository
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=(*MODELS, ZERO_MODEL), default=MODEL_CUSTOM)
     parser.add_argument("--url", default=f"{DEFAULT_HOST}:{DEFAULT_GRPC_PORT}",

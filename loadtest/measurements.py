@@ -49,6 +49,11 @@ def cpu_list(text: str) -> list[int]:
     return sorted(cores)
 
 
+def cpu_text(cores) -> str:
+    """Cores written in taskset's list format, one by one: [16, 17] -> "16,17" (what cpu_list reads)."""
+    return ",".join(map(str, sorted(cores)))
+
+
 def gpu_memory_used_mib() -> float | None:
     """The GPUs' used memory in MiB, summed (nvidia-smi); None without a GPU or a reading."""
     smi = shutil.which("nvidia-smi")

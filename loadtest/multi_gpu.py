@@ -41,6 +41,7 @@ import datetime
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,7 +56,7 @@ from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.spec import MODEL_CUSTOM, MODEL_REPOSITORY, ZERO_MODEL, model_config
 from fusedresnet.backend.triton_install import host_gpus
 from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, build_image_pool, save_image_pool
-from fusedresnet.loadtest.measurements import cpu_list, tree_cpu_seconds
+from fusedresnet.loadtest.measurements import cpu_list, cpu_text, tree_cpu_seconds
 from fusedresnet.loadtest.serving_sequence import LaunchedServer, repository_with_instances
 from fusedresnet.loadtest.sweep import describe_device
 
@@ -97,6 +98,10 @@ LIMIT_SERIES = "32"                     # the series with a target, whose limit 
 CHECKS = ("generator-x2", "zero-model")  # the limit's measurements, at that series' best load
 
 
+# Exit status of a run with a step that measured nothing or had errors (perf_analyzer and grpc_flood use 3 too)
+EXIT_STEPS_FAILED = 3
+
+
 def gpu_counts(host_gpus: int) -> list[int]:
     """1, 2, 4, ... up to the host's GPUs, and the host's count: every figure of one run."""
     counts, k = {host_gpus}, 1
@@ -104,10 +109,6 @@ def gpu_counts(host_gpus: int) -> list[int]:
         counts.add(k)
         k *= 2
     return sorted(counts)
-
-
-def cpu_text(cores: list[int]) -> str:
-    return ",".join(map(str, cores))
 
 
 @dataclass(frozen=True)
@@ -557,6 +558,8 @@ def measure(args, counts: list[int], server_cores: list[int], scratch: Path, res
 
 
 def main(argv=None) -> int:
+    # `timeout`'s SIGTERM unwinds like Ctrl-C: the launchers (their own sessions) are stopped
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="JSON of the layouts and steps (.md beside it)")
     parser.add_argument("--seconds", type=float, default=3.5, help="measurement window of each step")
@@ -612,7 +615,8 @@ def main(argv=None) -> int:
     write()
     args.out.with_suffix(".md").write_text(markdown(results))
     print(args.out.with_suffix(".md").read_text())
-    return 0
+    failed = [s for s in results["steps"] if s.get("errors") or s.get("img_per_s") is None]
+    return EXIT_STEPS_FAILED if failed or not results["steps"] else 0
 
 
 if __name__ == "__main__":

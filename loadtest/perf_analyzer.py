@@ -36,9 +36,11 @@ import io
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
+import unittest.mock
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +63,7 @@ from fusedresnet.backend.spec import (
     served_model,
 )
 from fusedresnet.loadtest import report, triton_metrics
-from fusedresnet.loadtest.measurements import cpu_list, tree_cpu_seconds
+from fusedresnet.loadtest.measurements import cpu_list, cpu_text, tree_cpu_seconds
 from fusedresnet.loadtest.step import Series
 from fusedresnet.loadtest.sweep import describe_device
 
@@ -97,14 +99,14 @@ CSV_COLUMNS = {
 # perf_analyzer's default, windows repeated until three agree, never ended at 64 one-image requests in flight on
 # the H100 host (2026-11-26: 93 s at 11.6k img/s, synchronous or asynchronous calls, custom and zero model alike),
 # and the windows' count differs between steps. The count aims at about 5 s per step at the rates measured there.
-REQUEST_SECONDS_PER_IN_FLIGHT = 1000        # requests per request in flight, for one image per request
+REQUESTS_PER_IN_FLIGHT = 1000        # requests per request in flight, for one image per request
 MIN_REQUESTS = 3000
 
 
 def request_count(concurrency: int, images_per_request: int) -> int:
     """Requests measured in one step: ~1000 per request in flight at one image (64 in flight: ~12k req/s), fewer
     for bigger requests (32 images: ~1/6 as many per request in flight), never under MIN_REQUESTS."""
-    return max(MIN_REQUESTS, round(REQUEST_SECONDS_PER_IN_FLIGHT * concurrency / images_per_request ** 0.5))
+    return max(MIN_REQUESTS, round(REQUESTS_PER_IN_FLIGHT * concurrency / images_per_request ** 0.5))
 
 
 STEP_TIMEOUT_S = 90
@@ -181,7 +183,7 @@ def default_load_cores() -> str:
     """The last quarter of this process's cores (at least one): the rest is the server's."""
     cores = sorted(os.sched_getaffinity(0))
     count = max(1, len(cores) // 4)
-    return ",".join(map(str, cores[-count:]))
+    return cpu_text(cores[-count:])
 
 
 def server_cpu_seconds(pid: int) -> float:
@@ -245,17 +247,8 @@ def cuda_mps(folder: Path):
     """CUDA MPS for the processes started inside (the server's stubs share the GPU instead of time-slicing it):
     backend/cuda_mps.py's private daemon, its environment set in this process's while the block runs, so the
     load generators' CUDA shared-memory regions are made under the same daemon as the server's stubs."""
-    with private_mps(folder) as env:
-        saved = {key: os.environ.get(key) for key in env}
-        os.environ.update(env)
-        try:
-            yield
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+    with private_mps(folder) as env, unittest.mock.patch.dict(os.environ, env):
+        yield
 
 
 @contextlib.contextmanager
@@ -320,7 +313,7 @@ def perf_analyzer_step(run: Run, server, model: str, series: Series, concurrency
         "started_at": started_at, "wall_s": round(elapsed, 2), "command": shown(args, run.token),
         "perf_analyzer_csv": f"perf_analyzer_csv/{csv_path.name}", "exit_code": returncode,
         "output_tail": "\n".join(output.replace(run.token, "***").strip().splitlines()[-25:]),
-        "load_cores": ",".join(map(str, sorted(run.load_cores))), "server_cpu_percent": round(server_cpu, 1),
+        "load_cores": cpu_text(run.load_cores), "server_cpu_percent": round(server_cpu, 1),
         "host_cpus": psutil.cpu_count(),
         # perf_analyzer counts its own requests only in its stable windows; Triton counts the whole run.
         "sent": delta["triton_success"] + delta["triton_failure"], "failures": delta["triton_failure"],
@@ -363,7 +356,7 @@ def flood_step(run: Run, server, model: str, series: Series, concurrency: int) -
     server_cpu = (server_cpu_seconds(server.process.pid) - cpu_before) / (time.monotonic() - started) * 100
     record.update({"index": len(run.records), "processes_asked": series.processes,
                    "server_cpu_percent": round(server_cpu, 1),
-                   "load_cores": ",".join(map(str, sorted(run.load_cores)))})
+                   "load_cores": cpu_text(run.load_cores)})
     run.records.append(record)
     return record
 
@@ -442,6 +435,8 @@ def story(records: list[dict]) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    # `timeout`'s SIGTERM unwinds like Ctrl-C: the server (its own session) and the MPS daemon are stopped
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=BUILD_DIR / "perf_analyzer")
     parser.add_argument("--perf-analyzer", help="the binary (default: the perf-analyzer wheel's)")

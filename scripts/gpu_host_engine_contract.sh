@@ -13,7 +13,7 @@ set -uo pipefail
 what=${1:-all}
 OUT="${OUT:-build/gpu-host-engine}"; mkdir -p "$OUT"
 source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
-{ date -u; echo "${FUSEDRESNET_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } \
+{ date -u; python3 -m fusedresnet.backend.provenance; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } \
   | tee "$OUT/device.txt"
 rc=0
 if [[ $what == tests || $what == all ]]; then

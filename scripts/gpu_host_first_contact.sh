@@ -9,7 +9,7 @@
 set -uo pipefail
 OUT="${OUT:-build/first-contact}"; mkdir -p "$OUT"
 source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
-{ date -u; echo "${FUSEDRESNET_GIT_COMMIT:-$(git rev-parse --short HEAD)}"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+{ date -u; python3 -m fusedresnet.backend.provenance; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, cupy, numpy; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| cupy', cupy.__version__, 'cuda', cupy.cuda.runtime.runtimeGetVersion(), '| numpy', numpy.__version__)"
 } 2>&1 | tee "$OUT/device.txt"
 status=0

@@ -18,8 +18,9 @@ started=$(date +%s)
 source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
 echo "set-up: $(( $(date +%s) - started )) s"
 { date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader; nproc; \
-  echo "code ${FUSEDRESNET_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"; \
+  echo "code $(python3 -m fusedresnet.backend.provenance)"; \
   nvidia-smi topo -m 2>/dev/null | head -12; } | tee "$OUT/device.txt"
+rm -f "$OUT/multi_gpu.json" "$OUT/multi_gpu.md"    # a run cut short must not show an earlier run's report
 options=()
 [[ -n ${GENERATOR_CORES:-} ]] && options+=(--generator-cores "$GENERATOR_CORES")
 [[ -n ${SERVER_CORES:-} ]] && options+=(--server-cores "$SERVER_CORES")

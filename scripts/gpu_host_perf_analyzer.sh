@@ -15,7 +15,7 @@ OUT="${OUT:-build/gpu-host}"; mkdir -p "$OUT/results"
 # shellcheck source=scripts/gpu_host_env.sh
 source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc;
-  echo "${FUSEDRESNET_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"; } | tee "$OUT/device.txt"
+  python3 -m fusedresnet.backend.provenance; } | tee "$OUT/device.txt"
 pa="$(python3 -c 'from fusedresnet.loadtest.perf_analyzer import binary_path; print(binary_path())')" || exit 1
 python3 -c "import importlib.metadata as m; print('perf-analyzer', m.version('perf-analyzer'), '$pa')" | tee -a "$OUT/device.txt"
 load_cores=()

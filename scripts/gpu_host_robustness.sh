@@ -25,7 +25,7 @@
 set -uo pipefail
 OUT="${OUT:-build/gpu-host-robustness}"; mkdir -p "$OUT"
 source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; echo "${FUSEDRESNET_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo commit unknown)}"; } | tee "$OUT/device.txt"
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -m fusedresnet.backend.provenance; } | tee "$OUT/device.txt"
 status=0
 echo "== 1. client abuse and SIGABRT tests ($(date -u +%H:%M:%S))"
 FUSEDRESNET_RESULTS_DIR="$OUT" python3 -m pytest -v -rs --durations=10 tests/test_client_abuse.py \

@@ -32,12 +32,13 @@ from fusedresnet.backend.spec import (
     MODEL_CUSTOM,
     MODELS,
     TORCHSCRIPT_FILE,
+    ZERO_MODEL,
 )
 from fusedresnet.backend.triton_install import ServerError, find_triton, host_gpus
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.loadtest import triton_metrics
-from fusedresnet.loadtest.measurements import cpu_list
+from fusedresnet.loadtest.measurements import cpu_list, cpu_text
 
 GPU_COUNT = torch.cuda.device_count()
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -208,7 +209,7 @@ def test_multi_gpu_summary_takes_each_layouts_peak_against_one_gpu_at_every_coun
              {**step("one-server", 2, "32", None), "errors": ["generator exited 1: Traceback\n  x | y\nBoom"]},
              step("server-per-gpu", 4, "32", 120000.0),
              step("server-per-gpu", 4, "32", 150000.0, processes=16, check="generator-x2"),
-             step("server-per-gpu", 4, "32", 900000.0, processes=16, check="zero-model", model="zero_answer")]
+             step("server-per-gpu", 4, "32", 900000.0, processes=16, check="zero-model", model=ZERO_MODEL)]
     entries = {(e["layout"], e["gpus"]): e for e in multi_gpu.summarize(steps, [1, 2, 4])}
     assert set(entries) == {(layout, gpus) for layout in ("server-per-gpu", "one-server") for gpus in (2, 4)}
     for entry in entries.values():      # issue 32's keys, per layout and GPU count
@@ -272,7 +273,7 @@ def limit_case(plain, doubled, zero, cpu_percent=400.0, server_share=0.5, gpu_ut
     if doubled:
         steps.append(step("server-per-gpu", gpus, "32", doubled, processes=16, check="generator-x2"))
     if zero:
-        steps.append(step("server-per-gpu", gpus, "32", zero, processes=16, check="zero-model", model="zero_answer"))
+        steps.append(step("server-per-gpu", gpus, "32", zero, processes=16, check="zero-model", model=ZERO_MODEL))
     from fusedresnet.loadtest import multi_gpu
     return multi_gpu.limit_of(steps, "server-per-gpu", gpus)
 
@@ -316,7 +317,7 @@ def test_the_zero_model_check_runs_through_the_launcher_and_records_the_servers_
     token_file = tmp_path / "token"
     token_file.write_text("unused")      # gRPC without shared memory registers nothing
     repository = multi_gpu.scaling_repository(tmp_path / "models")
-    assert sorted(p.name for p in repository.iterdir() if p.is_dir()) == sorted([MODEL_CUSTOM, "zero_answer"])
+    assert sorted(p.name for p in repository.iterdir() if p.is_dir()) == sorted([MODEL_CUSTOM, ZERO_MODEL])
     cores = sorted(os.sched_getaffinity(0))
     bench = multi_gpu.Bench(tmp_path, save_image_pool(build_image_pool(64), tmp_path / "pool.npy"), token_file,
                             cores, cores, seconds=1.5, warmup_s=0.5)
@@ -324,23 +325,22 @@ def test_the_zero_model_check_runs_through_the_launcher_and_records_the_servers_
     try:
         server = SimpleNamespace(process=launched.process, url=launched.url, metrics_url=launched.metrics_url)
         series = multi_gpu.Series("32", 32, "none", (2,))
-        record = multi_gpu.drive(bench, "one-gpu", [server], series, 2, 1, model="zero_answer", check="zero-model")
+        record = multi_gpu.drive(bench, "one-gpu", [server], series, 2, 1, model=ZERO_MODEL, check="zero-model")
     finally:
         launched.stop()
     assert record["errors"] == [] and record["problems"] == [] and record["failures"] == 0, record
     assert record["img_per_s"] > 0 and record["avg_batch"] >= 1
     (generator,) = record["generator_records"]
-    assert generator["model"] == "zero_answer"
+    assert generator["model"] == ZERO_MODEL
     window = generator["window_unix"]
     assert window[1] - window[0] == pytest.approx(1.5)
     (tree,), (triton,) = record["server_cpu_percent"], record["tritonserver_cpu_percent"]
     assert 0 < triton <= tree        # tritonserver found in the launcher's tree, busy through the window
     assert record["server_cpu_share"] == pytest.approx(tree / (100 * len(cores)))
     assert (record["gpus"], record["check"], record["model"], record["level_per_gpu"]) == (1, "zero-model",
-                                                                                         "zero_answer", 2)
+                                                                                         ZERO_MODEL, 2)
 
 
 def test_cpu_lists_read_as_taskset_writes_them():
-    from fusedresnet.loadtest import multi_gpu
     assert cpu_list("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
-    assert multi_gpu.cpu_text([16, 17]) == "16,17"
+    assert cpu_text([16, 17]) == "16,17"

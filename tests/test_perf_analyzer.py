@@ -13,6 +13,7 @@ from fusedresnet.backend.spec import (
     MODEL_CUDNN,
     MODEL_CUSTOM,
     NUM_CLASSES,
+    ZERO_MODEL,
     model_config,
 )
 from fusedresnet.loadtest import perf_analyzer, report
@@ -80,11 +81,11 @@ def test_repository_holds_the_entries_asked_and_the_zero_model_with_the_shipped_
                                                                                          tmp_path):
     shipped = model_config(MODEL_CUSTOM).SerializeToString()
     folder = perf_analyzer.build_repository(tmp_path / "repo", entries=(MODEL_CUSTOM,), instances=8)
-    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == [MODEL_CUSTOM, report.ZERO_MODEL]
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == [MODEL_CUSTOM, ZERO_MODEL]
     assert model_config(MODEL_CUSTOM, folder).instance_group[0].count == 8
     assert model_config(MODEL_CUSTOM).SerializeToString() == shipped     # the shipped config is untouched
-    custom, zero = model_config(MODEL_CUSTOM), model_config(report.ZERO_MODEL, folder)
-    assert zero.name == report.ZERO_MODEL and zero.input == custom.input
+    custom, zero = model_config(MODEL_CUSTOM), model_config(ZERO_MODEL, folder)
+    assert zero.name == ZERO_MODEL and zero.input == custom.input
     assert [o.name for o in zero.output] == [o.name for o in custom.output]
     assert zero.max_batch_size == custom.max_batch_size and zero.dynamic_batching == custom.dynamic_batching
     assert zero.instance_group == model_config(MODEL_CUSTOM, folder).instance_group
@@ -101,7 +102,7 @@ def test_zero_model_answers_zero_logits_on_the_real_server(prepared_repository, 
                       log_file=tmp_path / "server.log") as server:
         for protocol in ("grpc", "http"):
             url = server.grpc_url if protocol == "grpc" else server.http_url
-            with ResNetClient(report.ZERO_MODEL, protocol, url) as client:
+            with ResNetClient(ZERO_MODEL, protocol, url) as client:
                 images = np.random.default_rng(0).integers(0, 256, (3, 224, 224, 3), dtype=np.uint8)
                 result = client.infer(images)
             assert result.logits.shape == (3, NUM_CLASSES) and not result.logits.any()
@@ -111,7 +112,7 @@ def test_zero_model_answers_zero_logits_on_the_real_server(prepared_repository, 
             tensor = grpcclient.InferInput("IMAGE_NORMALIZED", [1, 3, 224, 224], "FP32")
             tensor.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
             with grpcclient.InferenceServerClient(server.grpc_url) as raw:
-                raw.infer(report.ZERO_MODEL, [tensor])
+                raw.infer(ZERO_MODEL, [tensor])
 
 
 def step(model, generator, images, shm, users, img_per_s, p50, p99):
@@ -123,7 +124,7 @@ def step(model, generator, images, shm, users, img_per_s, p50, p99):
 
 def test_report_compares_with_the_zero_model_and_checks_the_targets_of_issue_31():
     pa = perf_analyzer.PERF_ANALYZER
-    zero = report.ZERO_MODEL
+    zero = ZERO_MODEL
     steps = [step(MODEL_CUSTOM, pa, 1, "none", 1, 700, 1.40, 2.0), step(zero, pa, 1, "none", 1, 900, 1.00, 1.5),
              step(MODEL_CUSTOM, pa, 32, "none", 32, 46_000, 20, 30), step(zero, pa, 32, "none", 32, 50_000, 19, 25),
              step(MODEL_CUSTOM, pa, 32, "cuda", 32, 80_000, 10, 12),
