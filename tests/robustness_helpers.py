@@ -135,6 +135,18 @@ def counter_delta(after: dict, before: dict) -> dict:
     return {key: after[key] - before[key] for key in after}
 
 
+def counter_delta_reaching(server, model: str, before: dict, least: dict, timeout_s: float = 10.0) -> dict:
+    """counter_delta from `before` once every counter named in `least` has grown by at least that much,
+    or after `timeout_s`: Triton counts a request just after its answer leaves, so the last answers
+    may arrive before they are counted."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        delta = counter_delta(request_counters(server, model), before)
+        if all(delta[key] >= value for key, value in least.items()) or time.monotonic() > deadline:
+            return delta
+        time.sleep(0.05)
+
+
 # ---------------------------------------------------------------- processes and memory
 
 def rss_bytes(process: psutil.Process) -> int:
