@@ -73,6 +73,8 @@ EXIT_SERVER_DIED = 4        # tritonserver exited or stopped answering without b
 WEDGED_AFTER_S = 20.0       # an endpoint unanswered this long (probes every poll) means a hung server
 PROBE_TIMEOUT_S = 5.0
 LOG_LINES_ON_FAILURE = 20
+# what the launcher prints once Triton is ready: at start (then the addresses) and after each restart
+READY_LINE, READY_AGAIN_LINE = "fusedresnet: Triton ready on", "fusedresnet: Triton ready again"
 
 
 def exit_cause(returncode: int) -> str:
@@ -283,7 +285,7 @@ class TritonServer:
                 return status
             self.restarts += 1
             self.start(ready_timeout_s)
-            print(f"fusedresnet: Triton ready again (restart {self.restarts})", file=sys.stderr, flush=True)
+            print(f"{READY_AGAIN_LINE} (restart {self.restarts})", file=sys.stderr, flush=True)
 
     def wait_for_failure(self, poll_s: float) -> tuple[bool, str]:
         """Block until the server fails: (whether a stub died, the cause in words)."""
@@ -427,7 +429,7 @@ def _serve(server: TritonServer, args) -> int:
         devices = f"GPUs {server.gpus or 'all'}" if server.use_gpu else "CPU only"
         if server.mps_environment:
             devices += f", CUDA MPS: CUDA_MPS_PIPE_DIRECTORY={server.mps_environment['CUDA_MPS_PIPE_DIRECTORY']}"
-        print(f"fusedresnet: Triton ready on gRPC {server.grpc_url}, HTTP {server.http_url}, "
+        print(f"{READY_LINE} gRPC {server.grpc_url}, HTTP {server.http_url}, "
               f"metrics {server.metrics_url} ({devices}); Ctrl-C stops it", flush=True)
         if args.host not in ("127.0.0.1", "localhost", "::1"):
             print(f"fusedresnet: listening on {args.host}: inference is open to anyone who can reach these ports; "

@@ -29,6 +29,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from fusedresnet.backend.network import free_ports, http_ready
+from fusedresnet.backend.serve import READY_LINE
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, INPUT_UINT8, OUTPUT_LOGITS
 from fusedresnet.backend.stub_processes import python_stubs, tritonserver_of
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, compare_logits
@@ -120,8 +121,11 @@ def raw_grpc_infer(server, model: str, inputs: list[tuple[str, str, list[int]]],
 
 # ---------------------------------------------------------------- Triton's own counters
 
-def request_counters(server, model: str) -> dict:
-    snapshot = triton_metrics.scrape(server.metrics_url, timeout_s=10)
+PENDING = "nv_inference_pending_request_count"
+
+
+def request_counters(server, model: str, snapshot: triton_metrics.MetricsSnapshot | None = None) -> dict:
+    snapshot = snapshot or triton_metrics.scrape(server.metrics_url, timeout_s=10)
     return {"success": snapshot.total(triton_metrics.SUCCESS, model),
             "failure": snapshot.total(triton_metrics.FAILURE, model),
             "rejected": snapshot.total(triton_metrics.FAILURE, model, reason="REJECTED"),
@@ -133,6 +137,26 @@ def request_counters(server, model: str) -> dict:
 
 def counter_delta(after: dict, before: dict) -> dict:
     return {key: after[key] - before[key] for key in after}
+
+
+def settled_counters(server, model: str, timeout_s: float, quiet_s: float = 1.0) -> dict:
+    """Triton's request counters once nothing is pending (nv_inference_pending_request_count 0) and they
+    have not changed for `quiet_s`. A request in execution is no longer pending, and Triton counts it just
+    after its answer leaves: `quiet_s` must outlast the longest execution that may still be running."""
+    deadline = time.monotonic() + timeout_s
+    previous, quiet_since = None, time.monotonic()
+    while True:
+        snapshot = triton_metrics.scrape(server.metrics_url, timeout_s=10)
+        current, now = request_counters(server, model, snapshot), time.monotonic()
+        idle = snapshot.total(PENDING, model) == 0
+        if idle and current == previous:
+            if now - quiet_since >= quiet_s:
+                return current
+        else:
+            previous, quiet_since = (current if idle else None), now
+        if now > deadline:
+            raise AssertionError(f"{model}: Triton's counters not settled {timeout_s:.0f} s on (pending or changing)")
+        time.sleep(min(0.5, quiet_s / 2))
 
 
 def counter_delta_reaching(server, model: str, before: dict, least: dict, timeout_s: float = 10.0) -> dict:
@@ -239,8 +263,10 @@ class Launcher:
         with open(self.output_file, "wb") as output:
             self.process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT,
                                             start_new_session=True)
-        if not wait_until(lambda: self.process.poll() is not None or self.ready(), ready_timeout_s, 0.5) \
-                or self.process.poll() is not None:
+        # ready once Triton answers and the launcher itself has seen it (its ready line): a test that kills
+        # Triton before the launcher's own readiness poll would see a failed start, not a restart
+        if not wait_until(lambda: self.process.poll() is not None or (self.ready() and READY_LINE in self.output()),
+                          ready_timeout_s, 0.2) or self.process.poll() is not None:
             self.stop()
             raise RuntimeError(f"launcher not ready:\n{self.output()}")
         return self

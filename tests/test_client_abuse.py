@@ -31,7 +31,7 @@ from tritonclient.utils import InferenceServerException
 from fusedresnet.backend.serve import WEDGED_AFTER_S
 from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, OUTPUT_LOGITS
 from fusedresnet.backend.triton_install import host_gpus
-from fusedresnet.loadtest import client_abuse, triton_metrics
+from fusedresnet.loadtest import client_abuse
 
 from robustness_helpers import (
     Launcher,
@@ -42,12 +42,15 @@ from robustness_helpers import (
     record,
     request_counters,
     results_dir,
+    settled_counters,
     wait_until,
 )
 
 RECOVERY_BOUND_S = WEDGED_AFTER_S + 180.0   # a hung server found, killed, and a new one ready
-PENDING = "nv_inference_pending_request_count"
 SETTLE_BOUND_S = 180.0                      # the abandoned calls still queued are computed or dropped by then
+# counters unchanged this long (nothing pending) count as settled: longer than the longest CPU batch seen
+# executing while calls were abandoned (3.9 s, 2026-11-26), whose requests are counted when it ends
+SETTLED_QUIET_S = 5.0
 # abandoned calls are answered CANCELLED once an instance is free, so a full queue frees within the batches
 # executing when the clients left (0.5-3.9 s on the CPU, 2026-11-26)
 ADMITTED_BOUND_S = 30.0
@@ -92,23 +95,6 @@ def assert_answers_correct(outcomes: client_abuse.CallOutcomes, reference: np.nd
         assert_correct(logits, reference[index % IMAGES][None])
 
 
-def settled_counters(launcher, timeout_s: float = SETTLE_BOUND_S) -> dict:
-    """Triton's request counters once nothing is pending (nv_inference_pending_request_count 0 on two
-    scrapes in a row, counters unchanged). Calls a client abandoned stay queued until an instance is free
-    to take a batch; Triton 2.51's scheduler then answers them CANCELLED (failure, reason CANCELED) without
-    running them. Calls in execution are not pending, so the counters may still grow a little after this."""
-    previous = None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        snapshot = triton_metrics.scrape(launcher.metrics_url, timeout_s=10)
-        current = request_counters(launcher, MODEL)
-        if snapshot.total(PENDING, MODEL) == 0 and current == previous:
-            return current
-        previous = current if snapshot.total(PENDING, MODEL) == 0 else None
-        time.sleep(1.0)
-    raise AssertionError(f"Triton still had requests pending {timeout_s:.0f} s after the behaviour")
-
-
 def answered_despite_backlog(launcher, images, reference) -> int:
     """Send a valid request to the abused model until one is answered (correctly) within SETTLE_BOUND_S;
     until then it may be refused with UNAVAILABLE (queue full or queue timeout: calls a client abandoned
@@ -133,7 +119,7 @@ def service_after(launcher, images, reference, server_pid_before, before: dict, 
     started = time.monotonic()
     assert wait_until(lambda: launcher.ready() and launcher.server_pid() is not None, RECOVERY_BOUND_S, 0.5), \
         "the service was not ready again within the bound\n" + launcher.output()
-    settled = settled_counters(launcher)
+    settled = settled_counters(launcher, MODEL, SETTLE_BOUND_S, SETTLED_QUIET_S)
     figures = {"ready_after_s": round(time.monotonic() - started, 1),
                "server_restarted": launcher.server_pid() != server_pid_before}
     if not figures["server_restarted"]:
@@ -161,7 +147,7 @@ def run_behaviour(launcher, images, reference, results, name, behaviour, sent_an
     `sent_and_answered(figures) -> (requests sent, answered with logits)`, Triton counted no more
     requests than were sent and at least the answered ones as successes."""
     server_pid = launcher.server_pid()
-    before = settled_counters(launcher)
+    before = settled_counters(launcher, MODEL, SETTLE_BOUND_S, SETTLED_QUIET_S)
     started = time.monotonic()
     figures = behaviour()
     figures["seconds"] = round(time.monotonic() - started, 1)
@@ -193,7 +179,7 @@ def test_calls_abandoned_while_the_model_is_busy_are_dropped_if_still_queued(lau
     valid calls after it are answered correctly, none refused.
     First of the module, so that no earlier behaviour's batches are still executing (not pending, so
     settled_counters cannot see them) and counted in this one's figures."""
-    before = settled_counters(launcher)
+    before = settled_counters(launcher, MODEL, SETTLE_BOUND_S, SETTLED_QUIET_S)
     busy_images, busy_reference = np.concatenate([images] * 2), np.concatenate([reference] * 2)
 
     def busy_call(_):   # valid calls of 16 images that keep the model's instances busy
@@ -224,7 +210,7 @@ def test_calls_abandoned_while_the_model_is_busy_are_dropped_if_still_queued(lau
         for first in range(IMAGES):
             assert_correct(infer_image(triton, "grpc", MODEL, images[first:first + 1]), reference[first:first + 1])
         answered_after_s = time.monotonic() - closed
-    delta = counter_delta(settled_counters(launcher), before)
+    delta = counter_delta(settled_counters(launcher, MODEL, SETTLE_BOUND_S, SETTLED_QUIET_S), before)
     answered, abandoned = total.statuses.get("OK", 0), total.statuses.get("ABANDONED", 0)
     figures = total.summary() | {"first_valid_refused": refused,
                                  "first_valid_admitted_after_s": round(admitted_after_s, 2),

@@ -35,7 +35,6 @@ from fusedresnet.backend.spec import (
     model_config,
 )
 from fusedresnet.client.shared_memory import shared_memory_status
-from fusedresnet.loadtest import triton_metrics
 
 from robustness_helpers import (
     CLIENT_TIMEOUT_S,
@@ -47,8 +46,8 @@ from robustness_helpers import (
     grpc_shm_burst_in_process,
     infer_image,
     record,
-    request_counters,
     results_dir,
+    settled_counters,
 )
 
 QUEUE_FULL = "Exceeds maximum queue size"
@@ -133,19 +132,11 @@ def shared_memory_burst(server, admin_token, model, images, most):
     """Once the model is idle: PARALLEL_SENDERS processes burst requests carrying all `images` from system
     shared memory (`most` images in all); returns (counters before, request indices, answers), after
     checking that every sender's region is gone."""
-    wait_for_idle(server, model)
-    before = request_counters(server, model)
+    before = settled_counters(server, model, CLIENT_TIMEOUT_S)
     sent, answers, regions = parallel_shm_burst(server, admin_token, model, images, most // len(images),
                                                 PARALLEL_SENDERS, len(images))
     assert_regions_gone(server, admin_token, regions)
     return before, sent, answers
-
-
-def wait_for_idle(server, model, timeout_s=CLIENT_TIMEOUT_S):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and \
-            triton_metrics.scrape(server.metrics_url).total("nv_inference_pending_request_count", model) > 0:
-        time.sleep(0.2)
 
 
 def http_burst(server, model, images, count):
@@ -217,7 +208,7 @@ def test_grpc_burst_beyond_the_queue_gets_one_answer_per_request_refusals_are_ex
     images, reference = burst_images
     policy = queue_policy(model)
     assert policy["timeout_action"] == "REJECT" and policy["allow_timeout_override"]
-    before = request_counters(triton_server, model)
+    before = settled_counters(triton_server, model, CLIENT_TIMEOUT_S)
     # the queue plus one full batch in execution is the most the server holds; send well beyond it
     most = 8 * (policy["max_queue_size"] + max_batch_size())
     sent, answers = grpc_burst(triton_server, model, images, most)
@@ -259,7 +250,7 @@ def test_http_flood_gets_one_answer_per_request_and_every_refusal_is_an_explicit
     does); a quarter of the requests ask for a 1 s queue timeout, which an HTTP flood does exceed."""
     images, reference = burst_images
     policy = queue_policy(MODEL_CUSTOM)
-    before = request_counters(triton_server, MODEL_CUSTOM)
+    before = settled_counters(triton_server, MODEL_CUSTOM, CLIENT_TIMEOUT_S)
     sent, answers = http_burst(triton_server, MODEL_CUSTOM, images, 160)
     statuses = Counter(str(a[0][1].status()) for a in answers.values() if not isinstance(a[0][1], np.ndarray))
     assert set(statuses) <= {"503"}, statuses
