@@ -125,7 +125,8 @@ PENDING = "nv_inference_pending_request_count"
 
 
 def request_counters(server, model: str, snapshot: triton_metrics.MetricsSnapshot | None = None) -> dict:
-    snapshot = snapshot or triton_metrics.scrape(server.metrics_url, timeout_s=10)
+    if snapshot is None:
+        snapshot = triton_metrics.scrape(server.metrics_url, timeout_s=10)
     return {"success": snapshot.total(triton_metrics.SUCCESS, model),
             "failure": snapshot.total(triton_metrics.FAILURE, model),
             "rejected": snapshot.total(triton_metrics.FAILURE, model, reason="REJECTED"),
@@ -161,14 +162,9 @@ def settled_counters(server, model: str, timeout_s: float, quiet_s: float = 1.0)
 
 def counter_delta_reaching(server, model: str, before: dict, least: dict, timeout_s: float = 10.0) -> dict:
     """counter_delta from `before` once every counter named in `least` has grown by at least that much,
-    or after `timeout_s`: Triton counts a request just after its answer leaves, so the last answers
-    may arrive before they are counted."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        delta = counter_delta(request_counters(server, model), before)
-        if all(delta[key] >= value for key, value in least.items()) or time.monotonic() > deadline:
-            return delta
-        time.sleep(0.05)
+    or after `timeout_s` (read_until)."""
+    return read_until(lambda: counter_delta(request_counters(server, model), before),
+                      lambda delta: all(delta[key] >= value for key, value in least.items()), timeout_s)
 
 
 # ---------------------------------------------------------------- processes and memory
@@ -224,13 +220,20 @@ def device_description() -> str:
     return f"CPU only: {os.cpu_count()} x {cpu}"
 
 
-def wait_until(predicate, timeout_s: float, interval_s: float = 0.25) -> bool:
+def read_until(read, done, timeout_s: float, interval_s: float = 0.05):
+    """read() again every `interval_s` until done(value) or `timeout_s` has passed: the last value read.
+    For Triton's counters: it counts a request just after its answer leaves, so the last answers may
+    arrive before they are counted."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
+    while True:
+        value = read()
+        if done(value) or time.monotonic() >= deadline:
+            return value
         time.sleep(interval_s)
-    return bool(predicate())
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.25) -> bool:
+    return bool(read_until(predicate, bool, timeout_s, interval_s))
 
 
 # ---------------------------------------------------------------- the launcher, run as users run it

@@ -34,6 +34,8 @@ from fusedresnet.client.resnet_client import ResNetClient, check_endpoints, grpc
 from fusedresnet.loadtest import triton_metrics
 from fusedresnet.loadtest.serving_sequence import repository_with_instances
 
+from robustness_helpers import read_until
+
 ROOT = Path(__file__).resolve().parent.parent
 NGINX_CONF = ROOT / "deploy" / "nginx" / "nginx.conf"
 HOSTS = ("127.0.0.1", "127.0.0.2")
@@ -161,14 +163,8 @@ def send(url: str, images, requests: int, stop: threading.Event | None = None) -
 
 
 def counts_settled(servers, expected_total: float, timeout_s: float = 10.0) -> list[float]:
-    """counts(servers) once their sum reaches `expected_total`, or after `timeout_s`: Triton counts a
-    request just after its answer leaves, so the last one may not be counted yet when it arrives."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        now = counts(servers)
-        if sum(now) >= expected_total or time.monotonic() > deadline:
-            return now
-        time.sleep(0.05)
+    """counts(servers) once their sum reaches `expected_total`, or after `timeout_s` (read_until)."""
+    return read_until(lambda: counts(servers), lambda now: sum(now) >= expected_total, timeout_s)
 
 
 def assert_spread(servers, before: list[float], requests: int):

@@ -38,6 +38,7 @@ from robustness_helpers import (
     assert_correct,
     client,
     counter_delta,
+    counter_delta_reaching,
     infer_image,
     record,
     request_counters,
@@ -136,8 +137,7 @@ def service_after(launcher, images, reference, server_pid_before, before: dict, 
                                    reference[first:first + 4])
     # Triton counts a success when it releases the request, which can come just after the client has its
     # answer (seen on the CPU host: 3 of 4 counted at once): the count is read once it has reached 4 or 5 s passed.
-    wait_until(lambda: counter_delta(request_counters(launcher, QUIET_MODEL), quiet_before)["success"] >= 4, 5, 0.1)
-    delta = counter_delta(request_counters(launcher, QUIET_MODEL), quiet_before)
+    delta = counter_delta_reaching(launcher, QUIET_MODEL, quiet_before, {"success": 4}, 5)
     assert delta["success"] == 4 and delta["failure"] == 0, delta
     return figures
 

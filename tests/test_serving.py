@@ -6,7 +6,6 @@ import concurrent.futures
 import json
 import os
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -34,6 +33,8 @@ from fusedresnet.client.preprocess import normalize
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.kernels.configs import TUNED_PLANS
 from fusedresnet.loadtest.serving_sequence import repository_with_instances
+
+from robustness_helpers import read_until
 
 # The engine each model must run, by name (README, *Using the service*): on a GPU the custom model runs
 # our fused kernels and nothing else; a fallback there is a failure, not another valid answer.
@@ -145,13 +146,10 @@ def inference_counts(server, headers, model) -> tuple[int, int]:
 
 
 def counts_after(server, headers, model, before, expected_requests, timeout_s=10.0):
-    """Statistics are recorded just after the responses leave: wait until all requests are counted."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        requests, executions = inference_counts(server, headers, model)
-        if requests - before[0] >= expected_requests or time.monotonic() > deadline:
-            return requests - before[0], executions - before[1]
-        time.sleep(0.05)
+    """(requests, executions) since `before`, once all `expected_requests` are counted (read_until)."""
+    requests, executions = read_until(lambda: inference_counts(server, headers, model),
+                                      lambda counts: counts[0] - before[0] >= expected_requests, timeout_s)
+    return requests - before[0], executions - before[1]
 
 
 # The batching test's server: the shipped models, one instance each and a queue delay long enough that
