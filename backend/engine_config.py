@@ -22,8 +22,10 @@ opt-in to serve without our kernels); torchscript = the cuDNN baseline.
 capability 9.0, each conv on the family its plan names, mma.sync elsewhere) and
 `pdl` (programmatic dependent launch; auto = where the device and cuda.bindings
 have it) have developer overrides in the environment, FUSEDRESNET_CONV_PATH and
-FUSEDRESNET_PDL (`kernels/configs.py`): when set they win over the config, and
-the load log says so.
+FUSEDRESNET_PDL: when set they win over the config, and the load log says so.
+They are read here and only here (`conv_path_override`, `pdl_override`, also
+used by the harness's command-line tools); the kernel library below takes
+explicit arguments.
 
 A parameter set to other than its default for an engine it does not apply to,
 an unknown key or a bad value is a `ConfigError` at load, naming the key, the value and what is
@@ -37,8 +39,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
-from ..kernels.configs import CONV_PATH_ENV, PDL_ENV
+from ..kernels.launch_choices import CONV_PATHS, MIXED
 
+CONV_PATH_ENV = "FUSEDRESNET_CONV_PATH"   # auto, mma or wgmma: the fused engine's kernel family
+PDL_ENV = "FUSEDRESNET_PDL"               # 0 or 1: programmatic dependent launch off or required
 ENGINES = ("auto", "cuda", "torch", "torchscript")
 CUSTOM_ENGINES = ("auto", "cuda", "torch")   # resnet18_custom's folded network
 CONV_PATH_CHOICES = ("auto", "mma", "wgmma")
@@ -65,18 +69,45 @@ class EngineConfig:
     cuda_graphs: bool = True
     torch_threads: int | None = None    # None: auto (triton_model.torch_threads)
 
-    def conv_path_request(self) -> tuple[str | None, str]:
-        """(the `conv_path` argument of the fused engine, where it comes from). None leaves the choice to
-        FUSEDRESNET_CONV_PATH, which overrides the config when set."""
-        if os.environ.get(CONV_PATH_ENV, "").strip():
-            return None, f"{CONV_PATH_ENV}={os.environ[CONV_PATH_ENV].strip()} overrides config conv_path"
+    def conv_path_request(self) -> tuple[str, str]:
+        """(the `conv_path` argument of the fused engine, where it comes from): FUSEDRESNET_CONV_PATH when
+        set, else the config's."""
+        override = conv_path_override()
+        if override is not None:
+            return override, f"{CONV_PATH_ENV}={os.environ[CONV_PATH_ENV].strip()} overrides config conv_path"
         return self.conv_path, f"config conv_path {self.conv_path}"
 
     def pdl_request(self) -> tuple[bool | None, str]:
-        """(the `pdl` argument of the fused engine, where it comes from); FUSEDRESNET_PDL overrides the config."""
-        if os.environ.get(PDL_ENV, "").strip():
-            return None, f"{PDL_ENV}={os.environ[PDL_ENV].strip()} overrides config pdl"
+        """(the `pdl` argument of the fused engine, where it comes from): FUSEDRESNET_PDL when set, else the
+        config's."""
+        override = pdl_override()
+        if override is not None:
+            return override, f"{PDL_ENV}={os.environ[PDL_ENV].strip()} overrides config pdl"
         return PDL_CHOICES[self.pdl], f"config pdl {self.pdl}"
+
+
+def conv_path_override() -> str | None:
+    """$FUSEDRESNET_CONV_PATH as the fused engine's `conv_path` argument, None when unset or empty."""
+    value = os.environ.get(CONV_PATH_ENV, "").strip().lower()
+    if not value:
+        return None
+    if value not in ("auto", MIXED, *CONV_PATHS):
+        raise ConfigError(f"{CONV_PATH_ENV}={value!r}: expected auto, mma or wgmma")
+    return value
+
+
+def environment_engine_arguments() -> dict:
+    """The environment's overrides as the fused engine's keyword arguments ({"conv_path": ..., "pdl": ...},
+    None where unset): what the harness's command-line tools read once and pass down."""
+    return {"conv_path": conv_path_override(), "pdl": pdl_override()}
+
+
+def pdl_override() -> bool | None:
+    """$FUSEDRESNET_PDL as the fused engine's `pdl` argument (0: False, 1: True), None when unset or empty."""
+    value = os.environ.get(PDL_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ConfigError(f"{PDL_ENV}={value!r}: expected 0 or 1")
+    return None if value == "" else value == "1"
 
 
 def _choice(key: str, value: str, allowed) -> str:

@@ -18,7 +18,7 @@ How a batch runs:
    compute capability 9.0 (the mixed path) a plan may name a wgmma tile or
    an mma.sync one (generic or conv3x3_patch), per layer and batch bucket,
    and the one sm_90a module holds both; mma.sync only elsewhere;
-   FUSEDRESNET_CONV_PATH=mma|wgmma forces one family (`kernels/launch.py`);
+   config conv_path or FUSEDRESNET_CONV_PATH=mma|wgmma forces one family;
    in a downsampling block, from batch bucket SHORTCUT_FUSION_MIN_BATCH up,
    the 1x1 projection is fused into the second conv (`folding.with_shortcut`:
    its input channels are extra k-tiles of that conv's reduction, so it has
@@ -50,9 +50,11 @@ import cupy as cp  # noqa: E402  (ImportError here means: no fused engine on thi
 import numpy as np
 import torch
 
-from ..kernels.configs import PDL_MAX_BATCH, SHORTCUT_FUSION_MIN_BATCH, STEM_KG_PADDED, tile_family
+from ..kernels.geometry import STEM_FILTER_ROWS, STEM_KG_PADDED, STEM_ROW_VALUES
 from ..kernels.launch import conv_out_size, library
-from .engines import next_power_of_two
+from ..kernels.launch_choices import PDL_MAX_BATCH, SHORTCUT_FUSION_MIN_BATCH
+from ..kernels.tiles import tile_family
+from .batching import next_power_of_two
 from .folding import (
     MAXPOOL_KERNEL,
     MAXPOOL_PADDING,
@@ -176,9 +178,10 @@ class FusedCudaEngine:
 
     def __init__(self, params_or_path, device: str = "cuda:0", conv_path: str | None = None,
                  pdl: bool | None = None, pdl_max_batch: int = PDL_MAX_BATCH):
-        """`conv_path`: "mma", "wgmma", "auto" or None (FUSEDRESNET_CONV_PATH, else by compute capability);
-        `pdl`: programmatic dependent launch, None = FUSEDRESNET_PDL, else where the device has it
-        (`kernels.configs.pdl_choice`), for the batch buckets up to `pdl_max_batch`."""
+        """`conv_path`: "mma", "wgmma", "auto" or None (auto: by compute capability);
+        `pdl`: programmatic dependent launch, None = where the device has it
+        (`kernels.launch_choices.pdl_choice`), for the batch buckets up to `pdl_max_batch`. Both explicit:
+        the environment's overrides are resolved by the caller (`engine_config`)."""
         params = load_folded(params_or_path) if not isinstance(params_or_path, dict) else params_or_path
         self.torch_device = torch.device(device)
         if self.torch_device.type != "cuda":
@@ -208,10 +211,10 @@ class FusedCudaEngine:
                     self.weights[fused.name] = (cp.asarray(weight.view(torch.int16).numpy()).view(cp.float16),
                                                 cp.asarray(bias.numpy()))
             stem_w, stem_b = self.weights[STEM.name]
-            k = stem_w.shape[0]
+            k, row = stem_w.shape[0], STEM.kernel * STEM.in_channels
             # [K,7,7,3] -> [K, 8 filter rows, 24 = 7*3 values + 3 zeros]: the stem loader's layout.
-            padded = cp.zeros((k, 8, 24), dtype=cp.float16)
-            padded[:, :7, :21] = stem_w.reshape(k, 7, 21)
+            padded = cp.zeros((k, STEM_FILTER_ROWS, STEM_ROW_VALUES), dtype=cp.float16)
+            padded[:, :STEM.kernel, :row] = stem_w.reshape(k, STEM.kernel, row)
             padded = padded.reshape(k, STEM_KG_PADDED)
             self.stem_weight, self.stem_bias = padded, stem_b
             mean = np.array(IMAGENET_MEAN, dtype=np.float64)

@@ -51,6 +51,7 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
+from .batching import next_power_of_two
 from .engine_config import CUSTOM_ENGINES, EngineConfig
 from .folding import (
     LOGITS_CHECKPOINT,
@@ -78,10 +79,6 @@ def input_shape(input_name: str, batch: int, h: int = IMAGE_SIZE, w: int = IMAGE
     if input_name == INPUT_FP32:
         return (batch, CHANNELS, h, w), torch.float32
     raise ValueError(f"unknown input {input_name!r}")
-
-
-def next_power_of_two(count: int) -> int:
-    return 1 << (count - 1).bit_length()
 
 
 @runtime_checkable

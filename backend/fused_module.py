@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .engine_config import environment_engine_arguments
 from .engines import create_custom_engine
 from .folding import fold_resnet18, load_folded
 from .resnet import ResNet18, build_resnet18
@@ -66,7 +67,8 @@ class FusedResNet18(nn.Module):
         params = params if isinstance(params, dict) else load_folded(params)
         self.source = params.get("source", "")
         choice = engine or ("cuda" if device.type == "cuda" else "torch")
-        self.engine, _ = create_custom_engine(params, str(device), choice)
+        # the developer overrides (FUSEDRESNET_CONV_PATH, FUSEDRESNET_PDL) as for the served model
+        self.engine, _ = create_custom_engine(params, str(device), choice, **environment_engine_arguments())
 
     @classmethod
     def from_torchvision(cls, model_or_checkpoint, device: str | torch.device = "cuda",

@@ -39,7 +39,7 @@ slower (kernels/NOTES.md outcome 17).
 
 On compute capability 9.0 (the mixed path: each conv on the family its plan
 names) (a) and (b) are also measured with the engine forced to one family
-(FUSEDRESNET_CONV_PATH=mma, =wgmma) in the same process: `custom_mma_ms`,
+(conv_path mma, wgmma) in the same process: `custom_mma_ms`,
 `custom_wgmma_ms` per batch and the per-layer rows with path "mma" and
 "wgmma", so the paths are compared on one GPU and one run (--no-compare-mma
 skips them). Where the engine uses programmatic dependent launch (cc >= 9.0,
@@ -64,12 +64,14 @@ from pathlib import Path
 import cupy as cp
 import torch
 
+from ..backend.engine_config import environment_engine_arguments
 from ..backend.engine_cuda import FusedCudaEngine
 from ..backend.folding import STEM, fold_resnet18
+from ..backend.provenance import git_commit
 from ..backend.resnet import DEFAULT_SEED, build_resnet18
 from ..backend.spec import INPUT_UINT8
-from ..kernels.configs import SHORTCUT_FUSION_MIN_BATCH
 from ..kernels.launch import conv_out_size
+from ..kernels.launch_choices import SHORTCUT_FUSION_MIN_BATCH
 from ..kernels.tune import time_graph
 from .bench_report import record, summary_table, write_result
 from .check import layer_shapes
@@ -319,17 +321,18 @@ def main(argv=None):
     torch.backends.cudnn.benchmark = True
     device = torch.cuda.get_device_name(0)
     model = build_resnet18(None, DEFAULT_SEED).cuda().eval()
-    engine = FusedCudaEngine(fold_resnet18(build_resnet18(None, DEFAULT_SEED)), "cuda:0")
+    environment = environment_engine_arguments()
+    engine = FusedCudaEngine(fold_resnet18(build_resnet18(None, DEFAULT_SEED)), "cuda:0", **environment)
     # On cc 9.0 the engine forced to each kernel family, for comparison.
     forced = {}
     if engine.lib.path != "mma" and not args.no_compare_mma:
         for family in ("mma", "wgmma"):
             if family != engine.lib.path:
                 forced[family] = FusedCudaEngine(fold_resnet18(build_resnet18(None, DEFAULT_SEED)), "cuda:0",
-                                                 conv_path=family)
+                                                 **{**environment, "conv_path": family})
     # The same engine launched plainly (no programmatic dependent launch), for comparison.
-    plain = (FusedCudaEngine(fold_resnet18(build_resnet18(None, DEFAULT_SEED)), "cuda:0", pdl=False)
-             if engine.lib.pdl else None)
+    plain = (FusedCudaEngine(fold_resnet18(build_resnet18(None, DEFAULT_SEED)), "cuda:0",
+                             **{**environment, "pdl": False}) if engine.lib.pdl else None)
     print(f"programmatic dependent launch: {engine.lib.pdl} ({engine.lib.pdl_reason})", flush=True)
     print(f"conv path {engine.lib.path}, {len(engine.lib.tuned)} tuned plans"
           + (f" (and forced {', '.join(forced)} for comparison)" if forced else ""), flush=True)
@@ -391,8 +394,9 @@ def main(argv=None):
               "pdl": engine.lib.pdl, "pdl_reason": engine.lib.pdl_reason, "pdl_max_batch": engine.pdl_max_batch,
               "peak_tflops": round(peak, 1), "peak_tflops_runs": [round(v, 1) for v in peaks], "gpu_state": states,
               "whole_network": rows, "features_64": features, "shortcut_fusion": fusion}
-    if os.environ.get("FUSEDRESNET_GIT_COMMIT"):
-        result["git_commit"] = os.environ["FUSEDRESNET_GIT_COMMIT"]
+    commit = git_commit()
+    if commit:
+        result["git_commit"] = commit
     if args.accuracy and Path(args.accuracy).is_file():
         acc = json.loads(Path(args.accuracy).read_text())["network"]
         result["accuracy"] = acc

@@ -18,6 +18,7 @@ import sys
 
 import cupy as cp
 
+from ..backend.engine_config import environment_engine_arguments
 from ..backend.engine_cuda import FusedCudaEngine
 from ..backend.folding import fold_resnet18
 from ..backend.resnet import DEFAULT_SEED, build_resnet18
@@ -56,12 +57,13 @@ def main(argv=None):
     parser.add_argument("--with-others", action="store_true")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
-    engines = {"default": new_engine(), "plain launches": new_engine(pdl=False)}
+    environment = environment_engine_arguments()
+    engines = {"default": new_engine(**environment), "plain launches": new_engine(**{**environment, "pdl": False})}
     print(f"{len(engines['default'].lib.tuned)} tuned plans, path {engines['default'].lib.path}", flush=True)
     report("alone", engines, batches, args.captures)
     if args.with_others:
         torch_model = build_resnet18(None, DEFAULT_SEED).cuda().eval()   # the bench's, resident on the GPU
-        others = [new_engine(conv_path="mma"), new_engine(conv_path="wgmma")]
+        others = [new_engine(**{**environment, "conv_path": family}) for family in ("mma", "wgmma")]
         report(f"beside the forced engines and the torch {type(torch_model).__name__}", engines, batches,
                args.captures, between=others)
     return 0

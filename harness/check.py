@@ -24,7 +24,7 @@ off. Checks, in order:
 The convolutions run on the path the engine takes on this GPU (mixed on
 compute capability 9.0: each plan names its family; mma.sync elsewhere;
 --conv-path or FUSEDRESNET_CONV_PATH=mma|wgmma forces one family, --conv-path
-auto takes this GPU's own path whatever the variable says): the first
+auto takes this GPU's own path whatever the variable says; FUSEDRESNET_PDL as for the server): the first
 check says which, every engine plan must be of a family the path allows
 (forced wgmma: wgmma tiles only; mma: no wgmma tile), and where the sm_90a
 module is loaded the forced-tile checks cover the wgmma tiles as well as the
@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 
@@ -46,35 +45,30 @@ import cupy as cp
 import torch
 import torch.nn.functional as F
 
+from ..backend.engine_config import CONV_PATH_ENV, conv_path_override, pdl_override
 from ..backend.engine_cuda import FusedCudaEngine
 from ..backend.folding import STEM, engine_convs, fold_resnet18, resnet18_blocks, shortcut_params
 from ..backend.images import normalize_uint8, smooth_random_images
 from ..backend.resnet import DEFAULT_SEED, build_resnet18
 from ..client.agreement import compare_logits
-from ..kernels.configs import (
-    BK,
+from ..kernels.build import WGMMA_ARCH
+from ..kernels.geometry import BK
+from ..kernels.launch import conv_out_size, library
+from ..kernels.launch_choices import MIXED, SHORTCUT_FUSION_MIN_BATCH, path_arch
+from ..kernels.planner import ConvPlan, make_plan, plan_key, untuned_plan
+from ..kernels.tiles import (
     CLUSTER_SPLITK_MAX,
-    CONV_PATH_ENV,
     CONV_TILES,
-    MIXED,
     PATCH_TILES,
     PATCH_WGMMA_TILES,
-    SHORTCUT_FUSION_MIN_BATCH,
-    WGMMA_ARCH,
     WGMMA_CONV_TILES,
-    ConvPlan,
-    make_plan,
     patch_applies,
     patch_wgmma_applies,
-    path_arch,
-    plan_key,
     reduces_in_cluster,
     runs_persistent,
     shortcut_applies,
     tile_family,
-    untuned_plan,
 )
-from ..kernels.launch import conv_out_size, library
 
 CONV_TOL = 5e-3        # relative L2, fp16 operands and output, fp32 accumulation
 HEAD_TOL = 1e-3
@@ -113,17 +107,19 @@ def layer_shapes(h: int = 224, w: int = 224, *, batch: int):
 
 
 class Checker:
-    def __init__(self, quick: bool = False, network_seed: int = DEFAULT_SEED, conv_path: str | None = None):
+    def __init__(self, quick: bool = False, network_seed: int = DEFAULT_SEED, conv_path: str | None = None,
+                 pdl: bool | None = None):
+        """`conv_path`, `pdl`: the kernel library's (None: auto, where the device has it)."""
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
         self.quick = quick
         self.network_seed = network_seed
         self.requested_path = conv_path
-        self.lib = library(0, conv_path)
+        self.lib = library(0, conv_path, pdl)
         self.lib.load_candidates()   # every kernel the tuner may choose, served or not, compiled in parallel
         self.model = build_resnet18(None, DEFAULT_SEED)
         self.params = fold_resnet18(self.model, "seeded")
-        self.engine = FusedCudaEngine(self.params, "cuda:0", conv_path=self.lib.path)
+        self.engine = FusedCudaEngine(self.params, "cuda:0", conv_path=self.lib.path, pdl=pdl)
         self.results = []
         self.failures = 0
         self.gen = torch.Generator(device="cuda").manual_seed(int(time.time()))
@@ -273,7 +269,7 @@ class Checker:
 
     def conv_path_case(self):
         """The convolutions run on wgmma on cc 9.0 unless mma was asked for, on mma.sync elsewhere."""
-        asked = self.requested_path or os.environ.get(CONV_PATH_ENV, "") or "auto"
+        asked = self.requested_path or "auto"
         hopper = self.lib.cc == (9, 0)
         expected = asked if asked in ("mma", "wgmma") else MIXED if hopper else "mma"
         self.record(f"conv path {self.lib.path} on {self.lib.device_name} (cc {self.lib.cc[0]}.{self.lib.cc[1]}, "
@@ -412,10 +408,11 @@ def main(argv=None):
     parser.add_argument("--network-seed", type=int, default=DEFAULT_SEED,
                         help="seed of the whole-network input set (default: the fixed reference set)")
     parser.add_argument("--conv-path", choices=("auto", "mma", "wgmma"),
+                        default=conv_path_override(),
                         help=f"force a convolution path, or auto: this GPU's own (mixed on cc 9.0, else mma) "
                              f"whatever ${CONV_PATH_ENV} says (default: ${CONV_PATH_ENV}, else auto)")
     args = parser.parse_args(argv)
-    checker = Checker(args.quick, args.network_seed, args.conv_path)
+    checker = Checker(args.quick, args.network_seed, args.conv_path, pdl_override())
     started = time.time()
     try:
         checker.kernels()

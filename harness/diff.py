@@ -39,6 +39,7 @@ import sys
 import numpy as np
 import torch
 
+from ..backend.engine_config import environment_engine_arguments
 from ..backend.folding import LOGITS_CHECKPOINT, POOL_CHECKPOINT, STEM_CHECKPOINT, checkpoint_names, fold_resnet18
 from ..backend.images import normalize_uint8, smooth_random_images
 from ..backend.resnet import build_resnet18
@@ -81,10 +82,12 @@ def folded_engine_checkpoints(params: dict, pixels: torch.Tensor) -> tuple[str, 
         return engine.name, dict(engine.checkpoints(normalize_uint8(pixels)))
 
 
-def fused_engine_checkpoints(params: dict, pixels: torch.Tensor) -> tuple[str, dict[str, torch.Tensor]]:
-    """(engine name, activations) of the fused CUDA kernels, fed the UINT8 pixels."""
+def fused_engine_checkpoints(params: dict, pixels: torch.Tensor,
+                             **engine_arguments) -> tuple[str, dict[str, torch.Tensor]]:
+    """(engine name, activations) of the fused CUDA kernels (`engine_arguments`: conv_path, pdl), fed the UINT8
+    pixels."""
     from ..backend.engine_cuda import FusedCudaEngine
-    engine = FusedCudaEngine(params, "cuda")
+    engine = FusedCudaEngine(params, "cuda", **engine_arguments)
     return engine.name, engine.checkpoint_outputs(pixels.cuda())
 
 
@@ -119,15 +122,19 @@ def default_images() -> np.ndarray:
 
 
 def run_diff(weights: str | None = None, device: str = "cpu", images: np.ndarray | None = None,
-             tolerance: float = SET_REL_L2_TOLERANCE, params: dict | None = None) -> dict:
-    """The diff report (see the module doc). `params` replaces the folded parameters of `weights`."""
+             tolerance: float = SET_REL_L2_TOLERANCE, params: dict | None = None,
+             engine_arguments: dict | None = None) -> dict:
+    """The diff report (see the module doc). `params` replaces the folded parameters of `weights`;
+    `engine_arguments` (conv_path, pdl) go to the fused engine."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be cpu or cuda, not {device!r}")
     model = build_resnet18(weights)
     pixels = torch.from_numpy(np.ascontiguousarray(default_images() if images is None else images))
     params = params or fold_resnet18(model, weights or "seeded")
-    run_engine = folded_engine_checkpoints if device == "cpu" else fused_engine_checkpoints
-    engine_name, ours = run_engine(params, pixels)
+    if device == "cpu":
+        engine_name, ours = folded_engine_checkpoints(params, pixels)
+    else:
+        engine_name, ours = fused_engine_checkpoints(params, pixels, **(engine_arguments or {}))
     report = compare_checkpoints(ours, reference_checkpoints(model, pixels), tolerance)
     return {"engine": engine_name, "reference": "unfolded ResNet-18, float32, CPU",
             "weights": weights or "seeded", "images": int(pixels.shape[0]), **report}
@@ -162,7 +169,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     images = preprocess_files(args.images) if args.images else None
-    report = run_diff(args.weights, args.device, images, args.tolerance)
+    report = run_diff(args.weights, args.device, images, args.tolerance,
+                      engine_arguments=environment_engine_arguments())
     print(json.dumps(report, indent=1) if args.json else format_report(report))
     return 0 if report["first_beyond_tolerance"] is None else 1
 

@@ -27,6 +27,7 @@ import time
 import cupy as cp
 import torch
 
+from ..backend.engine_config import conv_path_override
 from ..backend.engine_cuda import FusedCudaEngine
 from ..backend.folding import fold_resnet18
 from ..backend.resnet import DEFAULT_SEED, build_resnet18
@@ -82,9 +83,9 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
-    # PDL at every batch here (the engine's default rule, configs.PDL_MAX_BATCH, comes from these rows)
+    # PDL at every batch here (the engine's default rule, launch_choices.PDL_MAX_BATCH, comes from these rows)
     engines = {pdl: FusedCudaEngine(fold_resnet18(build_resnet18(None, DEFAULT_SEED)), "cuda:0", pdl=pdl,
-                                    pdl_max_batch=1 << 30) for pdl in (True, False)}
+                                    conv_path=conv_path_override(), pdl_max_batch=1 << 30) for pdl in (True, False)}
     rows = []
     for batch in [int(b) for b in args.batches.split(",")]:
         for pdl, engine in engines.items():

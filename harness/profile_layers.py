@@ -14,18 +14,18 @@ from __future__ import annotations
 import cupy as cp
 
 # The engine only for its prepared weights (folded, fp16 KRSC, the stem padded).
+from ..backend.engine_config import environment_engine_arguments
 from ..backend.engine_cuda import FusedCudaEngine
 from ..backend.folding import fold_resnet18
 from ..backend.resnet import build_resnet18
-from ..kernels.launch import library
 
 LAUNCHES_PER_ROUND = 6   # the stem and five convolutions
 
 
 def main():
     n = 128
-    engine = FusedCudaEngine(fold_resnet18(build_resnet18()), "cuda:0")
-    lib = library(0)
+    engine = FusedCudaEngine(fold_resnet18(build_resnet18()), "cuda:0", **environment_engine_arguments())
+    lib = engine.lib
     images = cp.random.randint(0, 256, (n, 224, 224, 3), dtype=cp.int32).astype(cp.uint8)
     pooled = cp.empty((n, 56, 56, 64), dtype=cp.float16)
     l1 = cp.empty_like(pooled)

@@ -28,11 +28,15 @@ import time
 
 import cupy as cp
 
+from ..backend.engine_config import environment_engine_arguments
 from ..backend.engine_cuda import BATCH_BUCKETS, FusedCudaEngine
 from ..backend.folding import fold_resnet18
 from ..backend.resnet import DEFAULT_SEED, build_resnet18
-from ..kernels.configs import CONV_PATHS, MIXED, WGMMA_ARCH, path_arch, plan_key, tile_family
+from ..kernels.build import WGMMA_ARCH
 from ..kernels.launch import library
+from ..kernels.launch_choices import CONV_PATHS, MIXED, path_arch
+from ..kernels.planner import plan_key
+from ..kernels.tiles import tile_family
 from ..kernels.tune import entry, tune_shared_key
 from .bench import bench_custom
 from .check import layer_shapes
@@ -43,7 +47,8 @@ def main(argv=None):
     parser.add_argument("--out", default="tuned_plans.json")
     parser.add_argument("--batches", default=",".join(str(b) for b in BATCH_BUCKETS))
     args = parser.parse_args(argv)
-    lib = library(0)
+    environment = environment_engine_arguments()
+    lib = library(0, environment["conv_path"], environment["pdl"])
     lib.load_candidates()   # every candidate, compiled in parallel before the timing starts
     lib.tuned = {}   # measure the candidates themselves, not an older table
     # Both families wherever the sm_90a module (which holds both) is loaded.
@@ -54,7 +59,7 @@ def main(argv=None):
     device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     # The network as the engine serves it (its CUDA graph, launched as it launches each batch): where the
     # plans are refined (refine_in_network). It shares `lib` (library(0)), whose table the refinement sets.
-    engine = FusedCudaEngine(fold_resnet18(build_resnet18(None, DEFAULT_SEED)), "cuda:0")
+    engine = FusedCudaEngine(fold_resnet18(build_resnet18(None, DEFAULT_SEED)), "cuda:0", **environment)
     print(f"tune on {device} ({lib.sms} SMs), path {lib.path}, families {'+'.join(families)}", flush=True)
     table = {}
     started = time.time()

@@ -1,7 +1,7 @@
 """fusedresnet.kernels: the CUDA kernels of the fused ResNet-18 engine.
 
 CUDA sources (compiled at run time by CuPy/NVRTC as one translation unit, see
-`configs.source_text`; each file opens with a comment on how it works):
+`build.source_text`; each file opens with a comment on how it works):
 
     common.cuh             PTX wrappers: cp.async, ldmatrix, mma.sync m16n8k16, fp16 packing; the swizzle;
                            pdl_begin (programmatic dependent launch, every kernel's first statement)
@@ -23,12 +23,18 @@ CUDA sources (compiled at run time by CuPy/NVRTC as one translation unit, see
 
 Python:
 
-    configs.py        tile configurations, compile options, cost model, tuned-plan lookup (no CuPy)
-    launch.py         `library(device)`: the served kernels (those its plans can launch; the tuner's other
-                      candidates on first use) + launchers with shape checks; the conv path
-                      (wgmma on cc 9.0, else mma.sync; FUSEDRESNET_CONV_PATH=mma|wgmma forces one);
-                      programmatic dependent launch on cc >= 9.0 (cuLaunchKernelEx; the engine uses it up to
-                      configs.PDL_MAX_BATCH; FUSEDRESNET_PDL=0 off)
+    build.py          the build recipe: sources, headers, compile options, architectures, the translation
+                      unit (`source_text`) and its kernel instantiations (`name_expressions`)
+    geometry.py       the fixed tile sizes, thread counts and shared-memory formulas, pasted into the CUDA
+                      source as constexpr and evaluated here (no eval)
+    tiles.py          the catalogue: every tile shape with its named schedule and epilogue; labels from names
+    launch_choices.py the conv path (mixed on cc 9.0, else mma.sync; a caller may force mma or wgmma) and
+                      programmatic dependent launch (cc >= 9.0; the engine uses it up to PDL_MAX_BATCH),
+                      from explicit arguments: nothing in this package reads the environment
+    planner.py        tuned-plan lookup, the untuned rules and cost model, the kernels serving compiles
+                      (build, geometry, tiles, launch_choices and planner are pure Python: no CuPy)
+    launch.py         `library(device, path, pdl)`: the served kernels (those its plans can launch; the
+                      tuner's other candidates on first use) + launchers with shape checks
     nvrtc_build.py    NVRTC compile, one program per kernel in parallel, cached on disk per kernel (CuPy's RawModule
                       cannot target sm_90a, and recompiles name expressions at every start)
     sass_diff.py      per-kernel SASS dump and compare (CPU, nvcc + cuobjdump): a refactor keeps the machine code

@@ -30,9 +30,9 @@ bash "$REPO/scripts/install_offline.sh" || exit 1
 [[ -f "$REPO/.gpu-bundle/setup.sh" ]] && source "$REPO/.gpu-bundle/setup.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
 t0=$(date +%s)
-python3 -c "from fusedresnet.kernels.launch import library; import time; t=time.time(); lib=library(0); print(f'compile+load of the {len(lib.served)} served kernels {time.time()-t:.1f}s, conv path {lib.path} (cc {lib.cc[0]}.{lib.cc[1]}), {len(lib.tuned)} tuned plans for {lib.device_name}, programmatic dependent launch {lib.pdl} ({lib.pdl_reason})')" 2>&1 | tail -12 \
+python3 -c "from fusedresnet.backend.engine_config import environment_engine_arguments; from fusedresnet.kernels.launch import library; import time; t=time.time(); lib=library(0, *environment_engine_arguments().values()); print(f'compile+load of the {len(lib.served)} served kernels {time.time()-t:.1f}s, conv path {lib.path} (cc {lib.cc[0]}.{lib.cc[1]}), {len(lib.tuned)} tuned plans for {lib.device_name}, programmatic dependent launch {lib.pdl} ({lib.pdl_reason})')" 2>&1 | tail -12 \
   || { echo "COMPILE/LOAD FAILED"; exit 1; }
-path=$(python3 -c "import cupy; from fusedresnet.kernels.configs import conv_path; cc=cupy.cuda.Device(0).compute_capability; print(conv_path((int(cc[:-1]), int(cc[-1]))))" 2>/dev/null)
+path=$(python3 -c "import cupy; from fusedresnet.backend.engine_config import conv_path_override; from fusedresnet.kernels.launch_choices import conv_path; cc=cupy.cuda.Device(0).compute_capability; print(conv_path((int(cc[:-1]), int(cc[-1])), conv_path_override()))" 2>/dev/null)
 rc=0
 rc_tune=0
 if [[ $what == full || $what == tuned ]]; then

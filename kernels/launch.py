@@ -1,27 +1,27 @@
 """Thin CuPy launchers for the kernels in this folder.
 
 `KernelLibrary(device_id)` compiles, once per device, the kernels that serving
-can launch (`configs.served_name_expressions`: those of this GPU's tuned plans
+can launch (`planner.served_name_expressions`: those of this GPU's tuned plans
 and of the untuned plans), and launches them on the current CuPy stream (the
 engine enters its own with `with stream:`); the tuner's other candidates are
 compiled only when a plan names one (the checks and the tuner compile them all
 first: `load_candidates`). Kernels are compiled by `nvrtc_build` (one NVRTC
 program per kernel, in parallel, cached on disk) for the device's architecture
-(configs.ARCHS; on a newer GPU the mma.sync kernels go through CuPy's
-RawModule). On cc 9.0 (the mixed path, and the wgmma path forced by
-FUSEDRESNET_CONV_PATH=wgmma) the kernels of both families are compiled for
+(build.ARCHS; on a newer GPU the mma.sync kernels go through CuPy's
+RawModule). On cc 9.0 (the mixed path, and the wgmma path when a caller forces
+it) the kernels of both families are compiled for
 sm_90a, and each convolution runs on the family its plan's tile belongs to
-(`configs.conv_path`, `configs.untuned_plan`, the tuned table).
+(`launch_choices.conv_path`, `planner.untuned_plan`, the tuned table).
 Shapes are checked here, with messages that say which rule a tensor broke,
 because the kernels themselves assume aligned, well-formed input.
 
 On compute capability >= 9.0 launches are programmatic dependent launches
 (cuLaunchKernelEx from cuda.bindings with the programmatic-stream-serialization
 attribute; common.cuh `pdl_begin` is the kernels' half) unless `launch_mode`
-says otherwise (the engine: batch buckets above configs.PDL_MAX_BATCH launch
+says otherwise (the engine: batch buckets above launch_choices.PDL_MAX_BATCH launch
 plainly): the next kernel's blocks are scheduled while this one's last blocks
 run and wait on the GPU for it to finish. The same holds inside a captured
-CUDA graph (programmatic edges). FUSEDRESNET_PDL=0 turns it off; without
+CUDA graph (programmatic edges). `pdl=False` turns it off; without
 cuda.bindings, or before 9.0, launches are CuPy's plain ones. The "wc" tiles
 (conv_wgmma's split-K reduced in a cluster of its slices) always launch through
 cuLaunchKernelEx, with the cluster-dimension attribute.
@@ -32,67 +32,73 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import os
 import threading
 
 import cupy as cp
 import numpy as np
 
-from .configs import (
+from .build import (
     ARCHS,
-    BK,
-    CLUSTER_SPLITK_MAX,
     COMPILE_OPTIONS,
+    WGMMA_ARCH,
+    kernel_smem,
+    name_expressions,
+    nvrtc_options,
+    source_text,
+)
+from .geometry import (
+    BK,
     EW_THREADS,
     HEAD_BLOCKS_X,
     HEAD_IMGS,
     HEAD_THREADS,
-    PDL_ENV,
-    STEM_KERNELS,
     STEM_KG_PADDED,
-    STEM_POOL_KERNELS,
     STEM_POOL_SMEM_BYTES,
     STEM_POOL_THREADS,
     STEM_POOL_TILE_H,
     STEM_POOL_TILE_W,
-    STEM_POOL_WGMMA_KERNELS,
     STEM_SMEM_BYTES,
     STEM_THREADS,
     STEM_TILE_H,
     STEM_TILE_W,
-    STEM_TILES,
     STEM_WGMMA_BLOCKS_PER_SM,
     STEM_WGMMA_SMEM_BYTES,
     STEM_WGMMA_THREADS,
     STEM_WGMMA_TILE_H,
     STEM_WGMMA_TILE_W,
-    WGMMA_ARCH,
-    ConvPlan,
-    PatchConfig,
-    PatchWgmmaConfig,
     TmaIm2colMap,
-    WgmmaConfig,
+    tma_filter_box,
+)
+from .launch_choices import (
     bindings_launch_choice,
     conv_path,
-    kernel_smem,
-    load_tuned_plans,
-    loads_by_tma,
-    make_plan,
-    name_expressions,
-    nvrtc_options,
-    patch_wgmma_applies,
-    patch_wgmma_tiles,
     path_arch,
     pdl_choice,
+)
+from .planner import (
+    ConvPlan,
+    load_tuned_plans,
+    make_plan,
     plan_default,
     plan_key,
-    runs_persistent,
     served_name_expressions,
+    untuned_plan,
+)
+from .tiles import (
+    CLUSTER_SPLITK_MAX,
+    STEM_KERNELS,
+    STEM_POOL_KERNELS,
+    STEM_POOL_WGMMA_KERNELS,
+    STEM_TILES,
+    PatchConfig,
+    PatchWgmmaConfig,
+    WgmmaConfig,
+    loads_by_tma,
+    patch_wgmma_applies,
+    patch_wgmma_tiles,
+    runs_persistent,
     shortcut_applies,
     shortcut_name_expression,
-    source_text,
-    tma_filter_box,
-    untuned_plan,
     without_cuda_bindings,
 )
 
@@ -129,7 +135,7 @@ def tma_maps(x_ptr: int, w_ptr: int, n: int, h: int, w: int, c: int, k: int, r: 
              ldw: int, bm: int, bn: int) -> tuple:
     """conv_wgmma_tma's two tensor maps (CUtensorMap, cuTensorMapEncodeIm2col / Tiled from cuda.bindings)
     for an r x r convolution of the fp16 NHWC input at x_ptr with the [k][ldw] filter at w_ptr: the input
-    in im2col mode, `bm` rows per load (configs.TmaIm2colMap), the filter tiled (configs.tma_filter_box);
+    in im2col mode, `bm` rows per load (geometry.TmaIm2colMap), the filter tiled (geometry.tma_filter_box);
     both in the 128-byte swizzle of conv_wgmma's tiles, pixels and rows outside the tensors read as zeros.
     Encoded on the host, no GPU work: cached per pointer and shape, so a graph capture or a timing loop
     encodes each once."""
@@ -199,8 +205,8 @@ class KernelLibrary:
 
     def __init__(self, device_id: int, path: str | None = None, pdl: bool | None = None, dev_sources=(),
                  dev_kernels: dict | None = None):
-        """`path`: "mma", "wgmma", "mixed" or None (FUSEDRESNET_CONV_PATH, else by compute capability);
-        `pdl`: programmatic dependent launch, None = FUSEDRESNET_PDL, else where possible (`pdl_choice`);
+        """`path`: "mma", "wgmma", "mixed", "auto" or None (auto: by compute capability, `conv_path`);
+        `pdl`: programmatic dependent launch, None = where possible (`pdl_choice`);
         `dev_sources`, `dev_kernels`: an experiment of kernels/dev/ (its .cu files, appended to the
         translation unit, and {name expression: dynamic shared memory} of its kernels), never served."""
         self.device_id = device_id
@@ -226,7 +232,7 @@ class KernelLibrary:
             # every kernel this module can have: the tuner's candidates (and an experiment's)
             self.smem = {**kernel_smem(self.arch), **(dev_kernels or {})}
             # The sm_90a module, and the mma.sync one on the architectures the compile tests build
-            # (configs.ARCHS), through nvrtc_build: a cubin per kernel, in parallel, cached on disk (CuPy's
+            # (build.ARCHS), through nvrtc_build: a cubin per kernel, in parallel, cached on disk (CuPy's
             # RawModule never reads its cache for name expressions: it compiles them at every start).
             module_arch = self.arch or (f"sm_{cc}" if f"sm_{cc}" in ARCHS else None)
             self._cache = None
@@ -236,7 +242,7 @@ class KernelLibrary:
             self._load_lock = threading.Lock()
             self._modules = []   # the loaded modules (their kernels refer to them)
             self.kernels = {}   # by name expression: those loaded so far
-            # What serving can launch (configs.served_name_expressions), compiled now; any other candidate
+            # What serving can launch (planner.served_name_expressions), compiled now; any other candidate
             # (the tuner's, the checks') when first asked for, or all at once by `load_candidates`.
             self.served = served_name_expressions(self.arch, self.path, self.tuned, self.bindings_launch)
             self.load(self.served)
@@ -265,7 +271,7 @@ class KernelLibrary:
                 self.kernels[name] = kernel
 
     def load_candidates(self):
-        """Every kernel of this path's module (configs.name_expressions): what the tuner times and the checks
+        """Every kernel of this path's module (build.name_expressions): what the tuner times and the checks
         run, beside the served ones."""
         self.load(name_expressions(self.arch))
 
@@ -280,7 +286,7 @@ class KernelLibrary:
     def _launch(self, kernel, grid, threads: int, args: tuple, shared_mem: int = 0, cluster_z: int = 0,
                 tensor_maps: bool = False):
         """Every kernel launch goes through here: `grid` blocks (x[, y[, z]]) of `threads` threads,
-        `shared_mem` bytes of dynamic shared memory (the tile's `smem_bytes` / configs.SMEM_BYTES), on the
+        `shared_mem` bytes of dynamic shared memory (the tile's `smem_bytes` / geometry.SMEM_BYTES), on the
         current CuPy stream; programmatic dependent launch where `self.pdl` (and `launch_mode` allows);
         clusters of (1, 1, cluster_z) blocks where cluster_z; through cuda.bindings where `tensor_maps`
         (args holding `tma_maps`' CUtensorMap objects; `bindings_launch` says whether both can)."""
@@ -341,7 +347,7 @@ class KernelLibrary:
         """A downsampling block's second convolution with its 1x1 projection fused in (loaders.cuh):
         y[N,H,W,K] = epilogue(conv3x3/1 pad 1 (x[N,H,W,C]) + conv1x1/shortcut_stride (shortcut[N,Hs,Ws,Cs])),
         weight [K, 9*C + Cs] (each output channel's two KRSC filters, concatenated), bias the sum of theirs.
-        Runs on the tiles of `configs.shortcut_applies`."""
+        Runs on the tiles of `tiles.shortcut_applies`."""
         n, h, w, c = x.shape
         ns, hs, ws, cs = shortcut.shape
         k = bias.shape[0]
@@ -354,7 +360,7 @@ class KernelLibrary:
             raise ValueError(f"output buffer {y.shape}, expected {(n, h, w, k)}")
         plan = plan or self.plan(n, h, w, c, k, 3, 3, 1, 1, shortcut_c=cs)
         if not shortcut_applies(plan.tile):
-            raise ValueError(f"{plan.tile.label} has no fused shortcut (configs.shortcut_applies)")
+            raise ValueError(f"{plan.tile.label} has no fused shortcut (tiles.shortcut_applies)")
         main_k_tiles = 9 * c // BK
         self._launch_conv(plan, x, weight, bias, None, y, workspace, None, None,
                           (n, h, w, c, k, h, w, 3, 3, 1, 1, 9 * c + cs, main_k_tiles + cs // BK), relu,
@@ -525,15 +531,14 @@ class KernelLibrary:
 
 
 def library(device_id: int, path: str | None = None, pdl: bool | None = None) -> KernelLibrary:
-    """The kernels compiled for one device, conv path (default: `configs.conv_path`) and launch mode
+    """The kernels compiled for one device, conv path (default: auto, `launch_choices.conv_path`) and launch mode
     (default: `pdl_choice`), built once per process."""
     with cp.cuda.Device(device_id):
         cc = cp.cuda.Device(device_id).compute_capability
     cc = (int(cc[:-1]), int(cc[-1]))
-    # keyed on the request and the environment it is read from: the library says why it launches as it does
-    return _library(device_id, conv_path(cc, path), pdl, os.environ.get(PDL_ENV, ""))
+    return _library(device_id, conv_path(cc, path), pdl)
 
 
 @functools.cache
-def _library(device_id: int, path: str, pdl: bool | None, pdl_env: str) -> KernelLibrary:
+def _library(device_id: int, path: str, pdl: bool | None) -> KernelLibrary:
     return KernelLibrary(device_id, path, pdl)

@@ -4,7 +4,7 @@ CuPy's RawModule picks the architecture itself (`-arch=sm_90` on an H100) and
 has no way to ask for the architecture-specific target sm_90a, which wgmma
 needs (ptxas rejects wgmma for plain sm_90). So the wgmma path compiles with
 the NVRTC library CuPy itself uses (`cupy_backends.cuda.libs.nvrtc`), with
-exactly `configs.nvrtc_options(arch)`, reads the lowered name of each kernel
+exactly `build.nvrtc_options(arch)`, reads the lowered name of each kernel
 instantiation, and the launcher loads each cubin through
 `cupy.RawModule(path=...)`. A compile error raises (with NVRTC's log): there
 is no fallback to the mma.sync kernels, which would hide the failure.

@@ -6,9 +6,9 @@
     python -m fusedresnet.kernels.sass_diff compare build/sass-before build/sass-after
 
 `dump` compiles, for each architecture, exactly the translation unit the
-engine compiles (`configs.source_text(arch)`, every name expression the
+engine compiles (`build.source_text(arch)`, every name expression the
 launcher uses on it) with nvcc and the options NVRTC gets
-(`configs.nvrtc_options(arch)`: -std=c++17 -ftz=true -arch=...), to a cubin,
+(`build.nvrtc_options(arch)`: -std=c++17 -ftz=true -arch=...), to a cubin,
 and writes one file per kernel: its `cuobjdump -res-usage` line (registers,
 stack, shared memory, parameter bytes) and its `cuobjdump -sass` listing with
 the address column removed. The instruction words (operands, relative branch
@@ -43,7 +43,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .configs import ARCHS, WGMMA_ARCH, name_expressions, nvrtc_options, source_text
+from .build import ARCHS, WGMMA_ARCH, name_expressions, nvrtc_options, source_text
 
 DEFAULT_ARCHS = ("sm_80", "sm_90a")
 _ADDRESS = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s*")

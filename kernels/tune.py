@@ -8,10 +8,10 @@ graph (so launch gaps do not count) and the fastest is kept. On compute
 capability 9.0 the candidates are the mma.sync tiles (generic and
 conv3x3_patch) AND the wgmma tiles; elsewhere the mma.sync ones. The result
 is the table `kernels/tuned_plans.json` that `KernelLibrary.plan` consults
-before falling back to `configs.untuned_plan` (conv3x3_patch_wgmma or the cost model, other input
+before falling back to `planner.untuned_plan` (conv3x3_patch_wgmma or the cost model, other input
 sizes): per plan key the overall winner (with its family: the mixed path's
 plan) and each family's own winner (the paths forced by
-FUSEDRESNET_CONV_PATH=mma|wgmma). The table is for the GPU model it was
+a forced mma or wgmma conv path). The table is for the GPU model it was
 measured on (`device`).
 """
 
@@ -22,25 +22,22 @@ import statistics
 
 import cupy as cp
 
-from .configs import (
-    BK,
+from .geometry import BK
+from .launch import conv_out_size
+from .planner import ConvPlan, make_plan, plan_key, untuned_plan
+from .tiles import (
     CLUSTER_SPLITK_MAX,
     CONV_TILES,
     PATCH_TILES,
     PATCH_WGMMA_TILES,
     WGMMA_CONV_TILES,
-    ConvPlan,
-    make_plan,
     patch_applies,
     patch_wgmma_applies,
-    plan_key,
     reduces_in_cluster,
     runs_persistent,
     shortcut_applies,
     tile_family,
-    untuned_plan,
 )
-from .launch import conv_out_size
 
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 

@@ -23,7 +23,12 @@ import torch
 from google.protobuf import json_format
 
 from fusedresnet.backend import spec
-from fusedresnet.backend.engine_config import ConfigError, EngineConfig, parse_engine_config
+from fusedresnet.backend.engine_config import (
+    ConfigError,
+    EngineConfig,
+    environment_engine_arguments,
+    parse_engine_config,
+)
 from fusedresnet.backend.engines import (
     GPU_INSTALL_COMMAND,
     ServingEngine,
@@ -98,11 +103,17 @@ def test_environment_overrides_the_configured_kernel_family_and_launch_mode(monk
     monkeypatch.delenv("FUSEDRESNET_PDL", raising=False)
     assert config.conv_path_request() == ("mma", "config conv_path mma")
     assert config.pdl_request() == (False, "config pdl off")
-    # None hands the choice to kernels/configs.py, which reads the variables.
+    # Read here, once, and passed to the kernel library as explicit arguments.
     monkeypatch.setenv("FUSEDRESNET_CONV_PATH", "wgmma")
     monkeypatch.setenv("FUSEDRESNET_PDL", "1")
-    assert config.conv_path_request() == (None, "FUSEDRESNET_CONV_PATH=wgmma overrides config conv_path")
-    assert config.pdl_request() == (None, "FUSEDRESNET_PDL=1 overrides config pdl")
+    assert config.conv_path_request() == ("wgmma", "FUSEDRESNET_CONV_PATH=wgmma overrides config conv_path")
+    assert config.pdl_request() == (True, "FUSEDRESNET_PDL=1 overrides config pdl")
+    assert environment_engine_arguments() == {"conv_path": "wgmma", "pdl": True}
+    monkeypatch.setenv("FUSEDRESNET_PDL", "0")
+    assert config.pdl_request() == (False, "FUSEDRESNET_PDL=0 overrides config pdl")
+    monkeypatch.setenv("FUSEDRESNET_CONV_PATH", "tensor")
+    with pytest.raises(ConfigError, match="FUSEDRESNET_CONV_PATH='tensor': expected auto, mma or wgmma"):
+        config.conv_path_request()
 
 
 # ---------------------------------------------------------------- the two models' files

@@ -18,7 +18,7 @@ import random
 
 import pytest
 
-from fusedresnet.kernels.configs import KERNEL_DIR
+from fusedresnet.kernels.build import KERNEL_DIR
 
 U32 = (1 << 32) - 1
 

@@ -1,9 +1,9 @@
 """Every CUDA source in kernels/ compiles for every architecture the engine supports (CPU only, no GPU).
 
-`configs.ARCHS`: sm_80, sm_86, sm_89 and sm_90 (the mma.sync path, compiled
+`build.ARCHS`: sm_80, sm_86, sm_89 and sm_90 (the mma.sync path, compiled
 by CuPy's RawModule) and sm_90a (the wgmma path, compiled by
 `kernels/nvrtc_build.py`). For each, the translation unit is exactly what the
-engine compiles (`configs.source_text(arch)`, the same options) with every
+engine compiles (`build.source_text(arch)`, the same options) with every
 kernel instantiation the launcher uses on that path:
 - with nvcc (warnings as errors, no register spills in the matrix kernels, no
   serialised wgmma), plus a line that takes the address of each instantiation;
@@ -21,29 +21,26 @@ import subprocess
 
 import pytest
 
-from fusedresnet.kernels.configs import (
+from fusedresnet.kernels.build import (
     ARCHS,
     COMPILE_OPTIONS,
     HEADERS,
     KERNEL_DIR,
     SOURCES,
-    STEM_WGMMA_BLOCKS_PER_SM,
-    STEM_WGMMA_SMEM_BYTES,
-    STEM_WGMMA_THREADS,
     WGMMA_ARCH,
-    WGMMA_CLUSTER_TILES,
-    WGMMA_CONV_TILES,
     WGMMA_HEADERS,
     WGMMA_SOURCES,
+    name_expressions,
+    nvrtc_options,
+    source_text,
+)
+from fusedresnet.kernels.geometry import STEM_WGMMA_BLOCKS_PER_SM, STEM_WGMMA_SMEM_BYTES, STEM_WGMMA_THREADS
+from fusedresnet.kernels.tiles import (
+    WGMMA_CONV_TILES,
     WGMMA_TILES,
     Epilogue,
     Schedule,
-    WgmmaConfig,
-    name_expressions,
-    nvrtc_options,
     shortcut_applies,
-    shortcut_name_expression,
-    source_text,
 )
 
 NVCC = shutil.which("nvcc")
@@ -52,7 +49,7 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH: cannot c
 
 def test_every_cu_file_is_part_of_the_compiled_source():
     on_disk = sorted(p.name for p in KERNEL_DIR.glob("*.cu"))
-    assert on_disk == sorted(SOURCES), "a .cu file in kernels/ is not listed in configs.SOURCES (never compiled)"
+    assert on_disk == sorted(SOURCES), "a .cu file in kernels/ is not listed in build.SOURCES (never compiled)"
     assert sorted(p.name for p in KERNEL_DIR.glob("*.cuh")) == sorted(HEADERS + WGMMA_HEADERS)
     for arch in ("sm_80", WGMMA_ARCH):   # each header pasted once, no #include left for NVRTC to resolve
         text = source_text(arch)
@@ -104,7 +101,7 @@ def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
             assert blocks_by_registers(registers, warpgroups * 128) >= 1, block
     assert checked >= len([n for n in names if n.startswith(("conv_implicit_gemm", "conv_wgmma", "stem_pool_wgmma",
                                                              "conv3x3_patch_wgmma"))])
-    # Every wgmma tile's registers fit the blocks per SM the cost model counts on (configs blocks_per_sm).
+    # Every wgmma tile's registers fit the blocks per SM the cost model counts on (tiles blocks_per_sm).
     # (An L2 prefetch added to the prologue once took the s3 128x128 tile from 124 to 132 registers: one
     # block per SM instead of two, layer2 at batch 128 1.5x slower.)
     if arch == WGMMA_ARCH:
@@ -233,7 +230,8 @@ def test_kernels_compile_under_nvrtc_like_the_engine(arch):
     # ... among them every kernel the engine serves on this architecture's paths (with the committed table)
     import json
 
-    from fusedresnet.kernels.configs import MIXED, TUNED_PLANS, load_tuned_plans, served_name_expressions
+    from fusedresnet.kernels.launch_choices import MIXED
+    from fusedresnet.kernels.planner import TUNED_PLANS, load_tuned_plans, served_name_expressions
     device = json.loads(TUNED_PLANS.read_text())["device"]
     for path in ((MIXED, "wgmma") if arch == WGMMA_ARCH else ("mma",)):
         for bindings in (True, False):
@@ -256,7 +254,8 @@ def test_kernels_compile_under_nvrtc_like_the_engine(arch):
 def test_wgmma_stem_is_compiled_for_sm_90a_only_and_its_blocks_fit_an_sm():
     """stem_wgmma.cu: in the sm_90a module only; SW_BLOCKS_PER_SM blocks fit the H100's 228 KB of shared
     memory per SM (1 KB of it reserved per block)."""
-    from fusedresnet.kernels.configs import GEOMETRY, STEM_POOL_WGMMA_KERNELS
+    from fusedresnet.kernels.geometry import GEOMETRY
+    from fusedresnet.kernels.tiles import STEM_POOL_WGMMA_KERNELS
     names = set(STEM_POOL_WGMMA_KERNELS.values())
     assert names <= set(name_expressions(WGMMA_ARCH)) and not names & set(name_expressions("sm_90"))
     assert "// ---- stem_wgmma.cu ----" in source_text(WGMMA_ARCH)
@@ -273,9 +272,10 @@ def test_warp_specialised_wgmma_tiles_live_in_kernels_dev_fit_an_sm_and_are_neve
     """conv_wgmma_ws (kernels/dev/conv_wgmma_ws.cu, v2 of conv_wgmma, never chosen by the tuner): "ws" labels,
     one producer warpgroup on top of the consumers, the ring plus two 8-byte mbarriers per stage within the
     227 KB a block may have; in no module the engine or the tuner compiles, no tuned table names one."""
-    from fusedresnet.kernels.configs import GEOMETRY, tile_by_label, tile_family
     from fusedresnet.kernels.dev import DEV_SOURCES, dev_name_expressions
     from fusedresnet.kernels.dev.conv_wgmma_ws import SOURCE, TILES
+    from fusedresnet.kernels.geometry import GEOMETRY
+    from fusedresnet.kernels.tiles import tile_by_label, tile_family
     assert 2 <= len(TILES) <= 4 and SOURCE in DEV_SOURCES
     assert dev_name_expressions()[SOURCE] == [t.name_expression for t in TILES]
     labels = [t.label for t in TILES]
@@ -296,7 +296,7 @@ def test_warp_specialised_wgmma_tiles_live_in_kernels_dev_fit_an_sm_and_are_neve
 @needs_nvcc
 def test_dev_kernels_compile_for_sm_90a_without_warnings_or_spills(tmp_path):
     """Every experiment of kernels/dev/ builds with the served sources as its runner builds it
-    (configs.source_text with dev_sources), warnings as errors, its registers within one block per SM. Only the
+    (build.source_text with dev_sources), warnings as errors, its registers within one block per SM. Only the
     dev kernels are instantiated: the served ones compile in the test above."""
     from fusedresnet.kernels.dev import DEV_SOURCES, dev_name_expressions
     names = [name for names in dev_name_expressions().values() for name in names]
@@ -308,358 +308,6 @@ def test_dev_kernels_compile_for_sm_90a_without_warnings_or_spills(tmp_path):
         assert " 0 bytes spill stores" in block, block
         assert blocks_by_registers(int(re.search(r"Used (\d+) registers", block).group(1)), 384) >= 1, block
     assert "Potential Performance Loss" not in report, report
-
-
-def test_cluster_splitk_tiles_are_the_plain_tiles_again_and_their_staged_tile_fits_the_ring():
-    """conv_wgmma's CLUSTER_SPLITK instantiations ("wc" labels, v3): one per plain conv_wgmma tile, same
-    shape, shared memory and blocks per SM; sm_90a only; never an untuned choice; the fp32 tile each slice
-    stages (cluster_stage_bytes, [BM][BN + pad] floats) fits the ring it overwrites; rows padded so that
-    the four fragment rows of one half-warp's float2 stores fall in distinct banks."""
-    from fusedresnet.kernels.configs import CLUSTER_SPLITK_MAX, GEOMETRY, conv_tiles, smem_bytes, tile_by_label
-    plain = [t for t in WGMMA_TILES if not t.warp_specialized]
-    assert len(WGMMA_CLUSTER_TILES) == len(plain)
-    wgmma_90a, names_90 = set(name_expressions(WGMMA_ARCH)), set(name_expressions("sm_90"))
-    for c, t in zip(WGMMA_CLUSTER_TILES, plain):
-        assert c.label == "wc" + t.label.removeprefix("wg") and tile_by_label(c.label) is c
-        assert (c.bm, c.bn, c.warpgroups, c.stages, c.smem_bytes, c.blocks_per_sm, c.threads) == (
-            t.bm, t.bn, t.warpgroups, t.stages, t.smem_bytes, t.blocks_per_sm, t.threads)
-        assert c.name_expression == f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},Schedule::CLUSTER_SPLIT_K>"
-        assert c.name_expression in wgmma_90a and c.name_expression not in names_90
-        assert shortcut_name_expression(c) == (
-            f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},Schedule::CLUSTER_SPLIT_K,ConvInput::FP16_NHWC_FUSED_SHORTCUT>")
-        ring = t.stages * (t.bm + t.bn) * GEOMETRY["BK"] * 2
-        assert smem_bytes("cluster_stage_bytes", BM=c.bm, BN=c.bn) == c.bm * (c.bn + 8) * 4 <= ring, c.label
-        assert c not in conv_tiles("wgmma") + conv_tiles("mixed")
-    # a half-warp's float2 stores: rows g = 0..3 at words g * (BN + pad) + 2 t4, BN a multiple of 32
-    assert GEOMETRY["CLUSTER_STAGE_PAD"] % 32 in (8, 24)
-    assert CLUSTER_SPLITK_MAX == 8   # the portable cluster size: no non-portable attribute needed
-
-
-def test_persistent_tiles_are_plain_tiles_that_run_whole_tiles_from_a_capped_grid():
-    """conv_wgmma's PERSISTENT instantiations ("wp" labels): plain tiles again (shape, shared memory, blocks
-    per SM), sm_90a only, never an untuned choice; a plan runs every tile unsplit (grid.x: the tiles, split-K
-    refused), no fused shortcut."""
-    from fusedresnet.kernels.configs import (
-        WGMMA_PERSISTENT_TILES,
-        ConvPlan,
-        conv_tiles,
-        make_plan,
-        runs_persistent,
-        tile_by_label,
-    )
-    assert 2 <= len(WGMMA_PERSISTENT_TILES) <= 6
-    plain = {t.label: t for t in WGMMA_TILES}
-    wgmma_90a, names_90 = set(name_expressions(WGMMA_ARCH)), set(name_expressions("sm_90"))
-    for t in WGMMA_PERSISTENT_TILES:
-        twin = plain["wg" + t.label.removeprefix("wp")]
-        assert runs_persistent(t) and not runs_persistent(twin) and tile_by_label(t.label) is t
-        assert (t.bm, t.bn, t.warpgroups, t.stages, t.smem_bytes, t.blocks_per_sm, t.threads) == (
-            twin.bm, twin.bn, twin.warpgroups, twin.stages, twin.smem_bytes, twin.blocks_per_sm, twin.threads)
-        assert t.name_expression == f"conv_wgmma<{t.bm},{t.bn},{t.warpgroups},{t.stages},Schedule::PERSISTENT>"
-        assert not shortcut_applies(t) and shortcut_applies(twin)
-        assert t.name_expression in wgmma_90a and t.name_expression not in names_90
-        assert t not in conv_tiles("wgmma") + conv_tiles("mixed")
-        # layer2.0's stride-2 conv at batch 128: M = 128 * 28 * 28, K = 128, 9 k-tiles
-        plan = make_plan(t, 1, 100352, 128, 9)
-        assert plan.grid == (-(-100352 // t.bm) * -(-128 // t.bn), 1, 1) and plan.splits == 1
-        assert plan.k_tiles_per_split == 9 and plan.workspace_floats(100352 * 128) == 0
-        with pytest.raises(ValueError, match="no split-K"):
-            make_plan(t, 2, 100352, 128, 9)
-        with pytest.raises(ValueError, match="no split-K"):   # a plan built by hand (the check harness's)
-            ConvPlan(t, 2, 5, plan.grid)
-
-
-def test_tma_tiles_are_persistent_sm_90a_tiles_with_a_producer_warp_and_a_twin_without_cuda_bindings():
-    """conv_wgmma_tma's instantiations ("wt" labels, v6): persistent (whole tiles from a capped grid), a
-    producer warp beside the consumer warpgroups, conv_wgmma_ws's ring and mbarriers in shared memory; sm_90a
-    only, never an untuned choice, no fused shortcut; without cuda.bindings a tuned one runs on its "wp" twin
-    (else its "wg" one) of the same shape."""
-    from fusedresnet.kernels.configs import (
-        GEOMETRY,
-        WGMMA_TMA_TILES,
-        conv_tiles,
-        loads_by_tma,
-        make_plan,
-        runs_persistent,
-        smem_bytes,
-        tile_by_label,
-        without_cuda_bindings,
-    )
-    assert 2 <= len(WGMMA_TMA_TILES) <= 9
-    wgmma_90a, names_90 = set(name_expressions(WGMMA_ARCH)), set(name_expressions("sm_90"))
-    labels = [t.label for t in WGMMA_TMA_TILES]
-    assert len(set(labels)) == len(labels)
-    for t in WGMMA_TMA_TILES:
-        kind, vec = "wq" if t.pingpong else "wt", "v" if t.vec_epilogue else ""
-        assert t.label == f"{kind}{t.bm}x{t.bn}g{t.warpgroups}s{t.stages}{vec}" and tile_by_label(t.label) is t
-        assert loads_by_tma(t) and runs_persistent(t) and not shortcut_applies(t)
-        assert t.threads == t.warpgroups * 128 + 32 == t.warpgroups * 128 + GEOMETRY["TMA_PRODUCER_THREADS"]
-        # the ring of BM + BN rows of 128 bytes per stage, the 1024-byte alignment, two 8-byte barriers per stage
-        assert t.smem_bytes == t.stages * (t.bm + t.bn) * 128 + 1024 + t.stages * 16
-        assert t.smem_bytes == smem_bytes("wgmma_ws", BM=t.bm, BN=t.bn, STAGES=t.stages)
-        names = ("TMA_PINGPONG" if t.pingpong else "TMA_WARP_SPECIALIZED", "VEC16" if t.vec_epilogue else "FRAGMENTS")
-        assert t.name_expression == (f"conv_wgmma_tma<{t.bm},{t.bn},{t.warpgroups},{t.stages},Schedule::{names[0]},"
-                                     f"Epilogue::{names[1]}>")
-        assert t.name_expression in wgmma_90a and t.name_expression not in names_90
-        assert t not in conv_tiles("wgmma") + conv_tiles("mixed")
-        twin = without_cuda_bindings(t)
-        assert not loads_by_tma(twin) and twin.label[2:] == t.label[2:].removesuffix("v")
-        assert twin.label[:2] in ("wp", "wg")
-        plan = make_plan(t, 1, 100352, 128, 9)   # layer2.0's stride-2 conv at batch 128
-        assert plan.grid == (-(-100352 // t.bm) * -(-128 // t.bn), 1, 1) and plan.splits == 1
-    tma = Schedule.TMA_WARP_SPECIALIZED
-    with pytest.raises(ValueError, match="no cp.async twin"):   # no wp64x64g1s5 or wg64x64g1s5 tile
-        without_cuda_bindings(WgmmaConfig(64, 64, 1, 5, blocks_per_sm=2, schedule=tma))
-    with pytest.raises(ValueError, match="launch bounds"):   # two 97 KB blocks fit: the launch bounds ask two
-        WgmmaConfig(128, 128, 2, 3, blocks_per_sm=1, schedule=tma)
-    with pytest.raises(ValueError, match="TMA_PINGPONG schedule takes two warpgroups"):
-        WgmmaConfig(128, 128, 1, 4, schedule=Schedule.TMA_PINGPONG)
-    for schedule in set(Schedule) - {tma}:   # the 16-byte epilogue is the TMA warp-specialised tiles' only
-        with pytest.raises(ValueError, match=f"the {schedule.name} schedule has no VEC16 epilogue"):
-            WgmmaConfig(128, 128, 2, 4, schedule=schedule, epilogue=Epilogue.VEC16)
-
-
-def test_wgmma_schedules_and_epilogues_have_names_and_the_labels_come_from_them():
-    """Each wgmma tile names its schedule (configs.Schedule) and its epilogue (configs.Epilogue); its label is
-    the schedule's prefix, the shape and the epilogue's suffix, the labels of kernels/tuned_plans.json."""
-    from fusedresnet.kernels.configs import SCHEDULE_EPILOGUES, WGMMA_CONV_TILES, tile_by_label
-    assert {s.name: s.value for s in Schedule} == {
-        "MULTISTAGE": "wg", "CLUSTER_SPLIT_K": "wc", "PERSISTENT": "wp", "TMA_WARP_SPECIALIZED": "wt",
-        "TMA_PINGPONG": "wq", "CP_ASYNC_WARP_SPECIALIZED": "ws"}
-    assert {e.name: e.value for e in Epilogue} == {"FRAGMENTS": "", "VEC16": "v"}
-    for t in WGMMA_CONV_TILES:
-        assert t.label == f"{t.schedule.value}{t.bm}x{t.bn}g{t.warpgroups}s{t.stages}{t.epilogue.value}"
-        assert t.epilogue in SCHEDULE_EPILOGUES[t.schedule]
-    served = {t.schedule for t in WGMMA_CONV_TILES}
-    assert served == set(Schedule) - {Schedule.CP_ASYNC_WARP_SPECIALIZED}   # that one lives in kernels/dev
-    assert tile_by_label("wt128x128g2s4v").schedule is Schedule.TMA_WARP_SPECIALIZED
-    assert tile_by_label("wt128x128g2s4v").epilogue is Epilogue.VEC16
-    assert tile_by_label("wq128x128g2s6").schedule is Schedule.TMA_PINGPONG
-
-
-def test_kernel_inputs_have_names_on_both_sides_and_the_name_expressions_come_from_them():
-    """conv_implicit_gemm / conv_wgmma take a ConvInput, the stem kernels a StemInput: C++ enum classes generated
-    on every target from configs' enums, whose names the .cu files and the name expressions spell."""
-    from fusedresnet.kernels.configs import (
-        ARCHS,
-        CONV_TILES,
-        STEM_KERNELS,
-        STEM_POOL_KERNELS,
-        STEM_POOL_WGMMA_KERNELS,
-        STEM_TILES,
-        ConvInput,
-        StemInput,
-        geometry_preamble,
-    )
-    assert [c.name for c in ConvInput] == ["FP16_NHWC", "FP16_NHWC_FUSED_SHORTCUT", "STEM_UINT8_NHWC",
-                                           "STEM_FP32_NCHW"]
-    assert {s.name: s.value for s in StemInput} == {"UINT8_NHWC": "uint8", "FP32_NCHW": "float32"}
-    assert STEM_TILES["uint8"].input is ConvInput.STEM_UINT8_NHWC
-    assert STEM_TILES["float32"].name_expression == "conv_implicit_gemm<128,64,4,2,3,ConvInput::STEM_FP32_NCHW>"
-    assert STEM_KERNELS == {"uint8": "stem_conv7x7s2<StemInput::UINT8_NHWC>",
-                            "float32": "stem_conv7x7s2<StemInput::FP32_NCHW>"}
-    assert STEM_POOL_KERNELS["float32"] == "stem_pool_conv7x7s2<StemInput::FP32_NCHW>"
-    assert STEM_POOL_WGMMA_KERNELS["uint8"] == "stem_pool_wgmma<StemInput::UINT8_NHWC>"
-    t = CONV_TILES[0]
-    assert t.name_expression == (f"conv_implicit_gemm<{t.bm},{t.bn},{t.warps_m},{t.warps_n},{t.stages},"
-                                 "ConvInput::FP16_NHWC>")
-    assert shortcut_name_expression(t) == t.name_expression.replace("FP16_NHWC", "FP16_NHWC_FUSED_SHORTCUT")
-    assert not any(shortcut_applies(stem) for stem in STEM_TILES.values())
-    for arch in ARCHS:
-        preamble = geometry_preamble(arch)
-        for enum in (ConvInput, StemInput):
-            declared = re.search(rf"enum class {enum.__name__} : int {{ (.*) }};", preamble).group(1)
-            assert declared == ", ".join(f"{e.name} = {i}" for i, e in enumerate(enum)), arch
-    spelled = set()
-    for path in (*KERNEL_DIR.glob("*.cu"), *KERNEL_DIR.glob("*.cuh")):
-        spelled |= set(re.findall(r"\b(ConvInput|StemInput)::(\w+)", path.read_text()))
-    assert {"ConvInput", "StemInput"} == {enum for enum, _ in spelled}
-    assert all(name in {"ConvInput": ConvInput, "StemInput": StemInput}[enum].__members__ for enum, name in spelled)
-
-
-def test_every_wgmma_tile_fits_its_blocks_per_sm_and_the_launch_bounds_ask_for_them():
-    """configs' blocks_per_sm (the cost model's occupancy) fits an SM's shared memory for every wgmma tile,
-    and conv_wgmma's launch bounds (wgmma_min_blocks: two wherever two rings fit) ask ptxas for the
-    registers of min(blocks_per_sm, 2) blocks; the registers themselves: the nvcc test above."""
-    from fusedresnet.kernels.configs import GEOMETRY, WGMMA_TMA_TILES
-    sm, reserved = GEOMETRY["SM_SMEM_BYTES"], GEOMETRY["SM_BLOCK_RESERVED_SMEM"]
-    source = (KERNEL_DIR / "conv_wgmma.cu").read_text()
-    # both launch bounds go through configs' one rule (SMEM_BYTES "wgmma_launch_blocks", pasted as C++)
-    assert "__launch_bounds__(WGS * 128, wgmma_min_blocks(BM, BN, STAGES))" in source
-    assert "__launch_bounds__(WGS * 128 + TMA_PRODUCER_THREADS, wgmma_tma_min_blocks(BM, BN, STAGES))" in source
-    assert "return wgmma_launch_blocks(wgmma_smem_bytes(bm, bn, stages));" in source
-    assert "return wgmma_launch_blocks(wgmma_ws_smem_bytes(bm, bn, stages));" in source
-    assert "SM_SMEM_BYTES" not in source
-    for t in WGMMA_TILES + WGMMA_TMA_TILES:
-        assert t.blocks_per_sm * (t.smem_bytes + reserved) <= sm, t.label
-        two_fit = 2 * (t.smem_bytes + reserved) <= sm
-        assert t.launch_blocks == (1 if t.warp_specialized else 2 if two_fit else 1), t.label
-        if not t.warp_specialized:
-            assert t.launch_blocks == min(t.blocks_per_sm, 2), t.label
-    for t in WGMMA_TMA_TILES:   # persistent: as many blocks per SM as the launch bounds ask registers for
-        assert t.blocks_per_sm == t.launch_blocks, t.label
-
-
-def test_patch_wgmma_tiles_are_sm_90a_only_and_their_shared_memory_is_the_filter_and_the_patches():
-    """conv3x3_patch_wgmma: in the sm_90a module only; per block the 9-tap filter slice (9 x 64 rows of 128
-    bytes) and STAGES patches of BM + 2(W+2) + 2 rows rounded up to 8, plus the 1024-byte alignment; tiles
-    whose patches do not fit 227 KB at a width are not used there."""
-    from fusedresnet.kernels.configs import PATCH_WGMMA_TILES, patch_wgmma_applies, tile_by_label, tile_family
-    names = {t.name_expression for t in PATCH_WGMMA_TILES}
-    assert names <= set(name_expressions(WGMMA_ARCH)) and not names & set(name_expressions("sm_90"))
-    assert "// ---- conv3x3_patch_wgmma.cu ----" in source_text(WGMMA_ARCH)
-    by_label = {t.label: t for t in PATCH_WGMMA_TILES}
-    assert len(by_label) == len(PATCH_WGMMA_TILES)
-    for t in PATCH_WGMMA_TILES:
-        assert tile_by_label(t.label) is t and tile_family(t) == "wgmma" and t.threads == 128 * t.warpgroups
-    # the 16-byte epilogue accesses (VEC) change no shared memory
-    assert by_label["pwg128g2s4v1"].smem_for(56) == by_label["pwg128g2s4v2"].smem_for(56) == by_label[
-        "pwg128g2s4"].smem_for(56)
-    assert by_label["pwg128g2s4v2"].name_expression == "conv3x3_patch_wgmma<128,2,4,2>"
-    # layer1 (W = 56): rows 128 + 116 + 2 = 246 -> 248 (31744 bytes); 256 + 118 = 374 -> 376 (48128); 64 -> 184
-    filter_bytes = 9 * 64 * 128
-    assert by_label["pwg128g2s3"].smem_for(56) == 1024 + filter_bytes + 3 * 31744 == 169984
-    assert by_label["pwg256g2s3"].smem_for(56) == 1024 + filter_bytes + 3 * 48128 == 219136
-    assert by_label["pwg64g1s4"].smem_for(56) == 1024 + filter_bytes + 4 * 184 * 128
-    limit = 227 * 1024
-    for t in PATCH_WGMMA_TILES:
-        assert t.smem_for(56) <= limit and t.smem_bytes == limit
-        assert patch_wgmma_applies(t, 64, 64, 3, 1, 1, 56)
-        assert not patch_wgmma_applies(t, 128, 128, 3, 1, 1, 28)     # C = 64 only (the filter stays resident)
-        assert not patch_wgmma_applies(t, 64, 128, 3, 2, 1, 56)      # stride 1 only
-        assert not patch_wgmma_applies(t, 64, 64, 3, 1, 1, 400)      # the patches no longer fit
-    assert by_label["pwg256g2s3"].smem_for(112) > limit >= by_label["pwg128g2s3"].smem_for(112)
-
-
-def test_untuned_plans_put_layer1_on_the_patch_wgmma_kernel_on_the_sm_90a_paths_only():
-    """Measured on the H100 (NOTES.md outcomes 15 and 43, layer1 at batch 1-256): conv3x3_patch_wgmma beat
-    every other tile and split-K; BM 64 at batch 1 (27 tiles of 128 for 132 SMs), from batch 8 on BM 128
-    with the 16-byte epilogue stores (v1: the fastest at 128 and 256, within 5% of v2 at 8 and 32)."""
-    from fusedresnet.kernels.configs import MIXED, untuned_plan
-    sms = 132
-    expected = {1: "pwg64g1s4", 4: "pwg64g1s4", 8: "pwg128g2s4v1", 32: "pwg128g2s4v1", 128: "pwg128g2s4v1",
-                256: "pwg128g2s4v1"}
-    for n, label in expected.items():
-        for path in (MIXED, "wgmma"):
-            plan = untuned_plan(n, 56, 56, 64, 64, 3, 1, 1, sms, path)
-            assert plan.tile.label == label and plan.splits == 1, (n, path, plan)
-        assert not untuned_plan(n, 56, 56, 64, 64, 3, 1, 1, sms, "mma").tile.label.startswith("pwg")
-        # not for layer2 (C = 128), the stride-2 conv, or an image too wide for the patches
-        for args in ((28, 28, 128, 128, 3, 1, 1), (56, 56, 64, 128, 3, 2, 1), (56, 400, 64, 64, 3, 1, 1)):
-            assert not untuned_plan(n, *args, sms, MIXED).tile.label.startswith("pwg"), (n, args)
-    # 97x130 input: layer1 is 25x33, still the patch kernel
-    assert untuned_plan(5, 25, 33, 64, 64, 3, 1, 1, sms, MIXED).tile.label.startswith("pwg")
-
-
-def test_a_fused_shortcut_has_its_own_plan_key_and_never_a_patch_tile():
-    """conv2 + the fused projection (kernels/loaders.cuh) is tuned apart from the plain conv2 of that shape, and
-    untuned it plans on the implicit-GEMM tiles over conv2's k-tiles plus the projection's."""
-    from fusedresnet.kernels.configs import (
-        CONV_TILES,
-        MIXED,
-        PATCH_TILES,
-        PATCH_WGMMA_TILES,
-        WGMMA_TILES,
-        plan_key,
-        shortcut_applies,
-        untuned_plan,
-    )
-    # the implicit-GEMM kernels have it (conv_wgmma_ws and the patch kernels do not)
-    assert all(map(shortcut_applies, CONV_TILES)) and not any(map(shortcut_applies, PATCH_TILES + PATCH_WGMMA_TILES))
-    assert [shortcut_applies(t) for t in WGMMA_TILES] == [not t.warp_specialized for t in WGMMA_TILES]
-    assert plan_key(128, 28, 28, 128, 128, 3, 1) == "n128_h28_w28_c128_k128_r3_s1"
-    assert plan_key(128, 28, 28, 128, 128, 3, 1, 64) == "n128_h28_w28_c128_k128_r3_s1_sc64"
-    for path in (MIXED, "wgmma", "mma"):
-        for n in (1, 32, 128):
-            for hw, c in ((28, 128), (14, 256), (7, 512)):
-                plan = untuned_plan(n, hw, hw, c, c, 3, 1, 1, 132, path, shortcut_c=c // 2)
-                assert shortcut_applies(plan.tile), (path, n, hw, plan)
-                assert plan.splits * plan.k_tiles_per_split >= (9 * c + c // 2) // 64 > (plan.splits - 1) * \
-                    plan.k_tiles_per_split, (path, n, hw, plan)
-
-
-def test_conv_path_is_mixed_on_cc_9_0_only_and_one_family_can_be_forced(monkeypatch):
-    from fusedresnet.kernels.configs import CONV_PATH_ENV, MIXED, conv_path
-    monkeypatch.delenv(CONV_PATH_ENV, raising=False)
-    assert conv_path((9, 0)) == MIXED
-    assert [conv_path(cc) for cc in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0))] == ["mma"] * 5
-    monkeypatch.setenv(CONV_PATH_ENV, "mma")
-    assert conv_path((9, 0)) == "mma"
-    assert conv_path((9, 0), "wgmma") == "wgmma"          # an explicit argument beats the environment
-    assert conv_path((9, 0), "auto") == MIXED
-    monkeypatch.setenv(CONV_PATH_ENV, "wgmma")
-    with pytest.raises(RuntimeError, match="compute capability 9.0"):
-        conv_path((8, 9))                                  # never a silent fallback
-    with pytest.raises(ValueError, match="auto, mma or wgmma"):
-        conv_path((8, 9), MIXED)                           # mixed needs the sm_90a module too
-    monkeypatch.setenv(CONV_PATH_ENV, "tensor")
-    with pytest.raises(ValueError, match="auto, mma or wgmma"):
-        conv_path((9, 0))
-
-
-def test_untuned_mixed_plans_use_mma_sync_at_small_batch_and_for_1x1_and_wgmma_for_large_3x3():
-    """The untuned rule of NOTES.md outcome 7 on an H100 (132 SMs), at the issue's batch sizes."""
-    from fusedresnet.kernels.configs import MIXED, plan_default, tile_family
-    sms = 132
-
-    def family(n, p, c, k, r):
-        return tile_family(plan_default(n * p * p, k, r * r * c // 64, r, sms, MIXED).tile)
-    for n in (1, 8):   # every conv of the network is mma.sync at small batch
-        for p, c, k, r in ((56, 64, 64, 3), (28, 128, 128, 3), (14, 256, 256, 3), (7, 512, 512, 3), (7, 256, 512, 1)):
-            assert family(n, p, c, k, r) == "mma", (n, p, c, k, r)
-    assert family(128, 56, 64, 64, 3) == family(128, 7, 512, 512, 3) == "wgmma"
-    assert family(32, 56, 64, 64, 3) == family(32, 7, 512, 512, 3) == "wgmma"   # 28 M MAC per SM
-    assert family(32, 14, 128, 256, 3) == "mma"            # the stride-2 3x3 convs at 32: 14 M
-    assert family(256, 7, 256, 512, 1) == "mma"            # 1x1 downsample, 4 k-tiles
-    # Untuned wgmma plans only use tiles whose efficiency was measured.
-    for n in (32, 128, 256):
-        tile = plan_default(n * 196, 256, 36, 3, sms, "wgmma").tile
-        assert tile_family(tile) == "wgmma" and tile.measured
-
-
-def test_tuned_table_gives_each_path_its_own_family_and_only_on_its_gpu(tmp_path):
-    import json
-
-    from fusedresnet.kernels.configs import MIXED, WGMMA_TILES, load_tuned_plans
-    wg, mma, patch = WGMMA_TILES[2].label, "64x64w2x2s4", "patch8x16n64w4x2s4"
-    plans = {
-        "n128_h56_w56_c64_k64_r3_s1": {"tile": wg, "splits": 1, "family": "wgmma", "by_family": {
-            "mma": {"tile": patch, "splits": 1}, "wgmma": {"tile": wg, "splits": 1}}},
-        "n1_h7_w7_c512_k512_r3_s1": {"tile": mma, "splits": 12, "family": "mma", "by_family": {
-            "mma": {"tile": mma, "splits": 12}, "wgmma": {"tile": wg, "splits": 6}}},
-    }
-    table = tmp_path / "tuned_plans.json"
-    table.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "families": ["mma", "wgmma"], "plans": plans}))
-    device = "NVIDIA H100 80GB HBM3"
-    mixed = load_tuned_plans(device, MIXED, table)
-    assert [(t.label, s) for t, s in mixed.values()] == [(wg, 1), (mma, 12)]
-    assert [(t.label, s) for t, s in load_tuned_plans(device, "mma", table).values()] == [(patch, 1), (mma, 12)]
-    assert [(t.label, s) for t, s in load_tuned_plans(device, "wgmma", table).values()] == [(wg, 1), (wg, 6)]
-    assert load_tuned_plans("NVIDIA H200", MIXED, table) == {}
-    assert load_tuned_plans("NVIDIA A100-SXM4-80GB", "mma", table) == {}
-    # A table that measured one family only has no mixed plans.
-    table.write_text(json.dumps({"device": device, "families": ["mma"], "plans": {
-        k: v["by_family"]["mma"] for k, v in plans.items()}}))
-    assert load_tuned_plans(device, MIXED, table) == {} == load_tuned_plans(device, "wgmma", table)
-    assert len(load_tuned_plans(device, "mma", table)) == 2
-    # A table naming a tile that is not compiled is an error, not a silent cost-model plan.
-    table.write_text(json.dumps({"device": device, "families": ["mma"], "plans": {
-        "n1_h7_w7_c512_k512_r3_s1": {"tile": "256x256w9x9s9", "splits": 1}}}))
-    with pytest.raises(ValueError, match="not compiled"):
-        load_tuned_plans(device, "mma", table)
-
-
-def test_committed_tuned_plans_apply_only_to_the_gpu_they_were_measured_on():
-    import json
-
-    from fusedresnet.kernels.configs import CONV_PATHS, MIXED, TUNED_PLANS, load_tuned_plans
-    table = json.loads(TUNED_PLANS.read_text())
-    device = table["device"]
-    families = table.get("families", [table.get("conv_path", "mma")])
-    for family in CONV_PATHS:
-        assert (len(load_tuned_plans(device, family)) == len(table["plans"])) == (family in families)
-    assert bool(load_tuned_plans(device, MIXED)) == (set(families) == set(CONV_PATHS))
-    assert load_tuned_plans("NVIDIA A100-SXM4-80GB", families[0]) == {}
 
 
 def test_sass_diff_keeps_instruction_and_control_words_and_drops_only_addresses(tmp_path):
@@ -683,83 +331,6 @@ def test_sass_diff_keeps_instruction_and_control_words_and_drops_only_addresses(
         (tmp_path / side / "sm_90a" / "k[3].sass").write_text(text["_Z1kILi3EEvPf"])
     assert compare(tmp_path / "a", tmp_path / "b") == 0
     assert compare(tmp_path / "a", tmp_path / "c") == 1
-
-
-def test_a_cluster_splitk_plan_needs_no_workspace_and_falls_back_to_its_workspace_twin():
-    """A "wc" plan reduces its slices in the cluster: no fp32 workspace; without cluster launches
-    (`without_cuda_bindings`) it runs on the "wg" tile of the same shape, through the workspace."""
-    from fusedresnet.kernels.configs import make_plan, without_cuda_bindings
-    outputs = 7 * 7 * 512
-    for c in WGMMA_CLUSTER_TILES:
-        twin = without_cuda_bindings(c)
-        assert twin in WGMMA_TILES and twin.label == "wg" + c.label.removeprefix("wc")
-        assert (twin.bm, twin.bn, twin.warpgroups, twin.stages) == (c.bm, c.bn, c.warpgroups, c.stages)
-        cluster_plan, twin_plan = make_plan(c, 4, 49, 512, 72), make_plan(twin, 4, 49, 512, 72)
-        assert cluster_plan.cluster_splitk and not twin_plan.cluster_splitk
-        assert cluster_plan.grid == twin_plan.grid and cluster_plan.splits == 4
-        assert cluster_plan.workspace_floats(outputs) == 0 and twin_plan.workspace_floats(outputs) == 4 * outputs
-        assert make_plan(twin, 1, 49, 512, 72).workspace_floats(outputs) == 0
-    for t in WGMMA_TILES:
-        assert without_cuda_bindings(t) is t
-
-
-def _key_shape(key: str) -> tuple[int, ...]:
-    """(n, h, w, c, k, r, stride, shortcut_c) of a tuned-table key such as n128_h14_w14_c256_k256_r3_s1_sc128."""
-    fields = dict(re.findall(r"([a-z]+)(\d+)", key))
-    return tuple(int(fields.get(name, 0)) for name in ("n", "h", "w", "c", "k", "r", "s", "sc"))
-
-
-def test_served_kernels_are_those_the_tuned_plans_and_the_untuned_plans_can_choose():
-    """What the engine compiles at load on each path (configs.served_name_expressions): the kernel of every
-    plan in kernels/tuned_plans.json for its GPU, of every untuned plan (other batch sizes, input sizes and
-    GPUs), the stem + max-pool of its module and the head; not the tuner's other candidates (the
-    warp-specialised conv_wgmma_ws, which it never chose), which a library compiles only when asked."""
-    import json
-
-    from fusedresnet.kernels.configs import (
-        MIXED,
-        STEM_POOL_KERNELS,
-        TUNED_PLANS,
-        load_tuned_plans,
-        path_arch,
-        served_name_expressions,
-        tile_by_label,
-        untuned_plan,
-    )
-    table = json.loads(TUNED_PLANS.read_text())
-    device = table["device"]
-
-    def kernel(tile, shortcut_c):
-        return shortcut_name_expression(tile) if shortcut_c else tile.name_expression
-
-    for path in (MIXED, "wgmma", "mma"):
-        arch = path_arch(path)
-        served = served_name_expressions(arch, path, load_tuned_plans(device, path), True)
-        assert len(set(served)) == len(served) and set(served) <= set(name_expressions(arch))
-        assert not any(name.startswith("conv_wgmma_ws<") for name in served)
-        for key, entry in table["plans"].items():
-            chosen = entry if path == MIXED else entry["by_family"][path]
-            assert kernel(tile_by_label(chosen["tile"]), _key_shape(key)[-1]) in served, (path, key)
-            n, h, w, c, k, r, stride, shortcut_c = _key_shape(key)
-            for batch in (1, 3, 5, 96, 200, n):   # untuned: batches outside the table, other input sizes
-                for hw in ((h, w), (h + 3, w + 5)):
-                    plan = untuned_plan(batch, *hw, c, k, r, stride, r // 2, 132, path, shortcut_c)
-                    assert kernel(plan.tile, shortcut_c) in served, (path, batch, hw, key, plan.tile.label)
-                    plan = untuned_plan(batch, *hw, c, k, r, stride, r // 2, 78, path, shortcut_c)   # an H20
-                    assert kernel(plan.tile, shortcut_c) in served, (path, batch, hw, key, plan.tile.label)
-        stems = ({"stem_pool_wgmma<StemInput::UINT8_NHWC>", "stem_pool_wgmma<StemInput::FP32_NCHW>"}
-                 if arch == WGMMA_ARCH else set(STEM_POOL_KERNELS.values()))
-        assert stems | {"avgpool_fc<8>", "splitk_epilogue"} <= set(served)
-    # On the table's GPU (H100: 90 plans, all wgmma) the sm_90a module shrinks to less than half of the candidates
-    mixed = served_name_expressions(WGMMA_ARCH, MIXED, load_tuned_plans(device, MIXED), True)
-    assert len(mixed) < len(name_expressions(WGMMA_ARCH)) / 2
-    # Without cuda.bindings the tuned "wc", "wt" and "wq" tiles are served by their twins: none of theirs compiled
-    twins = served_name_expressions(WGMMA_ARCH, MIXED, load_tuned_plans(device, MIXED), False)
-    assert not any(n.startswith("conv_wgmma_tma<") or "CLUSTER_SPLIT_K" in n
-                   for n in twins)
-    # another GPU: only what the untuned plans can choose
-    other = served_name_expressions(WGMMA_ARCH, MIXED, load_tuned_plans("NVIDIA H200", MIXED), True)
-    assert set(other) < set(mixed) and not any(n.startswith("conv_wgmma_tma<") for n in other)
 
 
 class _CtypesNvrtc:

@@ -56,7 +56,8 @@ def test_engine_serves_through_create_custom_engine(checker, tmp_path):
     # of the tuned table (the mixed path), the families the table names, beside the wgmma stem
     import json
 
-    from fusedresnet.kernels.configs import MIXED, TUNED_PLANS
+    from fusedresnet.kernels.launch_choices import MIXED
+    from fusedresnet.kernels.planner import TUNED_PLANS
     table = json.loads(TUNED_PLANS.read_text())
     if engine.lib.path == "mma":
         assert engine.name == "fused-cuda-fp16-mma"
@@ -71,8 +72,9 @@ def test_engine_serves_through_create_custom_engine(checker, tmp_path):
 
 
 def test_conv_path_is_mixed_on_compute_capability_9_and_each_family_can_be_forced(checker):
-    from fusedresnet.kernels.configs import MIXED, PATCH_WGMMA_TILES, WGMMA_TILES, tile_family
     from fusedresnet.kernels.launch import library
+    from fusedresnet.kernels.launch_choices import MIXED
+    from fusedresnet.kernels.tiles import PATCH_WGMMA_TILES, WGMMA_TILES, tile_family
     hopper = torch.cuda.get_device_capability(0) == (9, 0)
     forced = library(0, "mma")
     assert forced.path == "mma"
@@ -106,7 +108,8 @@ def test_conv_path_is_mixed_on_compute_capability_9_and_each_family_can_be_force
 def test_a_plan_key_shared_by_conv1_and_conv2_is_ranked_on_both_epilogues(checker):
     """The tuner's ranking of a shape that a stage's conv1 and its residual-adding conv2 share: every
     candidate of either epilogue, once, fastest first by the mean of the two."""
-    from fusedresnet.kernels.configs import CONV_PATHS, WGMMA_ARCH, path_arch
+    from fusedresnet.kernels.build import WGMMA_ARCH
+    from fusedresnet.kernels.launch_choices import CONV_PATHS, path_arch
     from fusedresnet.kernels.tune import tune_conv, tune_shared_key
     lib = checker.lib
     families = CONV_PATHS if path_arch(lib.path) == WGMMA_ARCH else ("mma",)

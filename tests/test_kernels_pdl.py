@@ -4,8 +4,8 @@ A kernel launched with the programmatic-stream-serialization attribute may
 start while the kernel before it still runs; it is correct only because it
 waits (griddepcontrol.wait) before touching global memory. So: every kernel
 begins with pdl_begin() (or pdl_wait(), and triggers its dependents later,
-pdl_trigger()), and the choice of launch (`configs.pdl_choice`)
-follows the device, the environment and what is installed, never silently
+pdl_trigger()), and the choice of launch (`launch_choices.pdl_choice`)
+follows the device, the caller's request and what is installed, never silently
 against an explicit request. The compiled PTX (one wait per kernel on
 cc >= 9.0, none before) is checked by test_kernels_compile.py; the GPU check
 (`bash kernels/gpu_check.sh check`) runs every kernel with the launch on.
@@ -19,8 +19,10 @@ import types
 
 import pytest
 
-from fusedresnet.kernels.configs import KERNEL_DIR, PDL_ENV, SOURCES, pdl_choice
+from fusedresnet.backend.engine_config import PDL_ENV, pdl_override
+from fusedresnet.kernels.build import KERNEL_DIR, SOURCES
 from fusedresnet.kernels.dev import DEV_SOURCES
+from fusedresnet.kernels.launch_choices import pdl_choice
 
 
 def _kernel_bodies(text: str):
@@ -119,19 +121,22 @@ def test_pdl_is_on_where_the_device_and_the_host_have_it(monkeypatch):
 
 
 def test_pdl_can_be_turned_off_and_an_explicit_request_is_never_dropped(monkeypatch):
+    """pdl_choice takes the request as an argument; FUSEDRESNET_PDL is read at the edge (engine_config's
+    pdl_override, what the server and the command-line tools pass down), never by the kernel library."""
     _bindings(monkeypatch, installed=True)
     monkeypatch.setenv(PDL_ENV, "0")
-    assert pdl_choice((9, 0)) == (False, f"{PDL_ENV}=0")
-    assert pdl_choice((9, 0), True)[0]                      # an explicit argument beats the environment
-    assert pdl_choice((9, 0), False) == (False, "turned off by the caller")   # says who turned it off
+    assert pdl_choice((9, 0))[0]                            # the library reads no environment
+    assert pdl_override() is False
+    assert pdl_choice((9, 0), pdl_override()) == (False, "turned off by the caller")   # says who turned it off
     monkeypatch.setenv(PDL_ENV, "1")
-    assert pdl_choice((9, 0))[0]
-    assert not pdl_choice((9, 0), False)[0]
+    assert pdl_override() is True and pdl_choice((9, 0), pdl_override())[0]
     with pytest.raises(RuntimeError, match="compute capability 9.0"):
-        pdl_choice((8, 9))
+        pdl_choice((8, 9), True)
     _bindings(monkeypatch, installed=False)
     with pytest.raises(ImportError, match="cuda.bindings"):
-        pdl_choice((9, 0))
+        pdl_choice((9, 0), True)
     monkeypatch.setenv(PDL_ENV, "yes")
     with pytest.raises(ValueError, match="expected 0 or 1"):
-        pdl_choice((9, 0))
+        pdl_override()
+    monkeypatch.delenv(PDL_ENV)
+    assert pdl_override() is None

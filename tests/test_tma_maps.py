@@ -1,4 +1,4 @@
-"""conv_wgmma_tma's tensor maps (kernels/configs.py TmaIm2colMap, tma_filter_box): CPU only.
+"""conv_wgmma_tma's tensor maps (kernels/geometry.py TmaIm2colMap, tma_filter_box): CPU only.
 
 The GPU checks (harness.check, every "wt" tile forced on every layer shape) show the maps right for
 ResNet-18's shapes. These tests hold the geometry to the convolution arithmetic for any shape, and every
@@ -12,7 +12,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fusedresnet.kernels.configs import BK, WGMMA_TMA_TILES, TmaIm2colMap, tma_filter_box
+from fusedresnet.kernels.geometry import BK, TmaIm2colMap, tma_filter_box
+from fusedresnet.kernels.tiles import WGMMA_TMA_TILES
 
 
 def conv_out(size: int, r: int, stride: int, pad: int) -> int:

@@ -20,7 +20,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..configs import BK, Schedule, WgmmaConfig, make_plan
+from ..geometry import BK
+from ..planner import make_plan
+from ..tiles import Schedule, WgmmaConfig
 
 SOURCE = Path(__file__).resolve().with_suffix(".cu")
 # 2 consumer warpgroups + 1 producer warpgroup (384 threads), one block per SM
