@@ -1,4 +1,9 @@
-"""The token that guards Triton's admin APIs: from $FUSEDRESNET_ADMIN_TOKEN, a file, or a fresh secret."""
+"""The token that guards Triton's admin APIs: one resolver for the launcher and the clients.
+
+Precedence, the same everywhere: an explicit token file (--admin-token-file) wins, then
+$FUSEDRESNET_ADMIN_TOKEN, then build/admin-token. The launcher (`read_or_create_token`) writes a fresh
+secret there when none is found; a client (`read_admin_token`) then has no token.
+"""
 
 from __future__ import annotations
 
@@ -12,20 +17,29 @@ from .triton_install import ServerError
 DEFAULT_TOKEN_FILE = BUILD_DIR / "admin-token"
 
 
-def read_or_create_token(token_file: Path | None = None) -> str:
-    """$FUSEDRESNET_ADMIN_TOKEN, else the token in `token_file` (which must exist when given), else the one in
-    build/admin-token, written there (mode 0600) with a random secret if it does not exist yet."""
+def read_admin_token(token_file: Path | str | None = None) -> str | None:
+    """The admin token: the one in `token_file` when given (which must exist and hold one), else
+    $FUSEDRESNET_ADMIN_TOKEN, else the one in build/admin-token when present, else None."""
+    if token_file:
+        path = Path(token_file)
+        token = path.read_text().strip() if path.is_file() else ""
+        if not token:
+            raise ServerError(f"admin token file {path} is missing or empty")
+        return token
     if os.environ.get(ADMIN_TOKEN_ENV):
         return os.environ[ADMIN_TOKEN_ENV]
-    path = Path(token_file) if token_file else DEFAULT_TOKEN_FILE
-    if path.is_file():
-        token = path.read_text().strip()
-        if token:
-            return token
-    if token_file:
-        raise ServerError(f"admin token file {path} is missing or empty")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    if DEFAULT_TOKEN_FILE.is_file():
+        return DEFAULT_TOKEN_FILE.read_text().strip() or None
+    return None
+
+
+def read_or_create_token(token_file: Path | None = None) -> str:
+    """`read_admin_token`, else a random secret written to build/admin-token (mode 0600) and returned."""
+    token = read_admin_token(token_file)
+    if token:
+        return token
+    DEFAULT_TOKEN_FILE.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(DEFAULT_TOKEN_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_urlsafe(32) + "\n")
-    return path.read_text().strip()
+    return DEFAULT_TOKEN_FILE.read_text().strip()

@@ -29,13 +29,13 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
-from fusedresnet.backend.admin_token import DEFAULT_TOKEN_FILE
+# read_admin_token: the one resolver of the launcher and the clients, imported from here by the clients
+from fusedresnet.backend.admin_token import DEFAULT_TOKEN_FILE, read_admin_token  # noqa: F401
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, ADMIN_TOKEN_HEADER, GRPC_ADMIN_TOKEN_HEADER
 
 SHARED_MEMORY_KINDS = ("none", "system", "cuda")
@@ -44,21 +44,6 @@ UNREGISTER_WAIT_S = 5.0
 
 class SharedMemoryError(InferenceServerException):
     """A shared-memory region could not be set up; the message says why and what to do."""
-
-
-def read_admin_token(token_file: Path | str | None = None) -> str | None:
-    """The admin token: `token_file` when given, else $FUSEDRESNET_ADMIN_TOKEN, else the launcher's
-    build/admin-token when present, else None."""
-    if token_file:
-        token = Path(token_file).read_text().strip()
-        if not token:
-            raise SharedMemoryError(f"admin token file {token_file} is empty")
-        return token
-    if os.environ.get(ADMIN_TOKEN_ENV):
-        return os.environ[ADMIN_TOKEN_ENV]
-    if DEFAULT_TOKEN_FILE.is_file():
-        return DEFAULT_TOKEN_FILE.read_text().strip() or None
-    return None
 
 
 def admin_headers(protocol: str, admin_token: str | None) -> dict | None:
