@@ -21,7 +21,9 @@ so `make` can skip the step.
 Weights that cannot be read (a missing file, a wrong key or shape, an ONNX graph
 that is not ResNet-18) fail before anything is written; the files are written
 under temporary names and renamed into place only once all of them are complete,
-so a failed run leaves the repository as it was.
+so a failed run leaves the repository as it was. A --repository without the model entries
+(each entry's folder with its config.pbtxt, and the networks' version folders) is refused
+before anything is built, naming what is missing.
 """
 
 from __future__ import annotations
@@ -52,8 +54,23 @@ from .spec import (
 )
 
 
+class RepositoryError(ValueError):
+    """The folder given as the model repository lacks the entries prepare writes into; the message names them."""
+
+
+def missing_entries(repository: Path) -> list[str]:
+    """What `prepare` needs in `repository` and does not find there: every entry's config.pbtxt and the
+    version folders of the networks' weights (relative paths)."""
+    needed = [f"{name}/config.pbtxt" for name in MODEL_ENTRIES] + [f"{MODEL_CUDNN}/1/", f"{MODEL_CUSTOM}/1/"]
+    return [path for path in needed if not (repository / path).exists()]
+
+
 def prepare(repository: Path = MODEL_REPOSITORY, weights: str | None = None, seed: int = DEFAULT_SEED) -> dict:
     repository = Path(repository)
+    missing = missing_entries(repository)
+    if missing:
+        raise RepositoryError(f"{repository} is not a model repository: it has no {', '.join(missing)} "
+                              f"(copy the model entries of {MODEL_REPOSITORY} there first)")
     if weights == WEIGHTS_TORCHVISION:
         weights = str(fetch())
     source = str(Path(weights).resolve()) if weights else seeded_source(seed)
@@ -105,7 +122,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         stamp = prepare(args.repository, args.weights, args.seed)
-    except (OnnxImportError, CheckpointError) as error:
+    except (OnnxImportError, CheckpointError, RepositoryError) as error:
         sys.exit(f"prepare: {error}")
     print(f"prepared {args.repository} with weights {stamp['weights']}")
 
