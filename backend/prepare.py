@@ -40,7 +40,7 @@ from .folding import fold_resnet18
 from .onnx_import import OnnxImportError
 from .prepared_stamp import STAMP_FILE, make_stamp, seeded_source, write_stamp
 from .pretrained import WEIGHTS_TORCHVISION, CheckpointError, fetch
-from .resnet import DEFAULT_SEED, build_resnet18
+from .resnet import DEFAULT_SEED
 from .spec import (
     FOLDED_PARAMS_FILE,
     IMAGE_SIZE,
@@ -52,6 +52,7 @@ from .spec import (
     MODEL_REPOSITORY,
     TORCHSCRIPT_FILE,
 )
+from .weights import build_resnet18
 
 
 class RepositoryError(ValueError):

@@ -13,11 +13,12 @@ import os
 import subprocess
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from .spec import PACKAGE_ROOT
 
 
-def git_commit(tree: Path = REPO_ROOT) -> str | None:
-    """The commit of the code in `tree` (this checkout unless told), as the module docstring says."""
+def git_commit(tree: Path = PACKAGE_ROOT) -> str | None:
+    """The commit of the code in `tree` (the checkout this package runs from unless told), as the module
+    docstring says."""
     if os.environ.get("FUSEDRESNET_GIT_COMMIT"):
         return os.environ["FUSEDRESNET_GIT_COMMIT"]
     with contextlib.suppress(OSError, subprocess.SubprocessError):

@@ -107,18 +107,3 @@ def standardize_head_(model: ResNet18, seed: int = DEFAULT_SEED, count: int = 64
         model.fc.weight.copy_(weight)
         model.fc.bias.copy_(-(weight @ mean))
     return model
-
-
-def build_resnet18(weights: str | None = None, seed: int = DEFAULT_SEED) -> ResNet18:
-    """ResNet-18 in eval mode: a torchvision checkpoint (.pth) or ONNX file (.onnx) if `weights` is a path,
-    else seeded weights."""
-    model = ResNet18()
-    if weights and str(weights).lower().endswith(".onnx"):
-        from .onnx_import import state_dict_from_onnx  # imports this module: import here, not at the top
-        model.load_state_dict(state_dict_from_onnx(weights), strict=True)
-    elif weights:
-        state = torch.load(weights, map_location="cpu", weights_only=True)
-        model.load_state_dict(state, strict=True)
-    else:
-        standardize_head_(seeded_init_(model, seed).eval(), seed)
-    return model.eval()

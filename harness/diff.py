@@ -42,7 +42,7 @@ import torch
 from ..backend.engine_config import environment_engine_arguments
 from ..backend.folding import LOGITS_CHECKPOINT, POOL_CHECKPOINT, STEM_CHECKPOINT, checkpoint_names, fold_resnet18
 from ..backend.images import normalize_uint8, smooth_random_images
-from ..backend.resnet import build_resnet18
+from ..backend.weights import build_resnet18
 from ..client.agreement import SET_REL_L2_TOLERANCE, compare_logits
 from ..client.preprocess import preprocess_files, sample_photo_paths
 

@@ -17,7 +17,7 @@ import cupy as cp
 from ..backend.engine_config import environment_engine_arguments
 from ..backend.engine_cuda import FusedCudaEngine
 from ..backend.folding import fold_resnet18
-from ..backend.resnet import build_resnet18
+from ..backend.weights import build_resnet18
 
 LAUNCHES_PER_ROUND = 6   # the stem and five convolutions
 

@@ -13,7 +13,7 @@ import torch
 from fusedresnet.backend.engines import TorchFoldedEngine
 from fusedresnet.backend.folding import fold_resnet18
 from fusedresnet.backend.images import normalize_uint8, smooth_random_images
-from fusedresnet.backend.resnet import build_resnet18
+from fusedresnet.backend.weights import build_resnet18
 from fusedresnet.client.agreement import compare_logits
 from fusedresnet.client.preprocess import preprocess_files, sample_photo_paths
 from fusedresnet.harness.diff import main, reference_checkpoints, run_diff

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from fusedresnet.backend.engines import TorchFoldedEngine
 from fusedresnet.backend.folding import all_convs, conv_and_batchnorm, fold_batchnorm, fold_resnet18
 from fusedresnet.backend.images import normalize_uint8, smooth_random_images
-from fusedresnet.backend.resnet import build_resnet18
+from fusedresnet.backend.weights import build_resnet18
 from fusedresnet.client.agreement import compare_logits
 
 TORCHVISION_KEYS_SAMPLE = [

@@ -13,7 +13,7 @@ import torch
 from fusedresnet.backend.folding import fold_resnet18
 from fusedresnet.backend.fused_module import FusedResNet18
 from fusedresnet.backend.images import normalize_uint8, smooth_random_images
-from fusedresnet.backend.resnet import build_resnet18
+from fusedresnet.backend.weights import build_resnet18
 from fusedresnet.client.agreement import compare_logits
 
 

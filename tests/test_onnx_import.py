@@ -20,9 +20,9 @@ from fusedresnet.backend.onnx_import import OnnxImportError, state_dict_from_onn
 from fusedresnet.backend.prepare import main as prepare_main
 from fusedresnet.backend.prepare import prepare
 from fusedresnet.backend.prepared_stamp import STAMP_FILE
-from fusedresnet.backend.resnet import build_resnet18
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import MODEL_CUSTOM, MODEL_REPOSITORY, MODELS, TORCHSCRIPT_FILE
+from fusedresnet.backend.weights import build_resnet18
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.client.resnet_client import ResNetClient
 
@@ -143,10 +143,13 @@ def test_prepare_failing_midway_leaves_the_files_as_they_were(onnx_files, tmp_pa
     repository = repository_copy(tmp_path)
     prepare(repository)   # seeded weights
     snapshot = {p: p.read_bytes() for p in repository.rglob("*") if p.is_file()}
-    shutil.rmtree(repository / MODEL_CUSTOM / "1")   # written after the TorchScript file, so that one is undone
-    with pytest.raises((FileNotFoundError, RuntimeError), match="does not exist|No such file"):
+    # A file where the custom model's version folder was: its weights, written after the TorchScript file,
+    # cannot be written, so that one is undone (a missing folder is refused before anything is written).
+    shutil.rmtree(repository / MODEL_CUSTOM / "1")
+    (repository / MODEL_CUSTOM / "1").write_bytes(b"")
+    with pytest.raises((NotADirectoryError, RuntimeError), match="does not exist|Not a directory"):
         prepare(repository, str(onnx_files["folded"]))
-    after = {p: p.read_bytes() for p in repository.rglob("*") if p.is_file()}
+    after = {p: p.read_bytes() for p in repository.rglob("*") if p.is_file() and MODEL_CUSTOM + "/1" not in str(p)}
     assert after == {p: data for p, data in snapshot.items() if MODEL_CUSTOM + "/1" not in str(p)}
     assert any(p.name == TORCHSCRIPT_FILE for p in after)
 

@@ -3,6 +3,7 @@
     fusedresnet.kernels   the CUDA kernels, their launchers, plans and tuning: imports no other fusedresnet package
     fusedresnet.harness   checks and times the kernels and the whole network: uses kernels, backend and client;
                           no package imports it
+    and no module imports itself back through others (no import cycle, lazy imports inside functions included)
 
 Read from the source with `ast` (CPU, nothing imported), relative imports resolved against the package each
 folder is mapped to in pyproject.toml (`from ..backend.x import y` inside fusedresnet.kernels is
@@ -127,3 +128,60 @@ def test_package_dir_maps_every_folder_here():
     for folder, package in PACKAGES.items():
         assert f'"{package}" = "{folder}"' in text, package
         assert (ROOT / folder / "__init__.py").is_file(), folder
+
+
+def module_imports() -> dict[str, set[str]]:
+    """{module: the fusedresnet modules it imports} of every module of the packages in PACKAGES (a name imported
+    from a package, `from . import x`, counts as its module when there is one, else as the package)."""
+    modules = {}
+    for folder, package in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = [p for p in path.relative_to(ROOT / folder).with_suffix("").parts if p != "__init__"]
+            module = ".".join([package, *parts])
+            modules[module] = (path, module if path.name == "__init__.py" else module.rsplit(".", 1)[0])
+    graph = {}
+    for module, (path, package) in modules.items():
+        graph[module] = set()
+        for _, name in imports(path.read_text(), package):
+            while name not in modules and "." in name:
+                name = name.rsplit(".", 1)[0]
+            if name in modules and name != module:
+                graph[module].add(name)
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of `graph`: each strongly connected set of more than one module, sorted."""
+    order, low, stack, cycles = {}, {}, [], []
+
+    def visit(module):
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in order:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], order[other])
+        if low[module] == order[module]:
+            members = stack[stack.index(module):]
+            del stack[stack.index(module):]
+            if len(members) > 1:
+                cycles.append(sorted(members))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return sorted(cycles)
+
+
+def test_import_cycles_are_found():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": {"d"}, "f": set()}
+    assert import_cycles(graph) == [["a", "b", "c"], ["d", "e"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_itself_back_through_others():
+    graph = module_imports()
+    assert "fusedresnet.backend.engine_cuda" in graph["fusedresnet.backend.engines"]   # lazy imports count
+    assert import_cycles(graph) == []
