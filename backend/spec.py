@@ -54,6 +54,31 @@ def entry_input(entry: str) -> str:
 
 
 MODEL_ENTRIES = tuple(served_model(network, name) for network in MODELS for name in INPUTS)  # all served entries
+# The A/B router (backend/ab_router.py, docs/AB_LIVE.md): one more entry with the IMAGE contract that sends live
+# traffic to both networks' entries (shadow) or splits it between them (split), or to one (primary).
+AB_ROUTER_MODEL = "resnet18_ab"
+SERVED_ENTRIES = (*MODEL_ENTRIES, AB_ROUTER_MODEL)   # every entry of model_repository/
+AB_MODES = ("shadow", "split", "primary")
+# A request parameter that names the client: a split sends every request with the same value to the same arm
+# (else the Triton request id decides, else chance).
+AB_STICKY_PARAMETER = "ab_key"
+# The router's own metrics (labels model, model_instance, and mode/arm where said). Counters are named as Triton
+# and the models name theirs, without a _total suffix (prometheus_client's parser cannot tell the two apart).
+# Histograms are written as Prometheus exposes them: <name>_bucket{le=...}, <name>_sum, <name>_count.
+AB_REQUESTS_METRIC = "fusedresnet_ab_requests"                  # requests sent to each arm {mode, arm}
+AB_FAILURES_METRIC = "fusedresnet_ab_arm_failures"              # of those, answered with an error {mode, arm}
+AB_TIMEOUTS_METRIC = "fusedresnet_ab_shadow_timeouts"           # shadow copies not answered in time
+AB_SKIPPED_METRIC = "fusedresnet_ab_shadow_skipped"             # shadow copies not sent (too many in flight)
+AB_COMPARED_METRIC = "fusedresnet_ab_compared_requests"         # requests both arms answered, compared
+AB_DISAGREEING_METRIC = "fusedresnet_ab_disagreeing_requests"   # of those, some image's top-1 differed
+AB_IMAGES_METRIC = "fusedresnet_ab_compared_images"
+AB_TOP1_AGREE_METRIC = "fusedresnet_ab_top1_agree_images"
+AB_LATENCY_METRIC = "fusedresnet_ab_arm_latency_seconds"        # histogram per request {mode, arm}
+AB_TOP5_OVERLAP_METRIC = "fusedresnet_ab_top5_overlap"          # histogram per request: shared top-5 classes
+AB_REL_L2_METRIC = "fusedresnet_ab_logits_rel_l2"               # histogram per request: |c - p| / |p|
+AB_HISTOGRAM_METRICS = (AB_LATENCY_METRIC, AB_TOP5_OVERLAP_METRIC, AB_REL_L2_METRIC)
+HISTOGRAM_SERIES = ("bucket", "sum", "count")   # <histogram>_bucket, _sum, _count
+AB_ARMS = ("primary", "candidate")
 OUTPUT_LOGITS = "LOGITS"               # FP32 [1000]
 # Normalised pixels lie within about -2.2..2.7. Far larger finite values (0..255 floats sent by
 # mistake, or 1e30) would come back as meaningless or non-finite logits (fp16 engines overflow
@@ -105,6 +130,8 @@ REPO_ROOT = Path(os.environ.get(PROJECT_HOME_ENV)
                  or (PACKAGE_ROOT if (PACKAGE_ROOT / "model_repository").is_dir() else Path.cwd())).resolve()
 MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 BUILD_DIR = REPO_ROOT / "build"
+# The A/B router's bounded record of disagreeing requests: one JSON file per router instance.
+AB_DISAGREEMENTS_DIR = BUILD_DIR / "ab_disagreements"
 
 
 def model_config(model: str, repository: Path = MODEL_REPOSITORY):

@@ -21,6 +21,7 @@ import importlib.util
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from functools import cache
@@ -46,8 +47,11 @@ TRITON_SUMMARIES = {"nv_inference_request_summary_us", "nv_inference_queue_summa
                     "nv_inference_compute_output_summary_us"}
 EXPORTED_METRICS = ({value for name, value in vars(triton_metrics).items() if name.isupper() and
                      isinstance(value, str) and value.startswith("nv_")}
-                    | {"nv_inference_pending_request_count"} | TRITON_SUMMARIES | {spec.EXECUTE_PHASE_METRIC})
-METRIC_NAME = re.compile(r"\b(?:nv|fusedresnet)_[a-z_]+\b")
+                    | {"nv_inference_pending_request_count"} | TRITON_SUMMARIES | {spec.EXECUTE_PHASE_METRIC}
+                    | {value for name, value in vars(spec).items() if name.startswith("AB_")
+                       and name.endswith("_METRIC") and value not in spec.AB_HISTOGRAM_METRICS}
+                    | {f"{name}_{series}" for name in spec.AB_HISTOGRAM_METRICS for series in spec.HISTOGRAM_SERIES})
+METRIC_NAME = re.compile(r"\b(?:nv|fusedresnet)_[a-z0-9_]+\b")
 
 
 # ---------------------------------------------------------------- Dockerfile
@@ -303,6 +307,22 @@ def test_grafana_dashboard_queries_only_metrics_the_server_exports():
     phase_panels = [e for e in expressions if spec.EXECUTE_PHASE_METRIC in e]
     assert any("model_instance" in e for e in phase_panels) and all("phase" in e for e in phase_panels)
     assert len({panel["id"] for panel in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+def test_prometheus_loads_the_ab_alert_rules_which_query_exported_metrics():
+    prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    assert prometheus["rule_files"] == ["alerts.yml"]
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
+    by_name = {rule["alert"]: rule for group in rules["groups"] for rule in group["rules"]}
+    used = {name for rule in by_name.values() for name in METRIC_NAME.findall(rule["expr"])}
+    assert used <= EXPORTED_METRICS, used - EXPORTED_METRICS
+    # The issue's alert: the candidate's top-1 agreement below a threshold.
+    agreement = by_name["FusedResNetABAgreementLow"]["expr"]
+    assert spec.AB_TOP1_AGREE_METRIC in agreement and spec.AB_IMAGES_METRIC in agreement and "< 0.99" in agreement
+    if shutil.which("promtool"):
+        checked = subprocess.run(["promtool", "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+                                 capture_output=True, text=True, timeout=60)
+        assert checked.returncode == 0 and "2 rules found" in checked.stdout, checked.stdout + checked.stderr
 
 
 # ---------------------------------------------------------------- Kubernetes

@@ -23,9 +23,9 @@ from fusedresnet.backend.spec import (
     ADMIN_TOKEN_ENV,
     ADMIN_TOKEN_HEADER,
     GRPC_ADMIN_TOKEN_HEADER,
-    MODEL_ENTRIES,
     MODELS,
     RESTRICTED_APIS,
+    SERVED_ENTRIES,
 )
 from fusedresnet.backend.triton_install import ServerError, find_triton
 from fusedresnet.loadtest.serving_sequence import repository_with_instances
@@ -134,12 +134,12 @@ def test_refused_admin_calls_changed_nothing(triton_server, admin_headers, grpc_
     status, text = http_call(triton_server, "GET", "/v2/systemsharedmemory/status", headers=admin_headers)
     assert status == 200 and json.loads(text) == []
     status, text = http_call(triton_server, "POST", "/v2/repository/index", {}, headers=admin_headers)
-    assert {(m["name"], m["state"]) for m in json.loads(text)} == {(m, "READY") for m in MODEL_ENTRIES}
+    assert {(m["name"], m["state"]) for m in json.loads(text)} == {(m, "READY") for m in SERVED_ENTRIES}
 
 
 def test_admin_apis_work_with_the_token_on_both_protocols(triton_server, admin_headers, grpc_admin_headers):
     status, text = http_call(triton_server, "POST", "/v2/repository/index", {}, admin_headers)
-    assert status == 200 and {m["name"] for m in json.loads(text)} == set(MODEL_ENTRIES)
+    assert status == 200 and {m["name"] for m in json.loads(text)} == set(SERVED_ENTRIES)
     status, text = http_call(triton_server, "GET", f"/v2/models/{MODEL}/stats", headers=admin_headers)
     assert status == 200 and json.loads(text)["model_stats"][0]["name"] == MODEL
     for path in ("/v2/systemsharedmemory/status", "/v2/cudasharedmemory/status", "/v2/trace/setting", "/v2/logging"):
@@ -154,7 +154,7 @@ def test_admin_apis_work_with_the_token_on_both_protocols(triton_server, admin_h
 
     with grpcclient.InferenceServerClient(triton_server.grpc_url) as triton:
         index = triton.get_model_repository_index(headers=grpc_admin_headers)
-        assert {m.name for m in index.models} == set(MODEL_ENTRIES)
+        assert {m.name for m in index.models} == set(SERVED_ENTRIES)
         stats = triton.get_inference_statistics(MODEL, headers=grpc_admin_headers)
         assert stats.model_stats[0].name == MODEL
         triton.get_system_shared_memory_status(headers=grpc_admin_headers)
@@ -176,7 +176,7 @@ def test_model_repository_cannot_be_changed_even_with_the_token(triton_server, a
             with pytest.raises(InferenceServerException, match="explicit model load / unload is not allowed"):
                 getattr(triton, f"{action}_model")(MODEL, headers=grpc_admin_headers)
     with grpcclient.InferenceServerClient(triton_server.grpc_url) as triton:
-        assert all(triton.is_model_ready(m) for m in MODEL_ENTRIES)
+        assert all(triton.is_model_ready(m) for m in SERVED_ENTRIES)
 
 
 def test_server_listens_on_loopback_only(triton_server):

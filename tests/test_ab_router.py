@@ -1,0 +1,304 @@
+"""The A/B router (`resnet18_ab`, backend/ab_router.py) against the real server.
+
+On the session server (the shipped repository, the router in shadow mode, cuDNN primary, custom candidate):
+the router answers with the primary's logits and engine, and its metrics count every request, as Triton's own
+counters of both arms do.
+
+On a server of its own (model control mode explicit, so the router's config is changed through the admin API
+as docs/AB_LIVE.md says), with small test arms written here (`arm`: deterministic logits of the image and the
+engine name its config gives; one arm reverses the class order, one sleeps, one fails):
+- a 10 % split lands within a binomial bound and is sticky per request id and per `ab_key`;
+- a slow candidate neither fails nor delays the client's answer, and its lateness is counted as a timeout;
+- a failing candidate does not fail the request, and is counted;
+- disagreeing requests are recorded (request id, both top-5) and counted;
+- bad parameters are refused at load with the parameter named; the configuration before goes on serving.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from fusedresnet.backend.network import free_ports
+from fusedresnet.backend.serve import TritonServer
+from fusedresnet.backend.spec import (
+    AB_COMPARED_METRIC,
+    AB_DISAGREEING_METRIC,
+    AB_DISAGREEMENTS_DIR,
+    AB_FAILURES_METRIC,
+    AB_IMAGES_METRIC,
+    AB_LATENCY_METRIC,
+    AB_REQUESTS_METRIC,
+    AB_ROUTER_MODEL,
+    AB_STICKY_PARAMETER,
+    AB_TIMEOUTS_METRIC,
+    AB_TOP5_OVERLAP_METRIC,
+    INPUT_UINT8,
+    MODEL_CUDNN,
+    MODEL_REPOSITORY,
+    OUTPUT_ENGINE,
+    OUTPUT_LOGITS,
+)
+from fusedresnet.client.ab_mode import RouterConfigError, load_router_config, router_config
+from fusedresnet.loadtest.triton_metrics import SUCCESS, scrape
+
+SLOW_ARM_SLEEP_S = 2.0
+SHADOW_TIMEOUT_MS = 300.0
+METRICS_DEADLINE_S = 10.0
+
+# A test arm: the IMAGE contract, logits a fixed function of the image (the class order reversed when its
+# config says so), the engine name its config gives; it sleeps or fails when its config says so.
+ARM_MODEL = '''
+import json, time
+import torch
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = {k: v["string_value"] for k, v in json.loads(args["model_config"])["parameters"].items()}
+        self.name = torch.frombuffer(bytearray(parameters["engine"].encode()), dtype=torch.uint8)
+        self.reverse = parameters.get("reverse") == "true"
+        self.sleep_s = float(parameters.get("sleep_s", "0"))
+        self.fail = parameters.get("fail") == "true"
+
+    def execute(self, requests):
+        time.sleep(self.sleep_s)
+        responses = []
+        for request in requests:
+            if self.fail:
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("this arm fails")))
+                continue
+            image = torch.from_dlpack(pb_utils.get_input_tensor_by_name(request, "IMAGE").to_dlpack())
+            means = image.float().mean(dim=(1, 2, 3), keepdim=False).unsqueeze(1)
+            logits = torch.arange(1000, dtype=torch.float32).unsqueeze(0) / 1000 + means
+            if self.reverse:
+                logits = logits.flip(1).contiguous()
+            engine = self.name.expand(image.shape[0], -1).contiguous()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("LOGITS", logits),
+                                                         pb_utils.Tensor.from_dlpack("ENGINE", engine)]))
+        return responses
+'''
+
+ARM_CONFIG = '''
+backend: "python"
+max_batch_size: 128
+input [ {{ name: "IMAGE", data_type: TYPE_UINT8, dims: [ 224, 224, 3 ] }} ]
+output [ {{ name: "LOGITS", data_type: TYPE_FP32, dims: [ 1000 ] }},
+         {{ name: "ENGINE", data_type: TYPE_UINT8, dims: [ -1 ] }} ]
+dynamic_batching {{ default_queue_policy {{ allow_timeout_override: true }} }}
+instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+{parameters}
+'''
+
+# name -> parameters of each test arm
+ARMS = {"arm_a": {"engine": "engine-a"}, "arm_b": {"engine": "engine-b"},
+        "arm_reversed": {"engine": "engine-reversed", "reverse": "true"},
+        "arm_slow": {"engine": "engine-slow", "sleep_s": str(SLOW_ARM_SLEEP_S)},
+        "arm_failing": {"engine": "engine-failing", "fail": "true"}}
+
+
+def pbtxt_parameters(parameters: dict) -> str:
+    return "\n".join(f'parameters: {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in parameters.items())
+
+
+def infer(client, model: str, images: np.ndarray, request_id: str = "", parameters: dict | None = None):
+    """(logits, engine name) of one request."""
+    tensor = grpcclient.InferInput(INPUT_UINT8, list(images.shape), "UINT8")
+    tensor.set_data_from_numpy(images)
+    result = client.infer(model, [tensor], request_id=request_id, parameters=parameters,
+                          outputs=[grpcclient.InferRequestedOutput(OUTPUT_LOGITS),
+                                   grpcclient.InferRequestedOutput(OUTPUT_ENGINE)])
+    return result.as_numpy(OUTPUT_LOGITS), bytes(result.as_numpy(OUTPUT_ENGINE)[0]).decode()
+
+
+def metric(metrics_url: str, name: str, model: str = AB_ROUTER_MODEL, **labels) -> float:
+    """A router metric summed over its instances (and over the label sets not named)."""
+    return scrape(metrics_url).total(name, model, **labels)
+
+
+def wait_for_metric(metrics_url: str, name: str, expected: float, **labels) -> float:
+    """The metric once it reaches `expected` (the router writes its metrics every half second), or at the deadline."""
+    deadline = time.monotonic() + METRICS_DEADLINE_S
+    while True:
+        value = metric(metrics_url, name, **labels)
+        if value >= expected or time.monotonic() > deadline:
+            return value
+        time.sleep(0.2)
+
+
+def wait_for_increase(metrics_url: str, name: str, before: float, increase: float, **labels) -> float:
+    """How much the metric rose from `before`, once it rose by `increase` or at the deadline."""
+    return wait_for_metric(metrics_url, name, before + increase, **labels) - before
+
+
+# ---------------------------------------------------------------- the shipped router on the session server
+
+def test_shadow_router_answers_with_the_primarys_logits_and_engine(triton_server, varied_images):
+    config = router_config(triton_server.http_url)
+    assert config["mode"] == "shadow" and config["primary"] == MODEL_CUDNN
+    with grpcclient.InferenceServerClient(triton_server.grpc_url) as client:
+        for images in (varied_images[:1], varied_images[1:4], varied_images[4:12]):
+            routed, routed_engine = infer(client, AB_ROUTER_MODEL, images)
+            direct, direct_engine = infer(client, MODEL_CUDNN, images)
+            assert routed_engine == direct_engine
+            np.testing.assert_allclose(routed, direct, rtol=1e-5, atol=1e-5)
+
+
+def test_router_metrics_count_every_request_as_tritons_counters_do(triton_server, varied_images):
+    url = triton_server.metrics_url
+    labels = {"mode": "shadow"}
+    # Earlier requests' comparisons finish in the background: start once each request Triton answered is compared.
+    wait_for_metric(url, AB_COMPARED_METRIC, scrape(url).total(SUCCESS, AB_ROUTER_MODEL))
+    before = {name: metric(url, name, **labels) for name in (AB_REQUESTS_METRIC,)}
+    before_compared = metric(url, AB_COMPARED_METRIC)
+    before_images = metric(url, AB_IMAGES_METRIC)
+    before_latency = metric(url, f"{AB_LATENCY_METRIC}_count", arm="primary")
+    before_overlap = metric(url, f"{AB_TOP5_OVERLAP_METRIC}_count")
+    snapshot = scrape(url)
+    before_triton = {m: snapshot.total(SUCCESS, m) for m in (AB_ROUTER_MODEL, "resnet18_cudnn", "resnet18_custom")}
+    sizes = (1, 2, 1, 3)
+    with grpcclient.InferenceServerClient(triton_server.grpc_url) as client:
+        start = 0
+        for size in sizes:
+            infer(client, AB_ROUTER_MODEL, varied_images[start:start + size])
+            start += size
+    requests, images = len(sizes), sum(sizes)
+    assert wait_for_metric(url, AB_COMPARED_METRIC, before_compared + requests) == before_compared + requests
+    assert metric(url, AB_IMAGES_METRIC) == before_images + images
+    assert metric(url, f"{AB_TOP5_OVERLAP_METRIC}_count") == before_overlap + requests
+    assert metric(url, f"{AB_LATENCY_METRIC}_count", arm="primary") == before_latency + requests
+    assert metric(url, AB_REQUESTS_METRIC, **labels) == before[AB_REQUESTS_METRIC] + 2 * requests  # both arms
+    snapshot = scrape(url)
+    # Triton's own counters: the router answered every request, each arm got one call per router batch
+    # (requests sent one at a time: one batch each).
+    assert {m: snapshot.total(SUCCESS, m) - before_triton[m] for m in before_triton} == dict.fromkeys(
+        before_triton, requests)
+
+
+# ---------------------------------------------------------------- a server with test arms, configs changed live
+
+@pytest.fixture(scope="module")
+def ab_server(admin_token, tmp_path_factory):
+    scratch = tmp_path_factory.mktemp("ab-router")
+    repository = scratch / "models"
+    for name, parameters in ARMS.items():
+        (repository / name / "1").mkdir(parents=True)
+        (repository / name / "1" / "model.py").write_text(ARM_MODEL)
+        (repository / name / "config.pbtxt").write_text(ARM_CONFIG.format(parameters=pbtxt_parameters(parameters)))
+    (repository / AB_ROUTER_MODEL / "1").mkdir(parents=True)
+    (repository / AB_ROUTER_MODEL / "1" / "model.py").write_text(
+        (MODEL_REPOSITORY / AB_ROUTER_MODEL / "1" / "model.py").read_text())
+    shipped = (MODEL_REPOSITORY / AB_ROUTER_MODEL / "config.pbtxt").read_text()
+    (repository / AB_ROUTER_MODEL / "config.pbtxt").write_text(
+        shipped.replace("count: 4", "count: 1").replace('"resnet18_cudnn"', '"arm_a"')
+        .replace('"resnet18_custom"', '"arm_b"'))
+    http_port, grpc_port, metrics_port = free_ports(3)
+    server = TritonServer(repository, "127.0.0.1", http_port, grpc_port, metrics_port, admin_token=admin_token,
+                          log_file=scratch / "server.log",
+                          extra_args=["--model-control-mode=explicit", "--load-model=*"])
+    with server:
+        yield server
+
+
+def reload_router(server, token: str, **parameters):
+    load_router_config(server.http_url, token, **parameters)
+
+
+def test_split_sends_its_share_to_the_candidate_within_a_binomial_bound_and_sticks(ab_server, admin_token,
+                                                                                   varied_images):
+    reload_router(ab_server, admin_token, mode="split", primary="arm_a", candidate="arm_b", candidate_percent="10")
+    requests, share = 400, 0.10
+    url = ab_server.metrics_url
+    before = metric(url, AB_REQUESTS_METRIC, mode="split")
+    before_candidate = metric(url, AB_REQUESTS_METRIC, mode="split", arm="candidate")
+    with grpcclient.InferenceServerClient(ab_server.grpc_url) as client:
+        engines = {f"client-{i}": infer(client, AB_ROUTER_MODEL, varied_images[:1], request_id=f"client-{i}")[1]
+                   for i in range(requests)}
+        to_candidate = sum(engine == "engine-b" for engine in engines.values())
+        # Binomial(400, 0.1): mean 40, standard deviation 6; 4.5 standard deviations either side.
+        sigma = math.sqrt(requests * share * (1 - share))
+        assert abs(to_candidate - requests * share) <= 4.5 * sigma, to_candidate
+        assert set(engines.values()) == {"engine-a", "engine-b"}
+        # Sticky: the same request id lands on the same arm again; an ab_key wins over the request id.
+        for request_id in list(engines)[:40]:
+            assert infer(client, AB_ROUTER_MODEL, varied_images[:1], request_id=request_id)[1] == engines[request_id]
+        keyed = {infer(client, AB_ROUTER_MODEL, varied_images[:1], request_id=f"other-{i}",
+                       parameters={AB_STICKY_PARAMETER: "one-client"})[1] for i in range(20)}
+        assert len(keyed) == 1
+    assert wait_for_increase(url, AB_REQUESTS_METRIC, before, requests + 60, mode="split") == requests + 60
+    again = sum(engines[r] == "engine-b" for r in list(engines)[:40]) + (20 if keyed == {"engine-b"} else 0)
+    assert metric(url, AB_REQUESTS_METRIC, mode="split", arm="candidate") - before_candidate == to_candidate + again
+
+
+def test_slow_candidate_neither_fails_nor_delays_the_answer_and_counts_a_timeout(ab_server, admin_token,
+                                                                                   varied_images):
+    reload_router(ab_server, admin_token, mode="shadow", primary="arm_a", candidate="arm_slow",
+                  shadow_timeout_ms=str(SHADOW_TIMEOUT_MS))
+    url = ab_server.metrics_url
+    before_timeouts, before_compared = metric(url, AB_TIMEOUTS_METRIC), metric(url, AB_COMPARED_METRIC)
+    with grpcclient.InferenceServerClient(ab_server.grpc_url) as client:
+        expected, _ = infer(client, "arm_a", varied_images[:2])
+        started = time.monotonic()
+        logits, engine = infer(client, AB_ROUTER_MODEL, varied_images[:2], request_id="slow-1")
+        elapsed = time.monotonic() - started
+    assert engine == "engine-a"
+    np.testing.assert_array_equal(logits, expected)
+    assert elapsed < SLOW_ARM_SLEEP_S / 2, f"the answer waited for the slow candidate: {elapsed:.2f} s"
+    assert wait_for_increase(url, AB_TIMEOUTS_METRIC, before_timeouts, 1) == 1
+    time.sleep(SLOW_ARM_SLEEP_S)   # the slow answer arrives after all: too late to be compared
+    assert metric(url, AB_COMPARED_METRIC) == before_compared
+
+
+def test_failing_candidate_does_not_fail_the_request_and_is_counted(ab_server, admin_token, varied_images):
+    reload_router(ab_server, admin_token, mode="shadow", primary="arm_a", candidate="arm_failing")
+    url = ab_server.metrics_url
+    before = metric(url, AB_FAILURES_METRIC, mode="shadow", arm="candidate")
+    with grpcclient.InferenceServerClient(ab_server.grpc_url) as client:
+        expected, _ = infer(client, "arm_a", varied_images[:3])
+        logits, engine = infer(client, AB_ROUTER_MODEL, varied_images[:3])
+    assert engine == "engine-a"
+    np.testing.assert_array_equal(logits, expected)
+    assert wait_for_increase(url, AB_FAILURES_METRIC, before, 1, mode="shadow", arm="candidate") == 1
+
+
+def test_disagreeing_requests_are_counted_and_recorded_with_both_top5(ab_server, admin_token, varied_images):
+    reload_router(ab_server, admin_token, mode="shadow", primary="arm_a", candidate="arm_reversed")
+    record_file = AB_DISAGREEMENTS_DIR / f"{AB_ROUTER_MODEL}_0_0.json"
+    record_file.unlink(missing_ok=True)
+    before = metric(ab_server.metrics_url, AB_DISAGREEING_METRIC)
+    with grpcclient.InferenceServerClient(ab_server.grpc_url) as client:
+        primary, _ = infer(client, "arm_a", varied_images[:2])
+        reversed_logits, _ = infer(client, "arm_reversed", varied_images[:2])
+        infer(client, AB_ROUTER_MODEL, varied_images[:2], request_id="disagree-1")
+    assert wait_for_increase(ab_server.metrics_url, AB_DISAGREEING_METRIC, before, 1) == 1
+    deadline = time.monotonic() + METRICS_DEADLINE_S
+    while not record_file.is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    records = json.loads(record_file.read_text())
+    assert [r["request_id"] for r in records] == ["disagree-1"]
+    top5 = lambda logits: np.argsort(-logits, axis=1)[:, :5].tolist()  # noqa: E731
+    assert [d["primary_top5"] for d in records[0]["disagreeing"]] == top5(primary)
+    assert [d["candidate_top5"] for d in records[0]["disagreeing"]] == top5(reversed_logits)
+
+
+@pytest.mark.parametrize("parameters, named", [
+    ({"mode": "mirror"}, "mode"),
+    ({"candidate_percent": "150"}, "candidate_percent"),
+    ({"shadow_timeout_ms": "soon"}, "shadow_timeout_ms"),
+    ({"candidate": "arm_a", "primary": "arm_a"}, "candidate"),
+    ({"canary_percent": "5"}, "canary_percent"),
+])
+def test_bad_router_parameters_are_refused_at_load_with_the_parameter_named(ab_server, admin_token, parameters,
+                                                                            named, varied_images):
+    with pytest.raises(RouterConfigError, match=f"parameter.*{named}"):
+        reload_router(ab_server, admin_token, **parameters)
+    # The configuration loaded before goes on serving.
+    with grpcclient.InferenceServerClient(ab_server.grpc_url) as client:
+        assert client.is_model_ready(AB_ROUTER_MODEL)
+        assert infer(client, AB_ROUTER_MODEL, varied_images[:1])[1] == "engine-a"
