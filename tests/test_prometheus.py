@@ -9,7 +9,8 @@ steady load, every PromQL expression of the Grafana dashboard (its `$model` vari
 behind the HPA (series query and metrics query, rendered as the adapter renders them) is asked
 through Prometheus's HTTP API; one that returns nothing, or no finite value, fails the test with
 its name. Triton's metrics endpoint needs no admin token (only its HTTP and gRPC APIs are
-restricted), so Prometheus scrapes it as it is.
+restricted), so Prometheus scrapes it as it is. The load goes through the A/B router (shadow mode), so the
+router's panels have data, and the alert rules of deploy/prometheus/alerts.yml evaluate without error.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import yaml
 
 from fusedresnet.backend.network import free_ports, port_is_free
 from fusedresnet.backend.serve import TritonServer
-from fusedresnet.backend.spec import MODEL_CUSTOM
+from fusedresnet.backend.spec import AB_ROUTER_MODEL, MODEL_CUDNN, MODEL_CUSTOM
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.loadtest.serving_sequence import repository_with_instances
 
@@ -86,7 +87,10 @@ def adapter_queries() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def monitored_server(prepared_repository, admin_token, tmp_path_factory):
     scratch = tmp_path_factory.mktemp("prometheus-server")
-    repository = repository_with_instances(prepared_repository, 1, scratch / "models", entries=(MODEL_CUSTOM,))
+    # The A/B router in shadow mode (as shipped) and both its arms: the load goes through it, so its panels
+    # and alert rules have data too.
+    repository = repository_with_instances(prepared_repository, 1, scratch / "models",
+                                           entries=(MODEL_CUSTOM, MODEL_CUDNN, AB_ROUTER_MODEL))
     http_port, grpc_port, metrics_port = free_ports(3)
     server = TritonServer(repository, "127.0.0.1", http_port, grpc_port, metrics_port, admin_token=admin_token,
                           log_file=scratch / "server.log", extra_args=deployment_triton_args())
@@ -104,6 +108,8 @@ def prometheus(monitored_server, tmp_path_factory):
     for job in config["scrape_configs"]:
         job["static_configs"] = [{"targets": [target], "labels": {"namespace": NAMESPACE, "pod": POD}}]
     (scratch / "prometheus.yml").write_text(yaml.safe_dump(config))
+    for rule_file in config.get("rule_files", []):   # beside the config, as in the compose file's container
+        shutil.copyfile(DEPLOY / "prometheus" / rule_file, scratch / rule_file)
     (port,) = free_ports(1)
     log = scratch / "prometheus.log"
     with open(log, "wb") as output:
@@ -150,7 +156,7 @@ def test_every_dashboard_and_autoscaler_query_returns_data(monitored_server, pro
     stop = threading.Event()
 
     def load():
-        with ResNetClient(MODEL_CUSTOM, "grpc", monitored_server.grpc_url) as client:
+        with ResNetClient(AB_ROUTER_MODEL, "grpc", monitored_server.grpc_url) as client:
             while not stop.is_set():
                 client.infer(varied_images[:2])
 
@@ -169,5 +175,7 @@ def test_every_dashboard_and_autoscaler_query_returns_data(monitored_server, pro
             thread.join(timeout=120)
     targets = api(base, "targets")["activeTargets"]
     assert [t["health"] for t in targets] == ["up"], targets
+    rules = [rule for group in api(base, "rules")["groups"] for rule in group["rules"]]
+    assert rules and all(rule["health"] == "ok" for rule in rules), rules   # every alert rule evaluates
     assert not problems, "queries without data after a steady load:\n" + "\n".join(
         f"  {name}: {problem}\n    {queries[name]}" for name, problem in problems.items())
