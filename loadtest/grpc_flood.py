@@ -52,12 +52,12 @@ import numpy as np
 import psutil
 
 from fusedresnet.backend.spec import (
+    AB_ROUTER_MODEL,
     DEFAULT_GRPC_PORT,
     DEFAULT_HOST,
     DEFAULT_METRICS_PORT,
     INPUT_UINT8,
     MODEL_CUSTOM,
-    MODEL_ENTRIES,
     MODELS,
     ZERO_MODEL,
     served_model,
@@ -367,9 +367,7 @@ def drive(workers, results, go, start_at, settings: FloodSettings, metrics_url: 
     whole_run = triton_metrics.model_delta(before, after, settings.model)
     for key in ("triton_success", "triton_failure", "triton_inferences", "triton_executions"):
         record[f"{key}_run"] = whole_run[key]
-    record["other_models_requests_run"] = int(sum(
-        triton_metrics.requests_seen(after, m) - triton_metrics.requests_seen(before, m)
-        for m in MODEL_ENTRIES if m != settings.model))
+    record["other_models_requests_run"] = triton_metrics.other_entries_requests(before, after, settings.model)
     record["gpu_utilization"] = triton_metrics.mean_gauge(during, triton_metrics.GPU_UTILIZATION)
     record["per_gpu"] = triton_metrics.per_gpu(start, end, settings.model, during)
     record["server_cpu_utilization"] = triton_metrics.mean_gauge(during, triton_metrics.CPU_UTILIZATION)
@@ -378,7 +376,7 @@ def drive(workers, results, go, start_at, settings: FloodSettings, metrics_url: 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=(*MODELS, ZERO_MODEL), default=MODEL_CUSTOM)
+    parser.add_argument("--model", choices=(*MODELS, AB_ROUTER_MODEL, ZERO_MODEL), default=MODEL_CUSTOM)
     parser.add_argument("--url", default=f"{DEFAULT_HOST}:{DEFAULT_GRPC_PORT}",
                         help="Triton's gRPC endpoint; several: host:port,host:port or dns:///name:port")
     parser.add_argument("--metrics-url", default=f"http://{DEFAULT_HOST}:{DEFAULT_METRICS_PORT}/metrics",

@@ -50,7 +50,7 @@ grpc_gevent.init_gevent()
 
 import tritonclient.http as httpclient  # noqa: E402  (this and the gRPC client of resnet_client: after init_gevent)
 
-from fusedresnet.backend.spec import INPUT_UINT8, MODEL_CUSTOM, MODELS, served_model  # noqa: E402
+from fusedresnet.backend.spec import AB_ROUTER_MODEL, INPUT_UINT8, MODEL_CUSTOM, MODELS, served_model  # noqa: E402
 from fusedresnet.client.preprocess import INPUT_FORMATS, model_input  # noqa: E402
 from fusedresnet.client.resnet_client import (  # noqa: E402
     DEFAULT_URLS,
@@ -77,7 +77,8 @@ MARKER_GRACE_S = 0.3   # the load goes on this long after the window closes, whi
 
 @events.init_command_line_parser.add_listener
 def add_options(parser):
-    parser.add_argument("--model", choices=MODELS, default=MODEL_CUSTOM, env_var="FUSEDRESNET_MODEL")
+    parser.add_argument("--model", choices=(*MODELS, AB_ROUTER_MODEL), default=MODEL_CUSTOM,
+                        env_var="FUSEDRESNET_MODEL")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="grpc", env_var="FUSEDRESNET_PROTOCOL")
     parser.add_argument("--triton-url", default="", env_var="FUSEDRESNET_TRITON_URL",
                         help="host:port of Triton's gRPC or HTTP endpoint")

@@ -31,11 +31,18 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from fusedresnet.backend.spec import INPUT_FP32, INPUT_UINT8, MODEL_CUDNN, MODEL_CUSTOM, ZERO_MODEL  # noqa: E402
+from fusedresnet.backend.spec import (  # noqa: E402
+    AB_ROUTER_MODEL,
+    INPUT_FP32,
+    INPUT_UINT8,
+    MODEL_CUDNN,
+    MODEL_CUSTOM,
+    ZERO_MODEL,
+)
 from fusedresnet.loadtest.triton_metrics import TIME_BREAKDOWN  # noqa: E402
 
-MODEL_COLORS = {MODEL_CUSTOM: "tab:red", MODEL_CUDNN: "tab:blue", ZERO_MODEL: "tab:gray"}
-MODEL_SHORT = {MODEL_CUSTOM: "custom", MODEL_CUDNN: "cuDNN", ZERO_MODEL: "zero"}
+MODEL_COLORS = {MODEL_CUSTOM: "tab:red", MODEL_CUDNN: "tab:blue", AB_ROUTER_MODEL: "tab:green", ZERO_MODEL: "tab:gray"}
+MODEL_SHORT = {MODEL_CUSTOM: "custom", MODEL_CUDNN: "cuDNN", AB_ROUTER_MODEL: "A/B router", ZERO_MODEL: "zero"}
 BREAKDOWN_LABELS = {"queue_us": "queue", "compute_input_us": "compute input",
                     "compute_infer_us": "compute infer", "compute_output_us": "compute output"}
 # Fields averaged over rounds when a sweep repeats itself.
@@ -125,12 +132,15 @@ def _series_axes(count: int, title: str):
     return figure, axes[0]
 
 
-def plot_latency_vs_throughput(table: dict, path: Path):
+def plot_latency_vs_throughput(table: dict, path: Path) -> list[list[str]]:
+    """The plot; returns each panel's legend entries (one line per model measured in that series)."""
     figure, axes = _series_axes(len(table), "Latency against throughput (each point: one concurrency level)")
     for ax, (key, by_users) in zip(axes, table.items()):
         for model, color in MODEL_COLORS.items():
             points = [(users, by_users[users][model]) for users in by_users
                       if model in by_users[users] and by_users[users][model].get("p50_ms") is not None]
+            if not points:   # a model this series did not measure gets no line, and no legend entry
+                continue
             throughput = [s["img_per_s"] for _, s in points]
             for percentile, style in (("p50_ms", "-o"), ("p99_ms", "--s")):
                 ax.plot(throughput, [s[percentile] for _, s in points], style, color=color, markersize=4,
@@ -144,7 +154,9 @@ def plot_latency_vs_throughput(table: dict, path: Path):
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
+    legends = [[text.get_text() for text in ax.get_legend().get_texts()] for ax in axes]
     _save(figure, path)
+    return legends
 
 
 def _save(figure, path: Path):
@@ -158,6 +170,8 @@ def plot_throughput_by_users(table: dict, path: Path):
     for ax, (key, by_users) in zip(axes, table.items()):
         for model, color in MODEL_COLORS.items():
             users = [u for u in by_users if model in by_users[u]]
+            if not users:
+                continue
             ax.plot(users, [by_users[u][model]["img_per_s"] for u in users], "-o", color=color, markersize=4,
                     label=MODEL_SHORT[model])
         ax.set_xscale("log", base=2)
@@ -482,6 +496,42 @@ def agreement_section(agreement: dict | None) -> list[str]:
     return lines + [""]
 
 
+def live_ab_section(table: dict) -> list[str]:
+    """The A/B router's steps (sweep --ab-router): its answers as the client saw them beside the primary's own
+    step at the same level, each arm's latency and the agreement as the router counted them (its metrics)."""
+    rows = [(key, users, models) for key, by_users in table.items() for users, models in by_users.items()
+            if models.get(AB_ROUTER_MODEL, {}).get("ab")]
+    if not rows:
+        return []
+    lines = [f"## Live A/B through the router ({AB_ROUTER_MODEL})", "",
+             "Each row: the router's step (client-side img/s and latency) beside the primary's own step at the same "
+             "level, then what the router counted during its step, from its metrics on Triton's endpoint: each "
+             "arm's latency (p50 / p99 of its answer to the router's batched call, server side), and in shadow "
+             "mode the agreement of the candidate with the primary (docs/AB_LIVE.md).", "",
+             "| series | in flight | mode | router img/s | direct img/s | router p50 / p99 ms | direct p50 / p99 ms "
+             "| primary arm p50 / p99 ms | candidate arm p50 / p99 ms | compared | top-1 agree | top-5 overlap "
+             "| rel. L2 p99 | shadow late / skipped |",
+             "|---|---:|---|---:|---:|---|---|---|---|---:|---:|---:|---:|---|"]
+    for key, users, models in rows:
+        router = models[AB_ROUTER_MODEL]
+        ab = router["ab"]
+        primary = ab["arms"].get("primary") or {}
+        candidate = ab["arms"].get("candidate") or {}
+        direct = models.get(MODEL_CUDNN, {})   # the shipped router's primary
+
+        def pair(record, digits=2):
+            return f"{fmt(record.get('p50_ms'), digits)} / {fmt(record.get('p99_ms'), digits)}"
+
+        agree = ab.get("top1_agree")
+        lines.append(
+            f"| {series_label(key)} | {users} | {', '.join(ab.get('modes') or ['-'])} | {fmt(router.get('img_per_s'))} "
+            f"| {fmt(direct.get('img_per_s'))} | {pair(router)} | {pair(direct)} | {pair(primary)} | {pair(candidate)} "
+            f"| {ab.get('requests', 0)} | {'n/a' if agree is None else f'{agree:.2%}'} "
+            f"| {fmt(ab.get('top5_overlap_mean'), 2)} | {fmt(ab.get('rel_l2_p99'), 4)} "
+            f"| {ab.get('shadow_timeouts', 0)} / {ab.get('shadow_skipped', 0)} |")
+    return lines + ["", f"Direct: {MODEL_CUDNN}'s own step at the same level (the shipped router's primary).", ""]
+
+
 def markdown(results: dict, table: dict, name: str) -> str:
     settings = results.get("settings", {})
     engines = results.get("engines", {})
@@ -522,6 +572,7 @@ def markdown(results: dict, table: dict, name: str) -> str:
         lines += series_table(key, by_users)
     lines += server_time_table(table)
     lines += [f"![server-side time per request]({name}_server_time.png)", ""]
+    lines += live_ab_section(table)
     lines += ceiling_section(table, results.get("steps", []))
     lines += cross_check_section(results.get("cross_check"))
     lines += story_section(results.get("serving_story"), results.get("settings", {}).get("story_servers"))

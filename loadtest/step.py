@@ -276,9 +276,7 @@ def run_locust_step(step: Step, endpoints: Endpoints, settings: SweepSettings, s
     result["triton_failure_run"] = whole_run["triton_failure"]
     result["triton_inferences_run"] = whole_run["triton_inferences"]
     result["triton_executions_run"] = whole_run["triton_executions"]
-    result["other_models_requests_run"] = int(sum(
-        triton_metrics.requests_seen(after, m) - triton_metrics.requests_seen(before, m)
-        for m in MODEL_ENTRIES if m != entry))
+    result["other_models_requests_run"] = triton_metrics.other_entries_requests(before, after, entry)
     result["gpu_utilization"] = triton_metrics.mean_gauge(during, triton_metrics.GPU_UTILIZATION)
     result["per_gpu"] = triton_metrics.per_gpu(snapshots["start"], snapshots["end"], entry, during)
     result["server_cpu_utilization"] = triton_metrics.mean_gauge(during, triton_metrics.CPU_UTILIZATION)

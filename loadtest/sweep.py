@@ -16,6 +16,10 @@ Every step checks that sent (counted by the users) == succeeded + failed (locust
 == success + failure (Triton); a mismatch is printed loudly, written into the
 report, and makes the exit code 3.
 
+With --ab-router the A/B router (`resnet18_ab`, in the mode its config says) runs a step of its own at every
+level beside the two models, and each of its steps carries what the router counted meanwhile (read from its
+metrics: each arm's requests and latency, and in shadow mode the agreement): the report's live A/B section.
+
 Outputs in --out (default build/loadtest): <name>.json (all steps, machine-readable), <name>.csv (one row
 per step), <name>.md (the report), <name>_*.png (plots), and the agreement of the
 two models on the same images (ab_agreement.*, see `fusedresnet.client.ab`).
@@ -46,11 +50,13 @@ from fusedresnet.backend.network import free_ports, http_ready
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import (
+    AB_ROUTER_MODEL,
     BUILD_DIR,
     DEFAULT_GRPC_PORT,
     DEFAULT_HOST,
     DEFAULT_HTTP_PORT,
     DEFAULT_METRICS_PORT,
+    METRICS_FLUSH_S,
     MODEL_REPOSITORY,
     MODELS,
     REPO_ROOT,
@@ -61,7 +67,7 @@ from fusedresnet.backend.triton_install import gpu_present
 from fusedresnet.client.preprocess import model_input
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.client.shared_memory import read_admin_token
-from fusedresnet.loadtest import grpc_flood, report
+from fusedresnet.loadtest import grpc_flood, report, triton_metrics
 from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, build_image_pool, save_image_pool
 from fusedresnet.loadtest.step import FLOOD, Endpoints, Series, Step, SweepSettings, run_locust_step
 
@@ -197,20 +203,21 @@ def new_results(args, endpoints: Endpoints, command: str, pool) -> dict:
             "engines": engines_in_use(endpoints, pool),
             "settings": {"warmup_s": args.warmup_s, "measure_s": args.measure_s, "processes": args.processes,
                          "pool_size": len(pool), "rounds": args.rounds, "prewarm_sizes": args.prewarm_sizes,
-                         "series": [asdict(s) for s in args.series], "models": list(MODELS),
+                         "series": [asdict(s) for s in args.series], "models": list(swept_models(args)),
                          "server": "started by the sweep" if args.start_server else "already running"},
             "steps": [], "skipped": []}
 
 
 def run_steps(args, endpoints: Endpoints, settings: SweepSettings, results: dict):
     """Run the planned steps in order, appending each outcome to results["steps"] as it comes."""
-    steps = plan_steps(args.series, MODELS, args.rounds)
+    models = swept_models(args)
+    steps = plan_steps(args.series, models, args.rounds)
     started = time.monotonic()
     for step in steps:
         elapsed = time.monotonic() - started
         per_step = elapsed / len(results["steps"]) if results["steps"] else 0.0
-        first_of_pair = step.index % len(MODELS) == 0
-        if args.time_budget_s and first_of_pair and elapsed + len(MODELS) * per_step > args.time_budget_s:
+        first_of_pair = step.index % len(models) == 0
+        if args.time_budget_s and first_of_pair and elapsed + len(models) * per_step > args.time_budget_s:
             results["skipped"] = [{"model": s.model, "protocol": s.series.protocol, "users": s.users,
                                    "images_per_request": s.series.images_per_request,
                                    "input_format": s.series.input_format, "shared_memory": s.series.shared_memory,
@@ -219,6 +226,7 @@ def run_steps(args, endpoints: Endpoints, settings: SweepSettings, results: dict
             print(f"time budget of {args.time_budget_s:.0f} s reached: skipping {len(steps) - step.index} steps",
                   file=sys.stderr)
             return
+        before = triton_metrics.scrape(endpoints.metrics_url) if step.model == AB_ROUTER_MODEL else None
         if step.series.load_generator == FLOOD:
             outcome = run_flood_step(step, endpoints, settings)
         else:
@@ -226,6 +234,9 @@ def run_steps(args, endpoints: Endpoints, settings: SweepSettings, results: dict
                                            f"-x{step.series.images_per_request}-{step.series.input_format}"
                                            f"-{step.series.shared_memory}-u{step.users}")
             outcome = run_locust_step(step, endpoints, settings, step_dir)
+        if before is not None:   # the router writes its figures every METRICS_FLUSH_S; shadow answers come later
+            time.sleep(3 * METRICS_FLUSH_S)
+            outcome["ab"] = triton_metrics.ab_delta(before, triton_metrics.scrape(endpoints.metrics_url))
         outcome.update(serving_efficiency(outcome, results.get("engine_reference")))
         results["steps"].append(outcome)
         print(f"[{step.index + 1}/{len(steps)}] {step.model:16s} {step.series.label:50s} users {step.users:4d}: "
@@ -235,6 +246,11 @@ def run_steps(args, endpoints: Endpoints, settings: SweepSettings, results: dict
               f"client CPU {outcome.get('client_cpu_percent')}%"
               + ("" if not outcome["problems"] else "  SANITY MISMATCH: " + "; ".join(outcome["problems"])),
               flush=True)
+
+
+def swept_models(args) -> tuple[str, ...]:
+    """The model entries each level runs: both models, and the A/B router with --ab-router."""
+    return (*MODELS, AB_ROUTER_MODEL) if args.ab_router else MODELS
 
 
 def run_sweep(args, endpoints: Endpoints, command: str, admin_token: str | None = None) -> dict:
@@ -290,6 +306,9 @@ def parse_args(argv=None):
                       help="locust processes (--processes) per step, at most one per user "
                            "(default: a quarter of the CPU cores, 1 to 4)")
     load.add_argument("--rounds", type=int, default=1, help="repeat the whole sweep this many times")
+    load.add_argument("--ab-router", action="store_true",
+                      help=f"also step {AB_ROUTER_MODEL} (the A/B router) at every level, with what it counted: "
+                           "each arm's latency and the agreement (the report's live A/B section)")
     load.add_argument("--pool-size", type=int, default=DEFAULT_POOL_SIZE, help="distinct images sent")
     load.add_argument("--prewarm-sizes", type=lambda text: [int(v) for v in text.split(",") if v],
                       help="batch sizes sent once to each model before the sweep (default: powers of two up to "

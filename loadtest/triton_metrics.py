@@ -15,6 +15,10 @@ step is the difference of a snapshot taken after it and one taken before it:
 The models add the time of each phase of their execute() (backend/triton_model.py),
 summed over executions: `fusedresnet_execute_phase_us{model,model_instance,device,gpu_uuid,phase}`.
 
+The A/B router (`resnet18_ab`) counts what it sends each arm and what it compares, with histograms of each
+arm's latency, the top-5 overlap and the logits' relative L2 (`fusedresnet_ab_*`, spec.py); `ab_delta` reads
+them between two snapshots, quantiles interpolated within the buckets as Prometheus's `histogram_quantile` does.
+
 GPU utilisation (`nv_gpu_utilization`, a 0..1 gauge per GPU, refreshed every
 --metrics-interval-ms) only exists on a GPU host; it is sampled, not differenced.
 The models also count the images and batches of each instance (`fusedresnet_images`,
@@ -25,6 +29,7 @@ instances on several GPUs `per_gpu` tells how the work was shared.
 
 from __future__ import annotations
 
+import math
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -32,11 +37,25 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 from fusedresnet.backend.spec import (
+    AB_COMPARED_METRIC,
+    AB_DISAGREEING_METRIC,
+    AB_FAILURES_METRIC,
+    AB_IMAGES_METRIC,
+    AB_LATENCY_METRIC,
+    AB_REL_L2_METRIC,
+    AB_REQUESTS_METRIC,
+    AB_ROUTER_MODEL,
+    AB_SKIPPED_METRIC,
+    AB_TIMEOUTS_METRIC,
+    AB_TOP1_AGREE_METRIC,
+    AB_TOP5_OVERLAP_METRIC,
     EXECUTE_PHASE_METRIC,
     EXECUTE_PHASES,
     EXECUTIONS_METRIC,
     GPU_UUID_LABEL,
     IMAGES_METRIC,
+    MODEL_ENTRIES,
+    MODELS,
 )
 
 SUCCESS = "nv_inference_request_success"
@@ -159,3 +178,80 @@ def per_gpu(before: MetricsSnapshot, after: MetricsSnapshot, model: str,
             "utilization": sum(utilization) / len(utilization) if utilization else None,
         }
     return result
+
+
+def other_entries_requests(before: MetricsSnapshot, after: MetricsSnapshot, model: str) -> int:
+    """Requests that reached model entries other than `model` between two snapshots, leaving out those `model`
+    sends on itself (the A/B router's arms: the networks' IMAGE entries)."""
+    passed_on = MODELS if model == AB_ROUTER_MODEL else ()
+    return int(sum(requests_seen(after, m) - requests_seen(before, m)
+                   for m in MODEL_ENTRIES if m != model and m not in passed_on))
+
+
+def histogram_quantile(quantile: float, buckets: list[tuple[float, float]]) -> float | None:
+    """The quantile of cumulative (upper bound, count) buckets, linear within a bucket as Prometheus's
+    histogram_quantile; the highest finite bound when it falls in the +Inf bucket; None without observations."""
+    buckets = sorted(buckets)
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = quantile * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == math.inf:
+                return lower_bound
+            if count == lower_count:
+                return bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+def histogram_delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str, model: str, **labels) -> dict:
+    """One histogram between two snapshots, summed over instances: count, mean, p50, p99."""
+    def delta(series, **more):
+        return after.total(f"{name}_{series}", model, **labels, **more) - before.total(f"{name}_{series}", model,
+                                                                                       **labels, **more)
+    bounds = {float(s.labels["le"]) for s in after.samples if s.name == f"{name}_bucket" and "le" in s.labels}
+    buckets = [(bound, delta("bucket", le=_le_text(bound, after, name))) for bound in bounds]
+    count = delta("count")
+    return {"count": int(round(count)), "mean": delta("sum") / count if count else None,
+            "p50": histogram_quantile(0.5, buckets), "p99": histogram_quantile(0.99, buckets)}
+
+
+def _le_text(bound: float, snapshot: MetricsSnapshot, name: str) -> str:
+    """The `le` label as the snapshot writes it for `bound` ("0.001", "+Inf")."""
+    return next(s.labels["le"] for s in snapshot.samples
+                if s.name == f"{name}_bucket" and "le" in s.labels and float(s.labels["le"]) == bound)
+
+
+def ab_delta(before: MetricsSnapshot, after: MetricsSnapshot, model: str = AB_ROUTER_MODEL) -> dict:
+    """What the A/B router did between two snapshots: per arm requests, failures and latency (ms), and in
+    shadow mode the comparison (requests compared, top-1 agreement of images, mean top-5 overlap, p99 of the
+    logits' relative L2), the shadow copies late or not sent."""
+    def delta(name, **labels):
+        return after.total(name, model, **labels) - before.total(name, model, **labels)
+
+    modes = sorted({s.labels["mode"] for s in after.samples
+                    if s.name == AB_REQUESTS_METRIC and s.labels.get("model") == model
+                    and delta(AB_REQUESTS_METRIC, mode=s.labels["mode"]) > 0})
+    arms = {}
+    for arm in ("primary", "candidate"):
+        requests = delta(AB_REQUESTS_METRIC, arm=arm)
+        if not requests:
+            continue
+        latency = histogram_delta(before, after, AB_LATENCY_METRIC, model, arm=arm)
+        arms[arm] = {"requests": int(round(requests)), "failures": int(round(delta(AB_FAILURES_METRIC, arm=arm))),
+                     **{f"{key}_ms": None if latency[key] is None else latency[key] * 1e3
+                        for key in ("p50", "p99", "mean")}}
+    images = delta(AB_IMAGES_METRIC)
+    overlap = histogram_delta(before, after, AB_TOP5_OVERLAP_METRIC, model)
+    rel_l2 = histogram_delta(before, after, AB_REL_L2_METRIC, model)
+    return {"modes": modes, "arms": arms,
+            "requests": int(round(delta(AB_COMPARED_METRIC))),
+            "disagreeing_requests": int(round(delta(AB_DISAGREEING_METRIC))),
+            "images": int(round(images)),
+            "top1_agree": delta(AB_TOP1_AGREE_METRIC) / images if images else None,
+            "top5_overlap_mean": overlap["mean"], "rel_l2_p99": rel_l2["p99"],
+            "shadow_timeouts": int(round(delta(AB_TIMEOUTS_METRIC))),
+            "shadow_skipped": int(round(delta(AB_SKIPPED_METRIC)))}

@@ -45,7 +45,7 @@ from fusedresnet.backend.spec import (
     OUTPUT_LOGITS,
 )
 from fusedresnet.client.ab_mode import RouterConfigError, load_router_config, router_config
-from fusedresnet.loadtest.triton_metrics import SUCCESS, scrape
+from fusedresnet.loadtest.triton_metrics import SUCCESS, ab_delta, scrape
 
 SLOW_ARM_SLEEP_S = 2.0
 SHADOW_TIMEOUT_MS = 300.0
@@ -162,6 +162,7 @@ def test_router_metrics_count_every_request_as_tritons_counters_do(triton_server
     before_overlap = metric(url, f"{AB_TOP5_OVERLAP_METRIC}_count")
     snapshot = scrape(url)
     before_triton = {m: snapshot.total(SUCCESS, m) for m in (AB_ROUTER_MODEL, "resnet18_cudnn", "resnet18_custom")}
+    before_snapshot = scrape(url)
     sizes = (1, 2, 1, 3)
     with grpcclient.InferenceServerClient(triton_server.grpc_url) as client:
         start = 0
@@ -175,6 +176,10 @@ def test_router_metrics_count_every_request_as_tritons_counters_do(triton_server
     assert metric(url, f"{AB_LATENCY_METRIC}_count", arm="primary") == before_latency + requests
     assert metric(url, AB_REQUESTS_METRIC, **labels) == before[AB_REQUESTS_METRIC] + 2 * requests  # both arms
     snapshot = scrape(url)
+    counted = ab_delta(before_snapshot, snapshot)   # what the sweep's live A/B section reads
+    assert (counted["requests"], counted["images"], counted["modes"]) == (requests, images, ["shadow"])
+    assert {arm: counted["arms"][arm]["requests"] for arm in ("primary", "candidate")} == {
+        "primary": requests, "candidate": requests}
     # Triton's own counters: the router answered every request, each arm got one call per router batch
     # (requests sent one at a time: one batch each).
     assert {m: snapshot.total(SUCCESS, m) - before_triton[m] for m in before_triton} == dict.fromkeys(

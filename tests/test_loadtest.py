@@ -127,6 +127,13 @@ def test_report_files_are_written_and_the_markdown_ratios_match_the_json(tiny_sw
     assert "All 6 steps add up" in text and "SANITY MISMATCH" not in text
 
 
+def test_latency_plot_names_only_the_models_the_sweep_measured(tiny_sweep, tmp_path):
+    _, results, _ = tiny_sweep
+    legends = report.plot_latency_vs_throughput(report.grouped(results["steps"]), tmp_path / "latency.png")
+    expected = [f"{report.MODEL_SHORT[m]} {p}" for m in report.MODEL_COLORS if m in MODELS for p in ("p50", "p99")]
+    assert legends and all(sorted(legend) == sorted(expected) for legend in legends), legends
+
+
 def test_report_redraws_from_the_saved_json(tiny_sweep, tmp_path):
     _, _, out = tiny_sweep
     assert report.main([str(out / f"{sweep.DEFAULT_NAME}.json"), "--out", str(tmp_path)]) == 0

@@ -1,0 +1,191 @@
+"""The A/B router's own cost, measured in one run on one server: through the router against direct calls.
+
+    python -m fusedresnet.loadtest.ab_live --out results        # writes results/ab_live.json and .md
+
+Starts Triton on free loopback ports in model control mode explicit (so the router's mode changes through the
+load API, `client.ab_mode`, as a user changes it) with the shipped repository. For each mode (shadow, split with
+the shipped candidate_percent) and each case (1 image per request with one request in flight: the latency;
+32 images per request with THROUGHPUT_IN_FLIGHT in flight: the throughput), a grpc_flood step to the primary
+(resnet18_cudnn, the direct call) and one to the router, back to back, the order alternating from case to case.
+The router's own metrics during its steps give each arm's latency, and over the shadow steps the agreement of
+the candidate with the primary (top-1, top-5 overlap, the logits' relative L2, Triton's endpoint).
+
+Targets (docs/AB_LIVE.md): shadow mode adds at most 0.5 ms to the p50 at one request in flight, and split mode
+keeps at least 90 % of the direct calls' throughput at 32 images per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+from fusedresnet.backend.network import free_ports
+from fusedresnet.backend.provenance import git_commit
+from fusedresnet.backend.serve import TritonServer
+from fusedresnet.backend.spec import AB_ROUTER_MODEL, BUILD_DIR, METRICS_FLUSH_S, MODEL_REPOSITORY
+from fusedresnet.client.ab_mode import load_router_config, router_config
+from fusedresnet.client.resnet_client import ResNetClient
+from fusedresnet.loadtest import grpc_flood, triton_metrics
+from fusedresnet.loadtest.image_pool import build_image_pool
+from fusedresnet.loadtest.sweep import describe_device
+
+MODES = ("shadow", "split")
+THROUGHPUT_IN_FLIGHT = 16                          # at 32 images per request
+LATENCY_CASE = (1, 1)                              # (images per request, requests in flight)
+TARGET_SHADOW_EXTRA_P50_MS = 0.5                   # one image, one request in flight
+TARGET_SPLIT_THROUGHPUT_SHARE = 0.90               # 32 images per request
+EXPLICIT_MODEL_CONTROL = ["--model-control-mode=explicit", "--load-model=*"]
+
+
+def flood(model: str, server: TritonServer, images: int, in_flight: int, args) -> dict:
+    return grpc_flood.run_step(model, server.grpc_url, server.metrics_url, in_flight, images,
+                               processes=min(in_flight, args.processes), warmup_s=args.warmup_s,
+                               measure_s=args.measure_s)
+
+
+def measure_mode(server: TritonServer, mode: str, args, order_start: int) -> tuple[list[dict], dict | None]:
+    """Direct and router steps of every case in `mode`; the rows, and the router's counts over all its steps."""
+    parameters = load_router_config(server.http_url, server.admin_token, mode=mode)
+    primary = parameters["primary"]
+    cases = (LATENCY_CASE, (32, args.throughput_in_flight))
+    pool = build_image_pool(32)
+    with ResNetClient(AB_ROUTER_MODEL, "grpc", server.grpc_url) as client:   # the reloaded router's first calls
+        for images, _ in cases:
+            client.infer(pool[:images])
+    rows, first = [], None
+    for index, (images, in_flight) in enumerate(cases):
+        steps = {}
+        targets = ("direct", "router") if (order_start + index) % 2 == 0 else ("router", "direct")
+        for target in targets:
+            before = triton_metrics.scrape(server.metrics_url)
+            first = first or before
+            steps[target] = flood(primary if target == "direct" else AB_ROUTER_MODEL, server, images, in_flight, args)
+            if target == "router":
+                time.sleep(3 * METRICS_FLUSH_S)   # the router's figures (the shadow answers come after the client's)
+                steps["ab"] = triton_metrics.ab_delta(before, triton_metrics.scrape(server.metrics_url))
+        direct, router = steps["direct"], steps["router"]
+        rows.append({
+            "mode": mode, "images_per_request": images, "in_flight": in_flight, "direct_model": primary,
+            "direct_img_per_s": direct["img_per_s"], "router_img_per_s": router["img_per_s"],
+            "direct_p50_ms": direct["p50_ms"], "direct_p99_ms": direct["p99_ms"],
+            "router_p50_ms": router["p50_ms"], "router_p99_ms": router["p99_ms"],
+            "extra_p50_ms": router["p50_ms"] - direct["p50_ms"] if router["p50_ms"] and direct["p50_ms"] else None,
+            "throughput_share": router["img_per_s"] / direct["img_per_s"] if direct["img_per_s"] else None,
+            "router_failures": router["failures"], "direct_failures": direct["failures"],
+            "problems": direct["problems"] + router["problems"], "arms": steps["ab"]["arms"],
+            "shadow_timeouts": steps["ab"]["shadow_timeouts"], "shadow_skipped": steps["ab"]["shadow_skipped"]})
+        print(f"{mode:6s} x{images:<3d} in flight {in_flight:3d}: direct {direct['img_per_s']:9.1f} img/s p50 "
+              f"{direct['p50_ms']:.2f} ms; router {router['img_per_s']:9.1f} img/s p50 {router['p50_ms']:.2f} ms "
+              f"p99 {router['p99_ms']:.2f} ms", flush=True)
+    agreement = None
+    if mode == "shadow":
+        time.sleep(3 * METRICS_FLUSH_S)
+        counted = triton_metrics.ab_delta(first, triton_metrics.scrape(server.metrics_url))
+        agreement = {key: counted[key] for key in ("requests", "top1_agree", "top5_overlap_mean", "rel_l2_p99",
+                                                   "images", "disagreeing_requests", "shadow_timeouts",
+                                                   "shadow_skipped")}
+    return rows, agreement
+
+
+def targets(rows: list[dict]) -> list[dict]:
+    def row(mode, images):
+        return next((r for r in rows if r["mode"] == mode and r["images_per_request"] == images), None)
+
+    shadow, split = row("shadow", 1), row("split", 32)
+    found = []
+    if shadow and shadow["extra_p50_ms"] is not None:
+        found.append({"target": "shadow: extra p50 at one request in flight, 1 image/request",
+                      "limit": f"<= {TARGET_SHADOW_EXTRA_P50_MS} ms", "value": round(shadow["extra_p50_ms"], 3),
+                      "met": shadow["extra_p50_ms"] <= TARGET_SHADOW_EXTRA_P50_MS})
+    if split and split["throughput_share"] is not None:
+        found.append({"target": "split: throughput through the router over direct calls, 32 images/request",
+                      "limit": f">= {TARGET_SPLIT_THROUGHPUT_SHARE:.0%}", "value": round(split["throughput_share"], 3),
+                      "met": split["throughput_share"] >= TARGET_SPLIT_THROUGHPUT_SHARE})
+    return found
+
+
+def markdown(results: dict) -> str:
+    def f(value, digits=2):
+        return "n/a" if value is None else f"{value:,.{digits}f}"
+
+    lines = [f"# Live A/B: the router's own cost ({AB_ROUTER_MODEL})", "",
+             f"- Device: {results['device']}", f"- Date: {results['date']}, commit {results['git_commit']}",
+             f"- Command: `{results['command']}`",
+             f"- Each step: grpc_flood, {results['settings']['warmup_s']:g} s warm-up, "
+             f"{results['settings']['measure_s']:g} s measured; direct = the router's primary "
+             f"({results['modes'][0]['direct_model'] if results['modes'] else 'n/a'}) called directly, in the same "
+             "run, back to back with the router's step. Router parameters: "
+             + ", ".join(f"{k} {v}" for k, v in results["router_parameters"].items()) + ".", "",
+             "| mode | images/request | in flight | direct img/s | router img/s | router / direct | direct p50 ms "
+             "| router p50 ms | extra p50 ms | router p99 ms | primary arm p50 ms | candidate arm p50 ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in results["modes"]:
+        arms = r["arms"]
+        lines.append(f"| {r['mode']} | {r['images_per_request']} | {r['in_flight']} | {f(r['direct_img_per_s'], 1)} "
+                     f"| {f(r['router_img_per_s'], 1)} | {f(r['throughput_share'], 3)} | {f(r['direct_p50_ms'])} "
+                     f"| {f(r['router_p50_ms'])} | {f(r['extra_p50_ms'])} | {f(r['router_p99_ms'])} "
+                     f"| {f(arms.get('primary', {}).get('p50_ms'))} | {f(arms.get('candidate', {}).get('p50_ms'))} |")
+    lines += ["", "## Targets", "", "| target | limit | measured | |", "|---|---|---:|---|"]
+    lines += [f"| {t['target']} | {t['limit']} | {t['value']} | {'met' if t['met'] else '**not met**'} |"
+              for t in results["targets"]]
+    a = results.get("agreement")
+    if a:
+        lines += ["", "## Agreement on the shadow traffic (the router's metrics)", "",
+                  "| requests compared | images | top-1 agree | mean top-5 overlap | logits rel. L2 p99 | disagreeing "
+                  "requests | shadow late / skipped |", "|---:|---:|---:|---:|---:|---:|---|",
+                  f"| {a['requests']} | {a['images']} | {f(a['top1_agree'] and a['top1_agree'] * 100)} % "
+                  f"| {f(a['top5_overlap_mean'])} / 5 | {f(a['rel_l2_p99'], 4)} | {a['disagreeing_requests']} "
+                  f"| {a['shadow_timeouts']} / {a['shadow_skipped']} |",
+                  "", "Relative L2 p99: interpolated within the histogram's buckets (as Prometheus's "
+                  "histogram_quantile), so it is as coarse as they are."]
+    problems = [p for r in results["modes"] for p in r["problems"]]
+    if problems:
+        lines += ["", "**Request accounting problems:** " + "; ".join(problems)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=BUILD_DIR / "ab_live", help="folder of ab_live.json and .md")
+    parser.add_argument("--warmup-s", type=float, default=1.0)
+    parser.add_argument("--measure-s", type=float, default=4.0)
+    parser.add_argument("--processes", type=int, default=4, help="grpc_flood processes (at most one per request "
+                                                                  "in flight)")
+    parser.add_argument("--throughput-in-flight", type=int, default=THROUGHPUT_IN_FLIGHT,
+                        help=f"requests in flight at 32 images per request (default {THROUGHPUT_IN_FLIGHT})")
+    parser.add_argument("--device", help="device description (default: detected)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["python -m fusedresnet.loadtest.ab_live", *(argv if argv is not None else sys.argv[1:])])
+    http_port, grpc_port, metrics_port = free_ports(3)
+    server = TritonServer(MODEL_REPOSITORY, "127.0.0.1", http_port, grpc_port, metrics_port,
+                          log_file=args.out / "ab_live_server.log", extra_args=EXPLICIT_MODEL_CONTROL)
+    results = {"device": args.device or describe_device(),
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "git_commit": git_commit(), "command": command,
+               "settings": {"warmup_s": args.warmup_s, "measure_s": args.measure_s, "processes": args.processes,
+                            "cases": [{"images_per_request": i, "in_flight": n}
+                                      for i, n in (LATENCY_CASE, (32, args.throughput_in_flight))]},
+               "modes": [], "agreement": None}
+    started = time.monotonic()
+    with server:
+        results["router_parameters"] = router_config(server.http_url)
+        for index, mode in enumerate(MODES):
+            rows, agreement = measure_mode(server, mode, args, index)
+            results["modes"] += rows
+            results["agreement"] = results["agreement"] or agreement
+        results["router_parameters"] = {k: v for k, v in router_config(server.http_url).items() if k != "mode"}
+    results["targets"] = targets(results["modes"])
+    results["duration_s"] = round(time.monotonic() - started, 1)
+    (args.out / "ab_live.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "ab_live.md").write_text(markdown(results))
+    print(f"wrote {args.out / 'ab_live.json'} and {args.out / 'ab_live.md'} in {results['duration_s']} s")
+    return 0 if all(not r["problems"] for r in results["modes"]) else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
