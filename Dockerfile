@@ -2,18 +2,21 @@
 # locust load generator (`--target loadtest`, used by docker-compose.yml and deploy/kubernetes).
 #
 #   docker build -t fusedresnet .
-#   docker run --gpus 1 --shm-size=2g -p 127.0.0.1:8000-8002:8000-8002 \
+#   docker run --gpus 1 --shm-size=4g -p 127.0.0.1:8000-8003:8000-8003 \
 #       -e FUSEDRESNET_ADMIN_TOKEN="$(openssl rand -hex 24)" \
 #       -v fusedresnet-cupy:/var/cache/fusedresnet fusedresnet
 #
-# Base: NGC tritonserver 24.10 = Triton 2.51 (the server version the tests run, from the
-# nvidia-pytriton wheel), Ubuntu 22.04, Python 3.10, CUDA 12.6. torch 2.13.0 has cp310 wheels
-# and brings its own CUDA 13 libraries (pip packages; NVIDIA driver >= 580, as on the GPU host);
-# cupy-cuda12x compiles the fused kernels with the image's CUDA 12.6 NVRTC.
+# Base: NGC tritonserver 26.08 = Triton 2.73.0 (tritonclient 2.73.0 is the client pinned in pyproject.toml),
+# Ubuntu 24.04, Python 3.12, CUDA 13.4.1 (driver 580 or later: CUDA 13 minor-version compatibility, as on the
+# GPU host). It has the fix of the gRPC frontend's crash when clients cancel or close calls in flight
+# (server#7840, 24.12, and the later cancellation fixes #8078 and #8220), which the pip path's 2.51 lacks.
+# torch 2.13.0 has cp312 wheels built for CUDA 13; the gpu extra's cupy-cuda13x compiles the fused kernels
+# with its own NVRTC 13.0 (nvidia-cuda-nvrtc): one CUDA major in the process, as the image's Triton.
+# Two flags changed meaning since 2.51 (docs/DEPLOYMENT.md, "Docker"): client shared memory is off unless
+# --allow-client-shm=true (26.04 on; left off here: no client shares this container's memory), and HTTP
+# refuses an input over --http-max-input-size (25.06 on, 64 MiB: the CMD raises it to one 128-image FP32 batch).
 # Why each setting: docs/DEPLOYMENT.md, section "Docker".
-# From Triton 26.05 client shared memory is opt-in: a base image of 26.05 or later needs
-# --allow-client-shm among the server's Triton arguments (docs/DEPLOYMENT.md, Several GPUs).
-ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3
+ARG TRITON_IMAGE=nvcr.io/nvidia/tritonserver:26.08-py3
 ARG LOADTEST_IMAGE=python:3.12-slim-bookworm
 
 # What both images install from: the package's sources and the model repository.
@@ -50,11 +53,16 @@ ENV FUSEDRESNET_HOME=/opt/fusedresnet \
 WORKDIR /opt/fusedresnet
 COPY --from=source /opt/fusedresnet ./
 COPY deploy/docker/entrypoint.sh /usr/local/bin/fusedresnet-entrypoint
-# `server` + `gpu` extras only: torch, Triton's client, psutil, CuPy; no locust or matplotlib.
+COPY deploy/docker/fusedresnet-ready /usr/local/bin/fusedresnet-ready
+# `server` + `gpu` extras only: torch, Triton's client, psutil, CuPy; no locust or matplotlib. Two steps, as
+# `make setup` does: the server extra's nvidia-pytriton 0.7.0 (unused here) declares NumPy < 2 and CuPy 14 needs
+# NumPy 2, which one resolution refuses; the Python backend reads and writes tensors through DLPack, right on
+# either NumPy (the image's pip installs into its system Python: NGC sets PIP_BREAK_SYSTEM_PACKAGES=1).
 # The model files are prepared here with the seeded weights (a checkpoint mounted at start
 # replaces them: FUSEDRESNET_WEIGHTS). The source folders go once the package is installed.
 # hadolint ignore=DL3013
-RUN python3 -m pip install --no-cache-dir '.[server,gpu]' \
+RUN python3 -m pip install --no-cache-dir '.[server]' \
+ && python3 -m pip install --no-cache-dir '.[gpu]' \
  && python3 -c "import cupy, torch, fusedresnet.backend.serve" \
  && python3 -m fusedresnet.backend.prepare \
  && rm -rf backend kernels client loadtest harness \
@@ -66,11 +74,20 @@ RUN python3 -m pip install --no-cache-dir '.[server,gpu]' \
  && chown -R 10001:10001 build model_repository /var/cache/fusedresnet
 VOLUME ["/var/cache/fusedresnet"]
 USER 10001
-EXPOSE 8000 8001 8002
+# HTTP, gRPC (both shared by the server processes) and the metrics port of each process: 8002 and 8003 for
+# the 2 processes of one GPU (--processes-per-gpu 2); a larger N uses 8004, ... (publish them too).
+EXPOSE 8000 8001 8002 8003
 # The first start compiles the kernels (minutes); later starts read them from CUPY_CACHE_DIR.
+# Readiness on the shared HTTP port: SOME process serves (the service is up); `fusedresnet-ready` asks every
+# process through its own metrics port (the launcher restarts a crashed one alone, on the same ports).
 HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
     CMD ["python3", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=4).status != 200)"]
 ENTRYPOINT ["fusedresnet-entrypoint"]
 # Inside a container the server must listen on 0.0.0.0; the admin APIs stay behind the token.
-# --no-restart: a dead Python stub ends the container (status 3) and its restart policy brings it back.
-CMD ["--host", "0.0.0.0", "--no-restart", "--ready-timeout", "900", "--", "--metrics-config=summary_latencies=true"]
+# 2 tritonserver processes on the GPU behind the same ports; no --no-restart: a process that crashes, hangs or
+# loses a Python stub is restarted alone by the launcher while the other serves (a crash costs capacity, not
+# the service). Past 3 restarts of one process within 10 minutes the launcher stops and exits (status 3: a
+# stub died, 4: a server died), and the container's restart policy brings it back.
+# --http-max-input-size: 128 MiB, one 128-image FP32 batch (77 MB) of the *_normalized models over HTTP.
+CMD ["--host", "0.0.0.0", "--processes-per-gpu", "2", "--ready-timeout", "900", "--", \
+     "--metrics-config=summary_latencies=true", "--http-max-input-size=134217728"]

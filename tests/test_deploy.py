@@ -19,6 +19,7 @@ from __future__ import annotations
 import fnmatch
 import importlib.util
 import json
+import os
 import re
 import shlex
 import shutil
@@ -41,6 +42,13 @@ BIN = Path(sys.executable).parent
 KUBERNETES_VERSION = "1.37.0"
 READY_PATH, LIVE_PATH = "/v2/health/ready", "/v2/health/live"
 PORTS = {"http": spec.DEFAULT_HTTP_PORT, "grpc": spec.DEFAULT_GRPC_PORT, "metrics": spec.DEFAULT_METRICS_PORT}
+PROCESSES_ENV = "FUSEDRESNET_PROCESSES_PER_GPU"
+READY_SCRIPT = DEPLOY / "docker" / "fusedresnet-ready"
+# tritonserver flags of the image's Triton (NGC 26.08, 2.73.0) that the pip path's 2.51 lacks, so its --help
+# cannot vouch for them: each with the release that added it (server's src/command_line_parser.cc).
+IMAGE_ONLY_TRITON_FLAGS = {"--http-max-input-size": "25.06", "--allow-client-shm": "26.04",
+                           "--grpc-infer-thread-count": "25.04"}
+IMAGE_TRITON = "26.08"
 # Triton's latency summaries (enabled by --metrics-config=summary_latencies=true).
 TRITON_SUMMARIES = {"nv_inference_request_summary_us", "nv_inference_queue_summary_us",
                     "nv_inference_compute_input_summary_us", "nv_inference_compute_infer_summary_us",
@@ -142,10 +150,17 @@ def test_image_starts_the_launcher_listening_on_all_interfaces():
     for module in started:
         assert importlib.util.find_spec(module) is not None, module
     command = json_form(server, "CMD")
-    assert command[:2] == ["--host", "0.0.0.0"] and "--no-restart" in command
+    assert command[:2] == ["--host", "0.0.0.0"]
     assert "USER" in dict(server) and dict(server)["USER"] not in ("root", "0")
+    # HTTP and gRPC (shared by the processes) and the metrics port of each process of one GPU.
     exposed = {int(p) for k, a in server if k == "EXPOSE" for p in a.split()}
-    assert exposed == set(PORTS.values())
+    processes = int(command[command.index("--processes-per-gpu") + 1])
+    assert processes >= 2
+    assert exposed == {PORTS["http"], PORTS["grpc"]} | set(metrics_ports(processes))
+    # The probe of every process is in the image, executable and on PATH.
+    copies = {shlex.split(a)[-1]: shlex.split(a)[-2] for k, a in server if k == "COPY"}
+    assert copies["/usr/local/bin/fusedresnet-ready"] == str(READY_SCRIPT.relative_to(ROOT))
+    assert READY_SCRIPT.stat().st_mode & 0o111
     env = dict(server)["ENV"]
     assert "CUPY_CACHE_DIR=/var/cache/fusedresnet/cupy" in env and "FUSEDRESNET_HOME=/opt/fusedresnet" in env
 
@@ -157,10 +172,21 @@ def test_healthcheck_asks_for_readiness_on_the_http_port():
 
 def test_images_install_only_their_extras():
     server_run = " ".join(a for k, a in stage("server") if k == "RUN")
-    assert "'.[server,gpu]'" in server_run and "loadtest" not in server_run.split("rm -rf")[0]
+    # server first, then gpu: nvidia-pytriton declares NumPy < 2 and CuPy 14 needs NumPy 2 (as `make setup`)
+    assert server_run.index("'.[server]'") < server_run.index("'.[gpu]'")
+    assert "loadtest" not in server_run.split("rm -rf")[0]
     assert "'.[loadtest]'" in " ".join(a for k, a in stage("loadtest") if k == "RUN")
     base = [a for k, a in dockerfile_instructions() if k == "ARG" and a.startswith("TRITON_IMAGE=")]
     assert re.fullmatch(r"TRITON_IMAGE=nvcr\.io/nvidia/tritonserver:\d\d\.\d\d-py3", base[0])
+    # A Triton with the gRPC frontend's fix for clients that close calls in flight (server#7840, 24.12), and
+    # one that knows every image-only flag the commands pass.
+    assert base[0].split(":")[-1] == f"{IMAGE_TRITON}-py3" >= "24.12-py3"
+    assert all(release <= IMAGE_TRITON for release in IMAGE_ONLY_TRITON_FLAGS.values())
+    # The comment names the image's Python and CUDA, and the CuPy wheel is of that CUDA major.
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert f"tritonserver {IMAGE_TRITON} = Triton 2.73.0" in dockerfile and "Python 3.12, CUDA 13." in dockerfile
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'gpu = \["cupy-cuda13x==', pyproject)
 
 
 # ---------------------------------------------------------------- the launcher's flags
@@ -185,8 +211,10 @@ def tritonserver_help() -> str:
     return result.stdout + result.stderr
 
 
-def check_launcher_arguments(arguments: list[str], where: str):
-    """Every launcher flag exists, and every tritonserver flag after `--` exists in Triton's --help."""
+def check_launcher_arguments(arguments: list[str], where: str) -> str:
+    """Every launcher flag exists, and every tritonserver flag after `--` exists in Triton's --help (or in the
+    image's newer Triton: IMAGE_ONLY_TRITON_FLAGS). The containers run several processes and let the launcher
+    restart a failed one alone (no --no-restart): returns the value given to --processes-per-gpu."""
     launcher, _, triton = [str(a) for a in arguments], None, []
     if "--" in launcher:
         at = launcher.index("--")
@@ -195,9 +223,21 @@ def check_launcher_arguments(arguments: list[str], where: str):
         if word.startswith("--"):
             assert word in launcher_options(), f"{where}: the launcher has no option {word}"
     for word in triton:
-        assert word.startswith("--") and f"{word.split('=')[0]} " in tritonserver_help(), \
+        flag = word.split("=")[0]
+        assert word.startswith("--") and (flag in IMAGE_ONLY_TRITON_FLAGS or f"{flag} " in tritonserver_help()), \
             f"{where}: tritonserver has no option {word}"
-    assert launcher[:2] == ["--host", "0.0.0.0"] and "--no-restart" in launcher, where
+        assert flag not in IMAGE_ONLY_TRITON_FLAGS or f"{flag} " not in tritonserver_help(), \
+            f"{flag} is in this Triton too: take it off IMAGE_ONLY_TRITON_FLAGS"
+    assert launcher[:2] == ["--host", "0.0.0.0"] and "--no-restart" not in launcher, where
+    # One 128-image FP32 batch over HTTP, above the image's Triton's 64 MiB default.
+    sizes = [int(w.split("=")[1]) for w in triton if w.startswith("--http-max-input-size=")]
+    assert sizes and sizes[0] >= 128 * 3 * 224 * 224 * 4, where
+    return launcher[launcher.index("--processes-per-gpu") + 1]
+
+
+def metrics_ports(processes: int) -> list[int]:
+    """The metrics ports of a launcher's processes: --metrics-port (the default), then the next ones."""
+    return [spec.DEFAULT_METRICS_PORT + k for k in range(processes)]
 
 
 def test_image_command_uses_only_options_the_launcher_and_triton_have():
@@ -232,9 +272,33 @@ def compose_servers() -> dict[str, dict]:
     return servers
 
 
+def compose_processes() -> int:
+    """The default of FUSEDRESNET_PROCESSES_PER_GPU in docker-compose.yml (`${VAR:-N}`)."""
+    defaults = set()
+    for server in compose_servers().values():
+        processes = check_launcher_arguments(server["command"], "compose")
+        assert processes == server["environment"][PROCESSES_ENV], "the flag and the probe's count are one setting"
+        (default,) = re.fullmatch(r"\$\{" + PROCESSES_ENV + r":-(\d+)\}", processes).groups()
+        defaults.add(int(default))
+    assert len(defaults) == 1
+    return defaults.pop()
+
+
+def published_ports(entry: str) -> dict[int, str]:
+    """Container port -> host address:port of a compose port entry ("127.0.0.1:8012-8015:8002-8005" too)."""
+    address, host, container = entry.rsplit(":", 2)
+    host_ports, container_ports = ([int(p) for p in part.split("-")] for part in (host, container))
+    first_host, first_container = host_ports[0], container_ports[0]
+    count = container_ports[-1] - first_container + 1
+    assert host_ports[-1] - first_host + 1 == count, entry
+    return {first_container + k: f"{address}:{first_host + k}" for k in range(count)}
+
+
 def test_compose_servers_run_the_image_each_on_its_own_gpu_with_the_secret():
     published = []
     gpus = []
+    processes = compose_processes()
+    assert processes >= 2
     for name, server in compose_servers().items():
         check_launcher_arguments(server["command"], f"compose {name} command")
         token_file = server["command"][server["command"].index("--admin-token-file") + 1]
@@ -244,8 +308,10 @@ def test_compose_servers_run_the_image_each_on_its_own_gpu_with_the_secret():
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"] and len(device["device_ids"]) == 1
         gpus.append(device["device_ids"][0])
         assert server["build"]["target"] == "server" and server["shm_size"]
-        ports = dict(p.rsplit(":", 1)[::-1] for p in server["ports"])   # container port -> host address:port
-        assert set(ports) == {str(PORTS["http"]), str(PORTS["metrics"])}, f"{name}: gRPC goes through the balancer"
+        ports = {c: h for entry in server["ports"] for c, h in published_ports(entry).items()}
+        # gRPC goes through the balancer; HTTP, and the metrics port of every process (4 at most)
+        assert set(ports) == {PORTS["http"], *metrics_ports(4)}, name
+        assert set(metrics_ports(processes)) <= set(ports), name
         assert all(address.startswith("127.0.0.1:") for address in ports.values())
         published += ports.values()
     assert len(set(gpus)) == len(gpus) and len(set(published)) == len(published)
@@ -269,9 +335,12 @@ def test_compose_bind_mounts_exist_and_prometheus_scrapes_the_metrics_port():
             source = volume.split(":")[0]
             if source.startswith("./"):
                 assert (ROOT / source).exists(), f"{name}: {source} does not exist"
+    # Every process of every server is scraped: its own metrics port.
     prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     targets = [t for job in prometheus["scrape_configs"] for c in job["static_configs"] for t in c["targets"]]
-    assert targets == [f"{name}:{spec.DEFAULT_METRICS_PORT}" for name in compose_servers()]
+    assert targets == [f"{name}:{port}" for name in compose_servers() for port in metrics_ports(compose_processes())]
+    mounts = dict(v.split(":")[:2] for v in compose()["services"]["prometheus"]["volumes"])
+    assert {"/etc/prometheus/prometheus.yml", "/etc/prometheus/alerts.yml"} <= set(mounts.values())
     for locust in ("locust-master", "locust-worker"):
         service = compose()["services"][locust]
         assert service["build"]["target"] == "loadtest"
@@ -369,17 +438,36 @@ def server_container() -> dict:
     return resource("Deployment", "fusedresnet")["spec"]["template"]["spec"]["containers"][0]
 
 
+def server_processes() -> int:
+    """The Deployment's processes per pod: --processes-per-gpu $(FUSEDRESNET_PROCESSES_PER_GPU), one GPU."""
+    container = server_container()
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    value = check_launcher_arguments(container["args"], "server Deployment args")
+    assert value == f"$({PROCESSES_ENV})", "the flag and the startup probe read one setting"
+    return int({e["name"]: e["value"] for e in container["env"]}[PROCESSES_ENV])
+
+
+def server_metrics_ports() -> dict[str, int]:
+    return {f"metrics-{k}": port for k, port in enumerate(metrics_ports(server_processes()))}
+
+
 def test_server_pod_probes_ports_and_arguments_match_the_launcher():
     container = server_container()
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == PORTS
-    for probe, path in (("startupProbe", READY_PATH), ("readinessProbe", READY_PATH), ("livenessProbe", LIVE_PATH)):
+    # HTTP and gRPC shared by the processes, and a metrics port of each one's own
+    assert server_processes() >= 2
+    assert ports == {"http": PORTS["http"], "grpc": PORTS["grpc"], **server_metrics_ports()}
+    # Readiness and liveness: the shared HTTP port, answered by any live process (the pod serves).
+    for probe, path in (("readinessProbe", READY_PATH), ("livenessProbe", LIVE_PATH)):
         http_get = container[probe]["httpGet"]
         assert http_get["path"] == path and ports[http_get["port"]] == spec.DEFAULT_HTTP_PORT, probe
-    check_launcher_arguments(container["args"], "server Deployment args")
+    # Startup: every process, each through its own metrics port (the image's fusedresnet-ready, which counts
+    # FUSEDRESNET_PROCESSES_PER_GPU processes from the default metrics port, as the launcher numbers them).
+    assert container["startupProbe"]["exec"]["command"] == ["fusedresnet-ready"]
+    assert "--metrics-port" not in container["args"]
     service = resource("Service", "fusedresnet")
     assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
-        name: (port, name) for name, port in PORTS.items()}
+        name: (port, name) for name, port in ports.items()}
 
 
 def test_server_pod_is_non_root_with_one_gpu_shm_and_the_token_from_a_secret():
@@ -406,8 +494,10 @@ def test_service_monitor_scrapes_the_metrics_port():
     labels = service["metadata"]["labels"]
     assert all(labels.get(k) == v for k, v in monitor["spec"]["selector"]["matchLabels"].items())
     port_names = {p["name"] for p in service["spec"]["ports"]}
-    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"] and "metrics" in port_names
-    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    # every metrics port the Deployment declares, one per process, is scraped
+    endpoints = monitor["spec"]["endpoints"]
+    assert [e["port"] for e in endpoints] == list(server_metrics_ports()) and set(server_metrics_ports()) <= port_names
+    assert all(e["path"] == "/metrics" for e in endpoints)
 
 
 def test_selectors_match_their_pods():
@@ -435,6 +525,9 @@ def test_autoscaler_metric_is_the_adapter_rule_on_triton_queue_time():
     used = set(METRIC_NAME.findall(rule["seriesQuery"] + rule["metricsQuery"]))
     assert used == {triton_metrics.QUEUE_US, triton_metrics.SUCCESS}
     assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}
+    # A pod's figure sums over its processes (and models) before dividing: every metric is summed per pod.
+    query = " ".join(rule["metricsQuery"].split())
+    assert query.count("sum(delta(") == 2 and query.count("by (<<.GroupBy>>)") == 2 and "avg(" not in query
 
 
 def test_grpc_is_balanced_per_request_over_the_pods():
@@ -479,3 +572,80 @@ def test_configuration_reference_names_every_launcher_option_and_model_parameter
             assert f"`{key}`" in reference, f"{model} config parameter {key} missing from the reference"
     for setting in ("instance_group", "max_queue_delay_microseconds", "max_queue_size", spec.ADMIN_TOKEN_ENV):
         assert setting in reference, setting
+
+
+# ---------------------------------------------------------------- fusedresnet-ready (the startup probe)
+
+def test_ready_probe_asks_every_process_through_its_own_metrics_port(tmp_path):
+    """fusedresnet-ready: 0 once every process's metrics port lists every model of the repository, 1 while one
+    process is down or still loading (its metrics not listing a model), whatever the others answer."""
+    import http.server
+    import socket
+    import threading
+
+    from fusedresnet.backend.serve import repository_models
+
+    models = repository_models(spec.MODEL_REPOSITORY)
+    assert set(spec.MODELS) <= set(models)
+    listing = "".join(f'nv_inference_count{{model="{m}",version="1"}} 0\n' for m in models)
+    answers: dict[int, str] = {}
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = answers[self.server.server_address[1]].encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    def two_free_ports() -> tuple[socket.socket, socket.socket]:
+        for _ in range(50):
+            first = socket.socket()
+            first.bind(("127.0.0.1", 0))
+            second = socket.socket()
+            try:
+                second.bind(("127.0.0.1", first.getsockname()[1] + 1))
+                return first, second
+            except OSError:
+                first.close()
+                second.close()
+        pytest.skip("no two consecutive free ports")
+
+    sockets = two_free_ports()
+    port = sockets[0].getsockname()[1]
+    for held in sockets:
+        held.close()
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", port + k), Metrics) for k in range(2)]
+    running = list(servers)
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def stop(server):
+        running.remove(server)
+        server.shutdown()
+        server.server_close()
+
+    def probe(*args: str, **environment: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(READY_SCRIPT), "--metrics-port", str(port), *args],
+                              env={**os.environ, **environment}, capture_output=True, text=True, timeout=60,
+                              cwd=tmp_path)
+
+    try:
+        answers.update({port: listing, port + 1: listing})
+        assert probe("--processes", "2").returncode == 0
+        answers[port + 1] = listing.replace(f'model="{models[0]}"', 'model="other"')    # still loading
+        failed = probe("--processes", "2")
+        assert failed.returncode == 1 and f"port(s) {port + 1} (1 of 2)" in failed.stderr, failed.stderr
+        assert probe("--processes", "1").returncode == 0
+        answers[port + 1] = listing
+        # without --processes: FUSEDRESNET_PROCESSES_PER_GPU per GPU (one set without a GPU)
+        assert probe(CUDA_VISIBLE_DEVICES="", **{PROCESSES_ENV: "2"}).returncode == 0
+        stop(servers[1])
+        assert probe("--processes", "2").returncode == 1                                   # a process down
+        assert probe(CUDA_VISIBLE_DEVICES="", **{PROCESSES_ENV: "1"}).returncode == 0
+    finally:
+        for server in list(running):
+            stop(server)
