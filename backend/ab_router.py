@@ -164,6 +164,26 @@ def compare(primary: torch.Tensor, candidate: torch.Tensor) -> dict:
                             for i in torch.nonzero(~agree).flatten().tolist()]}
 
 
+def call_now(request) -> tuple:
+    """Run a BLS request on this thread: (response, error message or None); a failed call never raises."""
+    try:
+        response = request.exec()
+    except Exception as raised:
+        return None, str(raised)
+    return response, response.error().message() if response.has_error() else None
+
+
+async def outcome_of(call) -> tuple:
+    """Await a BLS call (async_exec): (response, error message or None); a failed call never raises."""
+    try:
+        response = await call
+    except asyncio.CancelledError:
+        raise
+    except Exception as raised:
+        return None, str(raised)
+    return response, response.error().message() if response.has_error() else None
+
+
 class PendingMetrics:
     """Counters and histograms added up in the stub, written to Triton's endpoint by `flush`."""
 
@@ -295,20 +315,27 @@ class ABRouterModel:
             groups = self._split(requests)
         else:
             groups = {"primary": list(range(len(requests)))}
+        # The candidate's call leaves first, in the executor (async_exec); the primary's runs here, on the event
+        # loop's thread (exec): no hand-over to another thread on the client's path.
         shadow = None
         if mode == "shadow":
             if self.shadows_in_flight < self.config.shadow_max_in_flight:
-                shadow = self._send("candidate", images, groups["primary"], timeout_ms=self.config.shadow_timeout_ms)
+                shadow = asyncio.ensure_future(self._request(
+                    "candidate", images, groups["primary"], timeout_ms=self.config.shadow_timeout_ms).async_exec())
             else:
                 self.metrics.add(AB_SKIPPED_METRIC, len(requests))
-        sent = {arm: (self._send(arm, images, indices), indices) for arm, indices in groups.items() if indices}
+        canary = None
+        if groups.get("candidate"):
+            canary = asyncio.ensure_future(self._request("candidate", images, groups["candidate"]).async_exec())
         responses = [None] * len(requests)
-        answers = {}
-        for arm, (call, indices) in sent.items():
-            answers[arm] = await self._answer(arm, call, started, requests, indices, responses)
+        primary = None
+        if groups["primary"]:
+            outcome = call_now(self._request("primary", images, groups["primary"]))
+            primary = self._answer("primary", outcome, started, requests, groups["primary"], responses)
+        if canary is not None:
+            self._answer("candidate", await outcome_of(canary), started, requests, groups["candidate"], responses)
         if shadow is not None:
-            primary = answers.get("primary")   # a view of the arm's output: kept beyond its response
-            primary = None if primary is None else primary.clone()
+            primary = None if primary is None else primary.clone()   # a view of the arm's output: kept beyond it
             self.shadows_in_flight += 1
             task = loop.create_task(self._await_shadow(shadow, started, primary, requests))
             task.add_done_callback(lambda _: self._shadow_done())
@@ -323,27 +350,22 @@ class ABRouterModel:
             groups["candidate" if share < self.config.candidate_percent else "primary"].append(index)
         return groups
 
-    def _send(self, arm: str, images: list, indices: list[int], timeout_ms: float | None = None):
-        """One BLS call of the requests `indices` as one batch to `arm`: an awaitable of its response."""
+    def _request(self, arm: str, images: list, indices: list[int], timeout_ms: float | None = None):
+        """The BLS request of the requests `indices` as one batch to `arm`."""
         if len(indices) == 1:
             batch = images[indices[0]]
         else:
             tensors = [torch.from_dlpack(images[i].to_dlpack()) for i in indices]
             batch = pb_utils.Tensor.from_dlpack(INPUT_UINT8, torch.cat(tensors))
-        request = pb_utils.InferenceRequest(
+        self.metrics.add(AB_REQUESTS_METRIC, len(indices), mode=self.config.mode, arm=arm)
+        return pb_utils.InferenceRequest(
             model_name=self.arm_models[arm], inputs=[batch], requested_output_names=[OUTPUT_LOGITS, OUTPUT_ENGINE],
             timeout=int(timeout_ms * 1000) if timeout_ms else 0)
-        self.metrics.add(AB_REQUESTS_METRIC, len(indices), mode=self.config.mode, arm=arm)
-        return asyncio.ensure_future(request.async_exec())
 
-    async def _answer(self, arm: str, call, started: float, requests, indices: list[int], responses: list):
-        """Await an answering arm's call and give each of its requests its rows; the logits, or None on failure."""
+    def _answer(self, arm: str, outcome: tuple, started: float, requests, indices: list[int], responses: list):
+        """Give each of an answering arm's requests its rows (or its error); the logits, or None on failure."""
         mode = self.config.mode
-        try:
-            response = await call
-            error = response.error().message() if response.has_error() else None
-        except Exception as raised:   # a failed call fails its requests, not the router
-            error = str(raised)
+        response, error = outcome
         self.metrics.observe(AB_LATENCY_METRIC, time.perf_counter() - started, len(indices), mode=mode, arm=arm)
         if error is not None:
             self.metrics.add(AB_FAILURES_METRIC, len(indices), mode=mode, arm=arm)
@@ -384,12 +406,9 @@ class ABRouterModel:
         count = len(requests)
         remaining = self.config.shadow_timeout_ms / 1e3 - (time.perf_counter() - started)
         try:
-            response = await asyncio.wait_for(asyncio.shield(call), timeout=max(remaining, 0.0))
-            error = response.error().message() if response.has_error() else None
+            response, error = await asyncio.wait_for(outcome_of(asyncio.shield(call)), timeout=max(remaining, 0.0))
         except asyncio.TimeoutError:
             response, error = None, "timeout"
-        except Exception as raised:
-            response, error = None, str(raised)
         if error is not None:
             # Triton's own queue timeout (the call's timeout) reads "Request timeout expired".
             timed_out = error == "timeout" or "timeout" in error.lower()

@@ -78,9 +78,9 @@ def measure_mode(server: TritonServer, mode: str, args, order_start: int) -> tup
             "router_failures": router["failures"], "direct_failures": direct["failures"],
             "problems": direct["problems"] + router["problems"], "arms": steps["ab"]["arms"],
             "shadow_timeouts": steps["ab"]["shadow_timeouts"], "shadow_skipped": steps["ab"]["shadow_skipped"]})
-        print(f"{mode:6s} x{images:<3d} in flight {in_flight:3d}: direct {direct['img_per_s']:9.1f} img/s p50 "
-              f"{direct['p50_ms']:.2f} ms; router {router['img_per_s']:9.1f} img/s p50 {router['p50_ms']:.2f} ms "
-              f"p99 {router['p99_ms']:.2f} ms", flush=True)
+        print(f"{mode:6s} x{images:<3d} in flight {in_flight:3d}: direct {fmt(direct['img_per_s'], 1)} img/s p50 "
+              f"{fmt(direct['p50_ms'])} ms; router {fmt(router['img_per_s'], 1)} img/s p50 {fmt(router['p50_ms'])} ms "
+              f"p99 {fmt(router['p99_ms'])} ms", flush=True)
     agreement = None
     if mode == "shadow":
         time.sleep(3 * METRICS_FLUSH_S)
@@ -91,6 +91,10 @@ def measure_mode(server: TritonServer, mode: str, args, order_start: int) -> tup
     return rows, agreement
 
 
+def fmt(value, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
 def targets(rows: list[dict]) -> list[dict]:
     def row(mode, images):
         return next((r for r in rows if r["mode"] == mode and r["images_per_request"] == images), None)
@@ -99,19 +103,18 @@ def targets(rows: list[dict]) -> list[dict]:
     found = []
     if shadow and shadow["extra_p50_ms"] is not None:
         found.append({"target": "shadow: extra p50 at one request in flight, 1 image/request",
-                      "limit": f"<= {TARGET_SHADOW_EXTRA_P50_MS} ms", "value": round(shadow["extra_p50_ms"], 3),
-                      "met": shadow["extra_p50_ms"] <= TARGET_SHADOW_EXTRA_P50_MS})
+                      "limit": f"<= {TARGET_SHADOW_EXTRA_P50_MS} ms", "value": round(float(shadow["extra_p50_ms"]), 3),
+                      "met": bool(shadow["extra_p50_ms"] <= TARGET_SHADOW_EXTRA_P50_MS)})
     if split and split["throughput_share"] is not None:
         found.append({"target": "split: throughput through the router over direct calls, 32 images/request",
-                      "limit": f">= {TARGET_SPLIT_THROUGHPUT_SHARE:.0%}", "value": round(split["throughput_share"], 3),
-                      "met": split["throughput_share"] >= TARGET_SPLIT_THROUGHPUT_SHARE})
+                      "limit": f">= {TARGET_SPLIT_THROUGHPUT_SHARE:.0%}",
+                      "value": round(float(split["throughput_share"]), 3),
+                      "met": bool(split["throughput_share"] >= TARGET_SPLIT_THROUGHPUT_SHARE)})
     return found
 
 
 def markdown(results: dict) -> str:
-    def f(value, digits=2):
-        return "n/a" if value is None else f"{value:,.{digits}f}"
-
+    f = fmt
     lines = [f"# Live A/B: the router's own cost ({AB_ROUTER_MODEL})", "",
              f"- Device: {results['device']}", f"- Date: {results['date']}, commit {results['git_commit']}",
              f"- Command: `{results['command']}`",
@@ -181,7 +184,8 @@ def main(argv=None) -> int:
         results["router_parameters"] = {k: v for k, v in router_config(server.http_url).items() if k != "mode"}
     results["targets"] = targets(results["modes"])
     results["duration_s"] = round(time.monotonic() - started, 1)
-    (args.out / "ab_live.json").write_text(json.dumps(results, indent=1) + "\n")
+    # NumPy scalars (the load generator's percentiles) as plain numbers
+    (args.out / "ab_live.json").write_text(json.dumps(results, indent=1, default=lambda value: value.item()) + "\n")
     (args.out / "ab_live.md").write_text(markdown(results))
     print(f"wrote {args.out / 'ab_live.json'} and {args.out / 'ab_live.md'} in {results['duration_s']} s")
     return 0 if all(not r["problems"] for r in results["modes"]) else 3

@@ -204,8 +204,10 @@ def ab_server(admin_token, tmp_path_factory):
         shipped.replace("count: 4", "count: 1").replace('"resnet18_cudnn"', '"arm_a"')
         .replace('"resnet18_custom"', '"arm_b"'))
     http_port, grpc_port, metrics_port = free_ports(3)
+    # A refused reload stays among Triton's live models ("Found 5 live models" at exit, all unloaded): a short
+    # exit timeout, or every run waits out the default 30 s.
     server = TritonServer(repository, "127.0.0.1", http_port, grpc_port, metrics_port, admin_token=admin_token,
-                          log_file=scratch / "server.log",
+                          log_file=scratch / "server.log", exit_timeout_s=3,
                           extra_args=["--model-control-mode=explicit", "--load-model=*"])
     with server:
         yield server
