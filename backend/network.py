@@ -33,6 +33,14 @@ def port_is_free(port: int, host: str = DEFAULT_HOST) -> bool:
             return False
 
 
+def free_port_run(count: int, host: str = DEFAULT_HOST) -> int:
+    """The first of `count` consecutive ports that were all free a moment ago (the launcher's metrics ports)."""
+    while True:
+        first = free_ports(1, host)[0]
+        if first + count <= 65536 and all(port_is_free(first + i, host) for i in range(count)):
+            return first
+
+
 def http_ready(http_url: str) -> bool:
     """Whether the Triton server at host:port answers its readiness probe."""
     try:

@@ -1,9 +1,9 @@
 """Start the real Triton Inference Server on the model repository.
 
-    python -m fusedresnet.backend.serve [--host 127.0.0.1] [--http-port 8000] ...
+    python -m fusedresnet.backend.serve [--host 127.0.0.1] [--http-port 8000] [--processes-per-gpu 2] ...
 
-Starts the `tritonserver` that `triton_install` finds and prepares, with the admin
-token of `admin_token`, and supervises its Python-backend stubs (`stub_processes`):
+Starts the `tritonserver` processes that `triton_install` finds and prepares, with the admin
+token of `admin_token`, and supervises each of them and its Python-backend stubs (`stub_processes`):
 
 - bound to 127.0.0.1 unless --host says otherwise;
 - model control mode none; Triton's admin APIs (model repository, shared
@@ -12,24 +12,33 @@ token of `admin_token`, and supervises its Python-backend stubs (`stub_processes
   `triton-grpc-protocol-admin-key` (Triton prefixes it). The token comes from
   $FUSEDRESNET_ADMIN_TOKEN, or --admin-token-file; if neither exists a random
   token is written to build/admin-token (mode 0600). It is never printed;
-- every GPU the host has, unless `--gpus` names some (CUDA_VISIBLE_DEVICES of the
-  server; with `KIND_AUTO` each model gets its `count` of instances on every one);
+- several server processes behind one port: `--processes-per-gpu N` tritonservers on each GPU (N
+  on a host without a GPU), all listening on the same gRPC and HTTP ports (SO_REUSEPORT: the kernel
+  hands each new connection to one of them), so the service grows past one process's gRPC front
+  door and a crashed process costs a share of the capacity, not the service. Each process has its
+  own metrics port (--metrics-port, +1, +2, ...), its own Python-backend shared-memory prefix and
+  its own supervision; its readiness is read through its own metrics port (its models loaded and
+  its endpoints started), since a probe on the shared port reaches whichever process the kernel
+  picks. Default: DEFAULT_PROCESSES_PER_GPU on a GPU (docs/CONFIGURATION.md says how it was chosen),
+  1 without one;
+- every GPU the host has, unless `--gpus` names some (CUDA_VISIBLE_DEVICES of each process: one
+  GPU per process);
 - `--pinned-memory-pool-byte-size=0` when the host has no GPU (without it this
   Triton build returns empty outputs on CPU-only hosts);
 - waits for readiness with a timeout; on failure it says why and shows the
-  end of the server log. Ctrl-C stops the server cleanly;
-- supervises the server: this Triton build does not restart a Python-backend
+  end of the server log. Ctrl-C stops the servers cleanly;
+- supervises each process: this Triton build does not restart a Python-backend
   stub that died (the model stays "ready" while every request fails with "Stub
   process ... is not healthy"), and a client that abandons calls in flight can
-  abort it (`sync.cc:105 ASSERTION FAILED: prior > 0`, after which it may hang
-  in its own abort handler with the HTTP endpoint still answering). So the
-  launcher restarts the server on the same ports when a stub dies, when
-  tritonserver exits without being asked to, or when its gRPC or HTTP endpoint
-  has not answered for WEDGED_AFTER_S (at most MAX_RESTARTS within
-  RESTART_WINDOW_S), logging the cause (the stub, the signal or exit status, the
-  server log's last lines). With --no-restart it stops and exits with status
-  EXIT_STUB_DIED (3) or EXIT_SERVER_DIED (4) and leaves the restart to an
-  orchestrator; past the restart limit it exits with the same statuses.
+  crash it (SIGSEGV in the gRPC frontend, or `sync.cc:105 ASSERTION FAILED: prior > 0` and
+  SIGABRT, after which it may hang in its own abort handler with its endpoints still open).
+  So the launcher restarts a process on the same ports, alone, when one of its stubs dies,
+  when it prints a crash signal, when it exits without being asked to, or when it has not
+  answered for WEDGED_AFTER_S (at most MAX_RESTARTS within RESTART_WINDOW_S per process),
+  logging the cause (the stub, the signal or exit status, the server log's last lines). With
+  --no-restart the first failure of any process stops them all and the launcher exits with
+  status EXIT_STUB_DIED (3) or EXIT_SERVER_DIED (4), leaving the restart to an orchestrator;
+  past the restart limit it exits with the same statuses.
 """
 
 from __future__ import annotations
@@ -37,18 +46,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import queue
+import re
 import secrets
 import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .admin_token import DEFAULT_TOKEN_FILE, read_or_create_token
 from .cuda_mps import MpsError, private_mps
-from .network import http_ready
+from .network import http_ready, port_is_free
 from .prepared_stamp import STAMP_FILE
 from .spec import (
     ADMIN_TOKEN_ENV,
@@ -67,14 +81,23 @@ from .stub_processes import python_stubs
 from .triton_install import ServerError, TritonInstallation, find_triton, host_gpus, private_backend_tree
 
 DEFAULT_READY_TIMEOUT_S = 300.0
+# Processes behind the shared ports on each GPU: chosen by results/front_door.md (docs/CONFIGURATION.md).
+DEFAULT_PROCESSES_PER_GPU = 2
 MAX_RESTARTS, RESTART_WINDOW_S = 3, 600.0
 EXIT_STUB_DIED = 3          # a model's Python stub died (and --no-restart, or too many restarts)
 EXIT_SERVER_DIED = 4        # tritonserver exited or stopped answering without being asked to (idem)
 WEDGED_AFTER_S = 20.0       # an endpoint unanswered this long (probes every poll) means a hung server
 PROBE_TIMEOUT_S = 5.0
 LOG_LINES_ON_FAILURE = 20
+# Models load in parallel up to this many (Triton's default is 4; the repository has more entries).
+MODEL_LOAD_THREADS = 8
 # what the launcher prints once Triton is ready: at start (then the addresses) and after each restart
 READY_LINE, READY_AGAIN_LINE = "fusedresnet: Triton ready on", "fusedresnet: Triton ready again"
+# What Triton prints when it crashes: its handler of SIGSEGV, SIGABRT, SIGBUS, SIGFPE and SIGILL writes
+# "Signal (N) received." (as its SIGINT/SIGTERM handler does for 2 and 15, which are not crashes), and an
+# assertion of its gRPC frontend "ASSERTION FAILED" before it aborts. Seen at once, a crash is handled at
+# once, where waiting for the exit can take seconds (the backtrace) or forever (a hang in the handler).
+CRASH_LINE = re.compile(rb"Signal \((4|6|7|8|11)\) received|ASSERTION FAILED")
 
 
 def exit_cause(returncode: int) -> str:
@@ -102,9 +125,31 @@ def grpc_ready(grpc_url: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
             return False
 
 
+def repository_models(repository: Path) -> list[str]:
+    """The model entries of a model repository: its folders with a config.pbtxt."""
+    return sorted(path.parent.name for path in Path(repository).glob("*/config.pbtxt"))
+
+
+def metrics_list_models(metrics_url: str, models: list[str], timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether the Triton process behind `metrics_url` answers and has loaded every one of `models`.
+
+    Triton starts its metrics service after its gRPC and HTTP endpoints, and lists a model's counters
+    once the model is loaded: the readiness of one process, read through a port that is its own."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:
+            text = response.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return False
+    loaded = set(re.findall(r'^nv_inference_count\{[^}]*model="([^"]+)"', text, re.MULTILINE))
+    return set(models) <= loaded
+
+
 @dataclass
 class TritonServer:
-    """One tritonserver process; a context manager that starts it, waits for readiness and stops it."""
+    """One tritonserver process; a context manager that starts it, waits for readiness and stops it.
+
+    With `shares_ports` it listens on its gRPC and HTTP ports beside other processes (SO_REUSEPORT),
+    and its readiness and liveness are read through its own metrics port."""
 
     model_repository: Path = MODEL_REPOSITORY
     host: str = DEFAULT_HOST
@@ -112,17 +157,25 @@ class TritonServer:
     grpc_port: int = DEFAULT_GRPC_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
     admin_token: str | None = None
-    log_file: Path | None = None       # None: the server's output goes to this terminal
+    log_file: Path | None = None       # None: the server's output goes to this process's standard output
     exit_timeout_s: int = 30
     extra_args: list[str] = field(default_factory=list)
     use_gpu: bool | None = None        # None: detect
     gpus: str | None = None            # e.g. "0,1": the GPUs the server may use (None: all of them)
     mps_environment: dict | None = None  # CUDA MPS: the variables of the daemon its processes use (backend/cuda_mps.py)
+    shares_ports: bool = False         # gRPC and HTTP ports shared with other processes (SO_REUSEPORT)
+    label: str = ""                    # the process's name in a group, prefixed to its log lines ("gpu0.p1")
+    truncate_log: bool = True          # the first start empties log_file (a group empties it once, itself)
     process: subprocess.Popen | None = None
     restarts: int = 0
     instance_stubs: set = field(default_factory=set)  # model instance names whose stubs the server started
     # The stubs' shared-memory regions are named <prefix><uuid> in /dev/shm; a killed Triton leaves them behind.
     shm_region_prefix: str = field(default_factory=lambda: f"fusedresnet_{secrets.token_hex(6)}_")
+    crash_line: bytes | None = None    # the crash line Triton printed (CRASH_LINE), if any, since its start
+    crashed: threading.Event = field(default_factory=threading.Event)
+    stopping: threading.Event = field(default_factory=threading.Event)  # stop() was called: no failure, no restart
+    timings: dict = field(default_factory=dict)  # monotonic times of the last start: started, ready
+    models: list = field(default_factory=list)  # the repository's model entries when the process started
 
     @property
     def http_url(self) -> str:
@@ -147,6 +200,7 @@ class TritonServer:
             f"--backend-directory={backends}",
             f"--cache-directory={triton.home / 'caches'}",
             "--model-control-mode=none",
+            f"--model-load-thread-count={MODEL_LOAD_THREADS}",
             # Both configs are complete; without auto-complete the Python backend starts no short-lived
             # stubs at load, so every stub of the server is a model instance to supervise.
             "--disable-auto-complete-config",
@@ -159,6 +213,8 @@ class TritonServer:
             f"--http-restricted-api={restricted}:{ADMIN_TOKEN_HEADER}={self.admin_token}",
             f"--grpc-restricted-protocol={restricted}:{ADMIN_TOKEN_HEADER}={self.admin_token}",
         ]
+        if self.shares_ports:
+            args += ["--reuse-grpc-port=true", "--reuse-http-port=true"]
         if not self.use_gpu:
             args.append("--pinned-memory-pool-byte-size=0")
         return args + list(self.extra_args)
@@ -189,7 +245,8 @@ class TritonServer:
             env.update(self.mps_environment)
         return env
 
-    def start(self, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> TritonServer:
+    def check_gpus(self):
+        """Decide use_gpu (None: whether the host has a GPU) and refuse GPUs the host does not have."""
         gpus = host_gpus()
         if self.use_gpu is None:
             self.use_gpu = bool(gpus)
@@ -199,6 +256,11 @@ class TritonServer:
             if not self.use_gpu or unknown:
                 raise ServerError(f"--gpus {self.gpus}: no such GPU ({', '.join(unknown) or 'no GPU in use'}); "
                                   f"this host has: {'; '.join(gpus) or 'no GPU'}")
+
+    def start(self, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> TritonServer:
+        if not self.restarts:
+            self.stopping.clear()
+        self.check_gpus()
         if self.admin_token is None:
             self.admin_token = read_or_create_token()
         project_models = [model for model in MODELS if Path(self.model_repository, model).is_dir()]
@@ -207,23 +269,53 @@ class TritonServer:
                               "(python -m fusedresnet.backend.prepare) first")
         triton = find_triton()
         backends = private_backend_tree(triton)
-        stdout = None
         if self.log_file:
             Path(self.log_file).parent.mkdir(parents=True, exist_ok=True)
-            stdout = open(self.log_file, "ab" if self.restarts else "wb")
+            if self.truncate_log and not self.restarts:
+                Path(self.log_file).write_bytes(b"")
+        self.timings = {"started": time.monotonic()}
+        self.models = repository_models(self.model_repository)
         self.process = subprocess.Popen(self.command(triton, backends), env=self.environment(triton),
-                                        stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
-                                        start_new_session=True)
-        if stdout:
-            stdout.close()
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        # after the new process is in place: the last lines of a killed one are no crash of this one
+        self.crash_line = None
+        self.crashed.clear()
+        threading.Thread(target=self._copy_output, args=(self.process,), daemon=True,
+                         name=f"triton-output-{self.label or self.process.pid}").start()
         try:
             self.wait_ready(ready_timeout_s)
         except BaseException:
-            self.stop()
+            self._terminate()
             raise
+        self.timings["ready"] = time.monotonic()
         return self
 
+    def _copy_output(self, process: subprocess.Popen):
+        """Copy the server's output, line by line, to its log file (or standard output), and note a crash line."""
+        prefix = f"[{self.label}] ".encode() if self.label else b""
+        sink = open(self.log_file, "ab", buffering=0) if self.log_file else None
+        try:
+            for line in iter(process.stdout.readline, b""):
+                if sink is not None:
+                    sink.write(prefix + line)       # one write per line: lines of several processes stay whole
+                else:
+                    sys.stdout.buffer.write(prefix + line)
+                    sys.stdout.buffer.flush()
+                if self.crash_line is None and process is self.process and CRASH_LINE.search(line):
+                    self.crash_line = line.strip()
+                    self.crashed.set()
+        except (OSError, ValueError):
+            pass                                    # our own output closed: the server's ends with it
+        finally:
+            process.stdout.close()
+            if sink is not None:
+                sink.close()
+
     def is_ready(self) -> bool:
+        """Ready: for a process of its own ports, Triton's readiness on them; for one that shares them, its
+        models loaded and its endpoints up, read from its own metrics port (metrics_list_models)."""
+        if self.shares_ports:
+            return metrics_list_models(self.metrics_url, self.models)
         return http_ready(self.http_url)
 
     def wait_ready(self, timeout_s: float):
@@ -231,21 +323,27 @@ class TritonServer:
         self.instance_stubs = set()
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise ServerError(f"tritonserver exited with code {self.process.returncode} before it was ready"
-                                  + self._log_tail())
+                self.process.wait()
+                raise ServerError(f"tritonserver{self._named()} exited with code {self.process.returncode} "
+                                  "before it was ready" + self._log_tail())
             # Note the model instances' stubs while the models load (each lives for seconds before
             # the server is ready), so a stub killed right after readiness is still missed later.
             self.instance_stubs |= set(self.model_stub_pids())
             if self.is_ready():
                 return
-            time.sleep(0.25)
-        raise ServerError(f"tritonserver was not ready after {timeout_s:.0f} s" + self._log_tail())
+            time.sleep(0.1)
+        raise ServerError(f"tritonserver{self._named()} was not ready after {timeout_s:.0f} s" + self._log_tail())
+
+    def _named(self) -> str:
+        return f" {self.label}" if self.label else ""
 
     def _log_tail(self, lines: int = 40) -> str:
         if not self.log_file or not Path(self.log_file).is_file():
             return ""
-        text = Path(self.log_file).read_text(errors="replace").splitlines()[-lines:]
-        return f"\n--- last lines of {self.log_file} ---\n" + "\n".join(text)
+        text = Path(self.log_file).read_text(errors="replace").splitlines()
+        if self.label:
+            text = [line for line in text if line.startswith(f"[{self.label}] ")]
+        return f"\n--- last lines of {self.log_file}{self._named()} ---\n" + "\n".join(text[-lines:])
 
     def model_stub_pids(self) -> dict[str, int]:
         """Model instance name (e.g. resnet18_custom_0_0) -> pid, for each live Python-backend stub of this server."""
@@ -260,18 +358,21 @@ class TritonServer:
         A failure is one of: a model's stub process died while the server was ready (Triton 2.51's
         Python backend no longer restarts a dead stub, python_backend removed the restart in 24.06,
         triton-inference-server/server#8604, and keeps reporting the model ready; with model control
-        mode none the only way back is a fresh server); tritonserver exited (nothing but this launcher
-        may stop it); or its gRPC or HTTP endpoint has not answered for WEDGED_AFTER_S (Triton can
-        hang in its abort handler after a crash). Returns the launcher's exit status: EXIT_STUB_DIED or
-        EXIT_SERVER_DIED with restart=False or after more than MAX_RESTARTS within RESTART_WINDOW_S.
+        mode none the only way back is a fresh server); Triton printed a crash line (CRASH_LINE);
+        tritonserver exited (nothing but this launcher may stop it); or it has not answered for
+        WEDGED_AFTER_S (Triton can hang in its abort handler after a crash). Returns the launcher's exit
+        status: EXIT_STUB_DIED or EXIT_SERVER_DIED with restart=False or after more than MAX_RESTARTS
+        within RESTART_WINDOW_S.
         """
         restart_times: list[float] = []
         while True:
             stub_died, cause = self.wait_for_failure(poll_s)
+            if self.stopping.is_set():
+                return 0
+            failed_at = time.monotonic()
             print(f"fusedresnet: {cause}; " + ("restarting Triton" if restart else "stopping Triton (--no-restart)")
                   + ("" if stub_died else self._log_tail(LOG_LINES_ON_FAILURE)), file=sys.stderr, flush=True)
-            now = time.monotonic()
-            restart_times = [t for t in restart_times if now - t < RESTART_WINDOW_S] + [now]
+            restart_times = [t for t in restart_times if failed_at - t < RESTART_WINDOW_S] + [failed_at]
             if stub_died:
                 self.stop_after_stub_death()
             else:
@@ -280,32 +381,43 @@ class TritonServer:
             if not restart:
                 return status
             if len(restart_times) > MAX_RESTARTS:
-                print(f"fusedresnet: {MAX_RESTARTS} restarts within {RESTART_WINDOW_S:.0f} s already; giving up "
-                      f"(exit status {status})", file=sys.stderr, flush=True)
+                print(f"fusedresnet: {MAX_RESTARTS} restarts within {RESTART_WINDOW_S:.0f} s already{self._named()}; "
+                      f"giving up (exit status {status})", file=sys.stderr, flush=True)
                 return status
             self.restarts += 1
             self.start(ready_timeout_s)
-            print(f"{READY_AGAIN_LINE} (restart {self.restarts})", file=sys.stderr, flush=True)
+            print(f"{READY_AGAIN_LINE} (restart {self.restarts}){self._named()}: "
+                  f"{self.timings['ready'] - failed_at:.1f} s after the failure was seen "
+                  f"(start to ready {self.timings['ready'] - self.timings['started']:.1f} s)",
+                  file=sys.stderr, flush=True)
 
     def wait_for_failure(self, poll_s: float) -> tuple[bool, str]:
         """Block until the server fails: (whether a stub died, the cause in words)."""
         expected = set(self.instance_stubs)
         answered_at = time.monotonic()
         while True:
-            time.sleep(poll_s)
+            if self.crashed.wait(poll_s) and not self.stopping.is_set():
+                return False, f"tritonserver{self._named()} (pid {self.process.pid}) crashed: " \
+                              f"{self.crash_line.decode(errors='replace')!r}"
+            if self.stopping.is_set():
+                return False, "stopped"
             if self.process.poll() is not None:
-                return False, f"tritonserver exited unasked ({exit_cause(self.process.returncode)})"
-            http_answers = self.is_ready()
+                return False, f"tritonserver{self._named()} exited unasked ({exit_cause(self.process.returncode)})"
+            answers = self.is_ready()
             dead = expected - set(self.model_stub_pids())
-            if dead and http_answers and self.process.poll() is None:
-                # a stub that goes away while the server is not ready is part of a shutdown, not a crash
-                return True, f"Python stub of {', '.join(sorted(dead))} died"
-            if http_answers and grpc_ready(self.grpc_url):
+            # A stub that goes away while the server still lists its models is a crash (one that goes while it
+            # does not is part of a shutdown). Triton 24.10 keeps the model ready, 26.01 and later not: the
+            # metrics listing tells both apart from a server that is stopping.
+            if dead and self.process.poll() is None and (answers or metrics_list_models(self.metrics_url,
+                                                                                        self.models)):
+                return True, f"Python stub of {', '.join(sorted(dead))} died{self._named()}"
+            # A process of its own ports answers on HTTP and on gRPC; one that shares them, on its metrics port.
+            if answers and (self.shares_ports or grpc_ready(self.grpc_url)):
                 answered_at = time.monotonic()
             elif time.monotonic() - answered_at > WEDGED_AFTER_S and self.process.poll() is None:
-                endpoint = "gRPC" if http_answers else "HTTP"
-                return False, (f"tritonserver (pid {self.process.pid}) has not answered on {endpoint} "
-                               f"for {WEDGED_AFTER_S:.0f} s")
+                endpoint = "metrics" if self.shares_ports else "gRPC" if answers else "HTTP"
+                return False, (f"tritonserver{self._named()} (pid {self.process.pid}) has not answered on "
+                               f"{endpoint} for {WEDGED_AFTER_S:.0f} s")
 
     def kill(self):
         """SIGKILL the server's process group (the server and its stubs) and remove what it leaves behind."""
@@ -337,6 +449,10 @@ class TritonServer:
 
     def stop(self):
         """SIGINT (Triton drains for up to --exit-timeout-secs), then SIGKILL if it still runs."""
+        self.stopping.set()
+        self._terminate()
+
+    def _terminate(self):
         if self.process is None or self.process.poll() is not None:
             self._remove_shm_regions()
             return
@@ -367,12 +483,122 @@ class TritonServer:
         self.stop()
 
 
+@dataclass
+class ServerGroup:
+    """The launcher's tritonserver processes: `processes_per_gpu` on each GPU (that many on a host without
+    one), all on the same gRPC and HTTP ports when there are several, each with its own metrics port
+    (metrics_port + its index). Started together, supervised one by one, stopped together."""
+
+    servers: list[TritonServer]
+
+    @classmethod
+    def plan(cls, processes_per_gpu: int, gpus: str | None, use_gpu: bool, metrics_port: int,
+             log_file: Path | None = None, **server) -> ServerGroup:
+        """The processes for these GPUs ("0,1"; None: every GPU of the host) and server settings."""
+        if processes_per_gpu < 1:
+            raise ServerError(f"--processes-per-gpu must be at least 1, not {processes_per_gpu}")
+        devices = (gpus.split(",") if gpus else [str(i) for i in range(len(host_gpus()))]) if use_gpu else [None]
+        layout = [(device, k) for device in devices for k in range(processes_per_gpu)]
+        shares_ports = len(layout) > 1
+        servers = []
+        for index, (device, k) in enumerate(layout):
+            label = "" if not shares_ports else f"gpu{device}.p{k}" if device is not None else f"p{k}"
+            servers.append(TritonServer(**server, metrics_port=metrics_port + index, log_file=log_file,
+                                        use_gpu=use_gpu, gpus=device if gpus or shares_ports else None,
+                                        shares_ports=shares_ports, label=label, truncate_log=not shares_ports))
+        return cls(servers)
+
+    first = property(lambda self: self.servers[0])
+    http_url = property(lambda self: self.first.http_url)
+    grpc_url = property(lambda self: self.first.grpc_url)
+    # every process's metrics, comma-separated (loadtest/triton_metrics.scrape sums them)
+    metrics_url = property(lambda self: ",".join(server.metrics_url for server in self.servers))
+
+    def start(self, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> ServerGroup:
+        first = self.first
+        if len(self.servers) > 1:
+            # SO_REUSEPORT would let these processes join another server already on the ports: refuse that.
+            taken = [port for port in (first.http_port, first.grpc_port) if not port_is_free(port, first.host)]
+            taken += [s.metrics_port for s in self.servers if not port_is_free(s.metrics_port, s.host)]
+            if taken:
+                raise ServerError(f"port(s) {', '.join(map(str, taken))} on {first.host} already in use")
+            if first.log_file:
+                Path(first.log_file).parent.mkdir(parents=True, exist_ok=True)
+                Path(first.log_file).write_bytes(b"")
+        if first.admin_token is None:
+            token = read_or_create_token()
+            for server in self.servers:
+                server.admin_token = token
+        failures: list[BaseException] = []
+
+        def start_one(server: TritonServer):
+            try:
+                server.start(ready_timeout_s)
+            except BaseException as error:   # noqa: BLE001 - reported below, with the others stopped
+                failures.append(error)
+
+        threads = [threading.Thread(target=start_one, args=(server,)) for server in self.servers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failures:
+            self.stop()
+            raise failures[0]
+        return self
+
+    def supervise(self, restart: bool = True, ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> int:
+        """Supervise every process (TritonServer.supervise, each in a thread of its own: a restart of one
+        leaves the others serving). Returns the first status a process's supervision gives up with
+        (with restart=False: its first failure), once every process is stopped."""
+        statuses: queue.Queue = queue.Queue()
+
+        def watch(server: TritonServer):
+            try:
+                statuses.put(server.supervise(restart=restart, ready_timeout_s=ready_timeout_s))
+            except ServerError as error:        # a restart that did not become ready (or was stopped)
+                if not server.stopping.is_set():
+                    print(f"fusedresnet: {error}", file=sys.stderr, flush=True)
+                statuses.put(EXIT_SERVER_DIED)
+
+        for server in self.servers:
+            threading.Thread(target=watch, args=(server,), daemon=True, name=f"supervise-{server.label}").start()
+        while True:
+            try:
+                status = statuses.get(timeout=0.5)   # a timeout, so that Ctrl-C reaches this thread
+                break
+            except queue.Empty:
+                continue
+        self.stop()
+        return status
+
+    def stop(self):
+        threads = [threading.Thread(target=server.stop) for server in self.servers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
 def gpu_list(text: str) -> str:
     """argparse type of --gpus: comma-separated device indices or GPU UUIDs, as CUDA_VISIBLE_DEVICES takes them."""
     items = [item.strip() for item in text.split(",")]
     if not all(item.isdigit() or item.startswith("GPU-") for item in items) or len(set(items)) != len(items):
         raise argparse.ArgumentTypeError(f"expected distinct GPU indices or UUIDs separated by commas, got {text!r}")
     return ",".join(items)
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
 
 
 def _raise_keyboard_interrupt(*_):
@@ -385,56 +611,80 @@ def main(argv=None):
                         help="address to listen on (default 127.0.0.1; 0.0.0.0 exposes the service)")
     parser.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT)
     parser.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT)
-    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT)
+    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+                        help="metrics of the first server process; the next ones use the ports after it")
+    parser.add_argument("--processes-per-gpu", type=positive_int,
+                        help=f"tritonserver processes on each GPU, all on the same gRPC and HTTP ports (default "
+                             f"{DEFAULT_PROCESSES_PER_GPU} with a GPU, 1 without one: that many on the CPU)")
     parser.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
     parser.add_argument("--admin-token-file", type=Path,
                         help=f"file holding the admin token (default: ${ADMIN_TOKEN_ENV}, else {DEFAULT_TOKEN_FILE})")
     parser.add_argument("--ready-timeout", type=float, default=DEFAULT_READY_TIMEOUT_S)
     parser.add_argument("--exit-timeout", type=int, default=30, help="seconds to drain in-flight requests on stop")
-    parser.add_argument("--log-file", type=Path, help="write the server log here instead of the terminal")
+    parser.add_argument("--log-file", type=Path, help="write the server log here instead of the terminal (several "
+                                                      "processes: one file, each line prefixed with its process)")
     parser.add_argument("--no-restart", action="store_true",
                         help=f"when a model's Python stub dies, stop and exit with status {EXIT_STUB_DIED}; when "
-                             f"tritonserver exits or hangs, exit with status {EXIT_SERVER_DIED}; instead of "
-                             "restarting Triton (for an orchestrator that restarts the service)")
+                             f"a tritonserver exits, crashes or hangs, exit with status {EXIT_SERVER_DIED}; instead of "
+                             "restarting it (for an orchestrator that restarts the service)")
     parser.add_argument("--gpus", type=gpu_list,
-                        help="GPUs to serve on, e.g. 0 or 0,1 (default: all); each model gets its configured "
-                             "instance count on every one")
+                        help="GPUs to serve on, e.g. 0 or 0,1 (default: all); each GPU gets --processes-per-gpu "
+                             "processes, each with the models' configured instance counts")
     parser.add_argument("--mps", action="store_true",
                         help="run the server's processes under a private CUDA MPS daemon (the model instances' "
                              "kernels share the GPU instead of time-slicing it; measured +50%% over CUDA shared "
                              "memory on the H100, docs/SERVING.md); refused without a GPU or nvidia-cuda-mps-control")
     parser.add_argument("triton_args", nargs="*", help="extra tritonserver flags, after --")
     args = parser.parse_args(argv)
-    server = TritonServer(args.model_repository, args.host, args.http_port, args.grpc_port, args.metrics_port,
-                          read_or_create_token(args.admin_token_file), args.log_file, args.exit_timeout,
-                          args.triton_args, gpus=args.gpus)
+    use_gpu = bool(host_gpus())
+    per_gpu = args.processes_per_gpu or (DEFAULT_PROCESSES_PER_GPU if use_gpu else 1)
+    try:
+        group = ServerGroup.plan(per_gpu, args.gpus if use_gpu else None, use_gpu, args.metrics_port,
+                                 log_file=args.log_file, model_repository=args.model_repository, host=args.host,
+                                 http_port=args.http_port, grpc_port=args.grpc_port,
+                                 admin_token=read_or_create_token(args.admin_token_file),
+                                 exit_timeout_s=args.exit_timeout, extra_args=args.triton_args)
+        if args.gpus and not use_gpu:
+            group.first.gpus = args.gpus
+            group.first.check_gpus()     # says the host has no GPU
+    except ServerError as error:
+        print(f"fusedresnet: {error}", file=sys.stderr)
+        return 1
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     with contextlib.ExitStack() as resources:
         if args.mps:
-            if not host_gpus():
+            if not use_gpu:
                 print("fusedresnet: --mps: no GPU on this host (CUDA MPS shares a GPU among processes)",
                       file=sys.stderr)
                 return 1
             try:
-                server.mps_environment = resources.enter_context(private_mps(BUILD_DIR / f"cuda-mps-{args.http_port}"))
+                mps = resources.enter_context(private_mps(BUILD_DIR / f"cuda-mps-{args.http_port}"))
             except MpsError as error:
                 print(f"fusedresnet: --mps: {error}", file=sys.stderr)
                 return 1
-        return _serve(server, args)
+            for server in group.servers:
+                server.mps_environment = mps
+        return _serve(group, args)
 
 
-def _serve(server: TritonServer, args) -> int:
+def _serve(group: ServerGroup, args) -> int:
     try:
-        server.start(args.ready_timeout)
-        devices = f"GPUs {server.gpus or 'all'}" if server.use_gpu else "CPU only"
-        if server.mps_environment:
-            devices += f", CUDA MPS: CUDA_MPS_PIPE_DIRECTORY={server.mps_environment['CUDA_MPS_PIPE_DIRECTORY']}"
-        print(f"{READY_LINE} gRPC {server.grpc_url}, HTTP {server.http_url}, "
-              f"metrics {server.metrics_url} ({devices}); Ctrl-C stops it", flush=True)
+        group.start(args.ready_timeout)
+        first = group.first
+        if not first.use_gpu:
+            devices = "CPU only"
+        else:
+            devices = f"GPUs {args.gpus or 'all'}"
+        if len(group.servers) > 1:
+            devices += f", {len(group.servers)} server processes on the shared ports"
+        if first.mps_environment:
+            devices += f", CUDA MPS: CUDA_MPS_PIPE_DIRECTORY={first.mps_environment['CUDA_MPS_PIPE_DIRECTORY']}"
+        print(f"{READY_LINE} gRPC {group.grpc_url}, HTTP {group.http_url}, "
+              f"metrics {', '.join(s.metrics_url for s in group.servers)} ({devices}); Ctrl-C stops it", flush=True)
         if args.host not in ("127.0.0.1", "localhost", "::1"):
             print(f"fusedresnet: listening on {args.host}: inference is open to anyone who can reach these ports; "
                   "the admin APIs need the admin token", flush=True)
-        return server.supervise(restart=not args.no_restart, ready_timeout_s=args.ready_timeout)
+        return group.supervise(restart=not args.no_restart, ready_timeout_s=args.ready_timeout)
     except KeyboardInterrupt:
         print("fusedresnet: stopping Triton", flush=True)
         return 0
@@ -442,7 +692,7 @@ def _serve(server: TritonServer, args) -> int:
         print(f"fusedresnet: {error}", file=sys.stderr)
         return 1
     finally:
-        server.stop()
+        group.stop()
 
 
 if __name__ == "__main__":

@@ -130,6 +130,10 @@ def grpc_channel(url: str) -> tuple[str, list[tuple]]:
         ("grpc.enable_retries", 1),
         ("grpc.per_rpc_retry_buffer_size", GRPC_RETRY_BUFFER_BYTES),
         ("grpc.retry_buffer_size", 4 * GRPC_RETRY_BUFFER_BYTES),
+        # Connections of its own: gRPC would otherwise share one connection among every channel of the
+        # process to the same address, and with several server processes behind one port (the launcher's
+        # --processes-per-gpu) the kernel picks a process per connection, so clients spread by theirs.
+        ("grpc.use_local_subchannel_pool", 1),
     ]
 
 
@@ -242,6 +246,26 @@ def check_logits_received(result, images_sent: int, in_shared_memory: bool):
         raise ValueError(f"expected logits {list(expected)}, got {None if shape is None else list(shape)}")
 
 
+def http_infer_with_retries(client, model: str, inputs: list, outputs: list, headers: dict | None):
+    """An HTTP inference resent, as the gRPC channels' retry policy does (grpc_service_config: up to
+    GRPC_RETRY_ATTEMPTS tries, backoff from 0.05 s doubling), when its connection broke or was refused
+    before an answer came: the server process behind it died or restarts, and a new connection reaches a
+    live one (several processes share the port). Inference is idempotent. An answer, an error status
+    included, is never resent."""
+    from geventhttpclient.response import HTTPConnectionClosed  # tritonclient.http's transport
+
+    backoff_s = 0.05
+    for attempt in range(GRPC_RETRY_ATTEMPTS):
+        try:
+            return client.infer(model, inputs, outputs=outputs, headers=headers)
+        except (ConnectionError, HTTPConnectionClosed):
+            if attempt == GRPC_RETRY_ATTEMPTS - 1:
+                raise
+            time.sleep(backoff_s)
+            backoff_s = min(2 * backoff_s, 1.0)
+    raise AssertionError("unreachable")
+
+
 class ResNetClient:
     def __init__(self, model: str, protocol: str = "grpc", url: str | None = None, timeout_s: float = 60.0,
                  headers: dict | None = None, shared_memory: str = "none", admin_token: str | None = None,
@@ -303,7 +327,10 @@ class ResNetClient:
         kwargs = {"client_timeout": self.timeout_s} if self.protocol == "grpc" else {}
         entry = served_model(self.model, inputs[0].name())
         started = time.perf_counter()
-        result = self.client.infer(entry, inputs, outputs=outputs, headers=self.headers, **kwargs)
+        if self.protocol == "grpc":     # the channel's retry policy resends a call a server could not take
+            result = self.client.infer(entry, inputs, outputs=outputs, headers=self.headers, **kwargs)
+        else:
+            result = http_infer_with_retries(self.client, entry, inputs, outputs, self.headers)
         latency_ms = (time.perf_counter() - started) * 1e3
         return result, latency_ms
 

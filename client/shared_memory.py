@@ -203,3 +203,57 @@ def shared_memory_status(triton, protocol: str, kind: str, admin_token: str | No
     if protocol == "grpc":
         return {name: int(region.byte_size) for name, region in status.regions.items()}
     return {region["name"]: int(region["byte_size"]) for region in status}
+
+
+@contextlib.contextmanager
+def registered_on_every_process(url: str, kind: str, byte_size: int, admin_token: str | None, processes: int,
+                                label: str = "region", device_id: int = 0, attempts_per_process: int = 50
+                                ) -> Iterator[Region]:
+    """One region registered with each of the `processes` tritonservers behind one gRPC port (the launcher's
+    --processes-per-gpu): a region is known only to the process that registered it, and the kernel hands
+    each connection to any of them. Registers over fresh connections until `processes` registrations have
+    succeeded (a process that already holds the region refuses a second one), then, on exit, unregisters
+    over fresh connections and destroys the region. For one process, registered_region on one connection."""
+    import tritonclient.grpc as grpcclient
+
+    def connection():
+        return grpcclient.InferenceServerClient(url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
+
+    if processes <= 1:
+        with connection() as triton, registered_region(triton, "grpc", kind, byte_size, admin_token, label,
+                                                       device_id) as region:
+            yield region
+        return
+    region = Region(kind, unique_region_name(label), int(byte_size), None)
+    region.handle = _create(kind, region.name, region.byte_size, device_id)
+    headers = admin_headers("grpc", admin_token)
+
+    def on_every_process(action, done_already: str):
+        """`action` over fresh connections until `processes` of them succeeded (`done_already`: a refusal of
+        a process that has it done)."""
+        succeeded = 0
+        for _ in range(attempts_per_process * processes):
+            with connection() as triton:
+                try:
+                    action(triton)
+                    succeeded += 1
+                except InferenceServerException as error:
+                    if done_already not in (error.message() or ""):
+                        raise
+            if succeeded == processes:
+                return
+        raise SharedMemoryError(f"region {region.name!r}: {succeeded} of {processes} server processes reached "
+                                f"in {attempts_per_process * processes} connections")
+
+    try:
+        on_every_process(lambda triton: _register(triton, region, device_id, headers), "already in manager")
+        try:
+            yield region
+        finally:
+            # Triton unregisters a name it does not hold without complaint: as many connections as make
+            # missing a process unlikely (8 per process: each missed with chance ((N-1)/N)^(8N) < 1e-3)
+            for _ in range(8 * processes):
+                with connection() as triton, contextlib.suppress(InferenceServerException):
+                    _unregister(triton, region, headers)
+    finally:
+        _destroy(region)

@@ -71,7 +71,7 @@ from fusedresnet.client.resnet_client import (
     check_logits_received,
     grpc_client,
 )
-from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS, read_admin_token, registered_region
+from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS, read_admin_token, registered_on_every_process
 from fusedresnet.loadtest import measurements, triton_metrics
 from fusedresnet.loadtest.image_pool import (
     DEFAULT_POOL_SIZE,
@@ -100,6 +100,7 @@ class FloodSettings:
     warmup_s: float
     measure_s: float
     cuda_device: int = 0
+    server_processes: int = 1      # tritonservers behind the one port: each region is registered with each
 
 
 def request_windows(pool_length: int, images_per_request: int, count: int, offset: int) -> list[int]:
@@ -193,17 +194,15 @@ async def flood(settings: FloodSettings, slots: int, offset: int, logits_region:
 
 def worker_main(settings: FloodSettings, slots: int, offset: int, results, go, start_at):
     """One load process: its output region (with shared memory), `slots` requests in flight, records sent back."""
-    import tritonclient.grpc as grpcclient
 
     recorder = Recorder()
     try:
         with contextlib.ExitStack() as resources:
             logits_region = None
             if settings.shared_memory != "none":
-                admin = resources.enter_context(grpcclient.InferenceServerClient(settings.url))
-                region = resources.enter_context(registered_region(
-                    admin, "grpc", settings.shared_memory, slots * settings.images_per_request * LOGITS_BYTES_PER_IMAGE,
-                    settings.admin_token, "logits", settings.cuda_device))
+                region = resources.enter_context(registered_on_every_process(
+                    settings.url, settings.shared_memory, slots * settings.images_per_request * LOGITS_BYTES_PER_IMAGE,
+                    settings.admin_token, settings.server_processes, "logits", settings.cuda_device))
                 logits_region = region.name
             asyncio.run(flood(settings, slots, offset, logits_region, lambda: results.put(("ready", None)),
                               go, start_at, recorder))
@@ -239,14 +238,15 @@ def pool_file(image_pool: Path | None, pool_size: int):
 
 
 @contextlib.contextmanager
-def pool_region(settings_url: str, kind: str, pool: np.ndarray, admin_token: str | None, cuda_device: int):
-    """The whole model-input pool in one registered region, which every process's requests name."""
+def pool_region(settings_url: str, kind: str, pool: np.ndarray, admin_token: str | None, cuda_device: int,
+                server_processes: int = 1):
+    """The whole model-input pool in one registered region, which every process's requests name (registered
+    with every server process behind the port: a request may reach any of them)."""
     if kind == "none":
         yield None
         return
-    import tritonclient.grpc as grpcclient
-    with grpcclient.InferenceServerClient(settings_url) as admin, \
-            registered_region(admin, "grpc", kind, pool.nbytes, admin_token, "pool", cuda_device) as region:
+    with registered_on_every_process(settings_url, kind, pool.nbytes, admin_token, server_processes, "pool",
+                                     cuda_device) as region:
         region.write(pool)
         yield region.name
 
@@ -254,7 +254,7 @@ def pool_region(settings_url: str, kind: str, pool: np.ndarray, admin_token: str
 def run_step(model: str, url: str, metrics_url: str, concurrency: int, images_per_request: int = 1,
              processes: int = 1, warmup_s: float = 1.0, measure_s: float = 5.0, input_format: str = INPUT_UINT8,
              image_pool: Path | None = None, pool_size: int = DEFAULT_POOL_SIZE, shared_memory: str = "none",
-             admin_token: str | None = None, cuda_device: int = 0) -> dict:
+             admin_token: str | None = None, cuda_device: int = 0, server_processes: int = 1) -> dict:
     """One step: `concurrency` requests kept in flight by `processes` processes, measured over `measure_s`
     after `warmup_s`; returns a step record shaped like the locust steps of loadtest/step.py."""
     from fusedresnet.loadtest import step  # here, not at the top: the load processes need none of it (matplotlib)
@@ -269,10 +269,10 @@ def run_step(model: str, url: str, metrics_url: str, concurrency: int, images_pe
     wall_started = time.time()
     with pool_file(image_pool, pool_size) as pool_path:
         pool = model_input(load_image_pool(pool_path), input_format)
-        with pool_region(url, shared_memory, pool, admin_token, cuda_device) as input_region:
+        with pool_region(url, shared_memory, pool, admin_token, cuda_device, server_processes) as input_region:
             settings = FloodSettings(served_model(model, input_format), url, images_per_request, input_format,
                                      str(pool_path), shared_memory, admin_token, input_region, warmup_s, measure_s,
-                                     cuda_device)
+                                     cuda_device, server_processes)
             results, go, start_at = context.Queue(), context.Event(), context.Value("d", 0.0)
             workers = [context.Process(target=worker_main, daemon=True, name=f"grpc-flood-{i}",
                                        args=(settings, slots, i * 7919, results, go, start_at))
@@ -395,12 +395,15 @@ def main(argv=None) -> int:
                              "else build/admin-token)")
     parser.add_argument("--cuda-device", type=int, default=0,
                         help="with --shared-memory cuda: the GPU of the regions, as the server numbers its GPUs")
+    parser.add_argument("--server-processes", type=int, default=1,
+                        help="with shared memory: tritonserver processes behind --url's port (the launcher's "
+                             "--processes-per-gpu x GPUs): each region is registered with each of them")
     parser.add_argument("--out", type=Path, help="write the step record here as JSON")
     args = parser.parse_args(argv)
     token = read_admin_token(args.admin_token_file) if args.shared_memory != "none" else None
     record = run_step(args.model, args.url, args.metrics_url, args.concurrency, args.images_per_request,
                       args.processes, args.warmup_s, args.seconds, args.input_format, args.image_pool,
-                      args.pool_size, args.shared_memory, token, args.cuda_device)
+                      args.pool_size, args.shared_memory, token, args.cuda_device, args.server_processes)
     p = {k: "-" if record[k] is None else f"{record[k]:.1f}" for k in ("p50_ms", "p99_ms", "max_ms")}
     print(f"{record['model']} x{record['images_per_request']} {record['input_format']} shm={record['shared_memory']}"
           f" concurrency {record['concurrency']} in {record['processes']} process(es): "

@@ -28,14 +28,18 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from fusedresnet.backend.network import free_ports, http_ready
+from fusedresnet.backend.network import free_port_run, free_ports, http_ready
 from fusedresnet.backend.serve import READY_LINE
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, INPUT_UINT8, OUTPUT_LOGITS
-from fusedresnet.backend.stub_processes import python_stubs, tritonserver_of
+from fusedresnet.backend.stub_processes import SERVER_BINARY, live_children, python_stubs, tritonserver_of
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.loadtest import triton_metrics
 
 RESULTS_ENV = "FUSEDRESNET_RESULTS_DIR"
+
+
+def metrics_url_of(port: int) -> str:
+    return f"http://127.0.0.1:{port}/metrics"
 CLIENT_TIMEOUT_S = 120.0         # no test request may wait longer than this for its answer
 PROTOCOLS = ("grpc", "http")
 
@@ -239,20 +243,26 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.25) -> bool:
 # ---------------------------------------------------------------- the launcher, run as users run it
 
 class Launcher:
-    """`python -m fusedresnet.backend.serve` in a subprocess on free loopback ports (its own server,
-    so a test may kill its stubs or stop it), with the admin token in the environment unless None."""
+    """`python -m fusedresnet.backend.serve` in a subprocess on free loopback ports (its own servers,
+    so a test may kill its stubs or stop them), with the admin token in the environment unless None;
+    `processes` tritonservers on the same gRPC and HTTP ports (--processes-per-gpu on this GPU-less
+    machine), each with its metrics port, metrics_ports[i]."""
 
-    def __init__(self, log_dir: Path, admin_token: str | None, exit_timeout_s: int = 30, extra_args=()):
-        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
+    def __init__(self, log_dir: Path, admin_token: str | None, exit_timeout_s: int = 30, extra_args=(),
+                 processes: int = 1):
+        self.http_port, self.grpc_port = free_ports(2)
+        self.metrics_port = free_port_run(processes)
+        self.metrics_ports = [self.metrics_port + i for i in range(processes)]
         self.log_file = Path(log_dir) / "server.log"
         self.output_file = Path(log_dir) / "launcher.out"
         self.admin_token, self.exit_timeout_s = admin_token, exit_timeout_s
-        self.extra_args = list(extra_args)
+        self.extra_args = [*extra_args, "--processes-per-gpu", str(processes)]
         self.process: subprocess.Popen | None = None
 
     http_url = property(lambda self: f"127.0.0.1:{self.http_port}")
     grpc_url = property(lambda self: f"127.0.0.1:{self.grpc_port}")
-    metrics_url = property(lambda self: f"http://127.0.0.1:{self.metrics_port}/metrics")
+    # every process's metrics, comma-separated: triton_metrics.scrape sums them
+    metrics_url = property(lambda self: ",".join(metrics_url_of(port) for port in self.metrics_ports))
 
     def start(self, ready_timeout_s: float = 300.0) -> Launcher:
         env = dict(os.environ)
@@ -281,9 +291,22 @@ class Launcher:
         return http_ready(self.http_url)
 
     def server_pid(self) -> int | None:
-        """pid of the tritonserver that the launcher runs now (it changes when the launcher restarts it)."""
+        """pid of the (first) tritonserver that the launcher runs now (it changes when the launcher restarts it)."""
         server = tritonserver_of(self.process.pid) if self.process is not None else None
         return server.pid if server is not None else None
+
+    def server_pids(self) -> dict[int, int]:
+        """metrics port -> pid of the tritonserver the launcher runs on it now (for every process alive)."""
+        if self.process is None:
+            return {}
+        found = {}
+        for server in live_children(self.process.pid, SERVER_BINARY):
+            try:
+                port = next(int(arg.split("=", 1)[1]) for arg in server.cmdline() if arg.startswith("--metrics-port="))
+            except (psutil.NoSuchProcess, StopIteration):
+                continue
+            found[port] = server.pid
+        return found
 
     def stub_pids(self) -> dict[str, int]:
         return stub_pids(self.server_pid())
@@ -292,7 +315,7 @@ class Launcher:
         """Ctrl-C to the launcher (it stops Triton, which drains); SIGKILL for whatever is left after the timeout."""
         if self.process is None:
             return
-        server_pid = self.server_pid()
+        server_pids = list(self.server_pids().values())
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             try:
@@ -300,7 +323,7 @@ class Launcher:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        if server_pid:
+        for server_pid in server_pids:
             try:
                 os.killpg(server_pid, signal.SIGKILL)  # tritonserver runs in its own session (pgid == pid)
             except (ProcessLookupError, PermissionError):

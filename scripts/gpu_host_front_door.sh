@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Several server processes behind one port, measured on a GPU host (docs/SERVING.md, "Several processes
+# behind one port"): loadtest/front_door.py starts the launcher on GPU 0 with N = 1, 2, 4 processes,
+# pinned to SERVER_CORES (default 0-15), and drives custom, cuDNN and the zero-answer model from
+# GENERATOR_CORES (default 16-31: on a 32-core host with 2 GPUs, a stand-in for remote clients) at
+# gRPC 1 and 32 images/request and CUDA shared memory at 32.
+#   bash scripts/gpu_host_front_door.sh off        # the layouts without CUDA MPS (about 6 min)
+#   bash scripts/gpu_host_front_door.sh on         # the same under CUDA MPS
+# Writes $OUT (default build/gpu-host): device.txt, front_door_<mps>.json/.md, the launchers' logs (out.tgz).
+set -uo pipefail
+OUT="${OUT:-build/gpu-host}"; mkdir -p "$OUT"
+MPS="${1:-off}"
+# shellcheck source=scripts/gpu_host_env.sh
+source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc;
+  python3 -m fusedresnet.backend.provenance; } | tee "$OUT/device.txt"
+python3 -m fusedresnet.loadtest.front_door --out "$OUT/front_door_$MPS.json" --mps "$MPS" \
+    --server-cores "${SERVER_CORES:-0-15}" --generator-cores "${GENERATOR_CORES:-16-31}" \
+    --processes "${PROCESSES:-1,2,4}" 2>&1 | tee "$OUT/front_door_$MPS.log"
+status=${PIPESTATUS[0]}
+tar czf "$OUT/front_door_logs_$MPS.tgz" -C /tmp --wildcards 'front_door_*/launcher-*' 2>/dev/null || true
+exit "$status"

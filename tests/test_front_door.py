@@ -1,0 +1,256 @@
+"""Several tritonserver processes behind one port: the launcher's --processes-per-gpu.
+
+Against the real launcher with two processes on the same gRPC and HTTP ports (SO_REUSEPORT, on this
+GPU-less machine "per GPU" means on the host), each network with one instance per process:
+
+- both processes listen on the shared ports, and requests over fresh connections reach both: each
+  process's own metrics count a share, and the shares add up to what was sent;
+- a process killed (SIGKILL) or aborted (SIGABRT, as Triton 2.51's gRPC crash ends) under load costs
+  the project's clients no call: gRPC calls in flight on it fail UNAVAILABLE and the channel's retry
+  policy resends them on a new connection, which reaches the live process; HTTP calls are resent the
+  same way by ResNetClient. The process comes back alone, on the same ports, and takes its share again;
+- the abandonment storm (connections closed with calls in flight, again and again) beside valid
+  clients: no valid call lost, and the shared port never stops answering.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+
+from fusedresnet.backend.network import http_ready
+from fusedresnet.backend.serve import READY_AGAIN_LINE, metrics_list_models
+from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, MODELS
+from fusedresnet.client.resnet_client import ResNetClient
+from fusedresnet.loadtest import client_abuse, triton_metrics
+from fusedresnet.loadtest.serving_sequence import repository_with_instances
+
+from robustness_helpers import (
+    CLIENT_TIMEOUT_S,
+    Launcher,
+    assert_correct,
+    infer_image,
+    listening_addresses,
+    metrics_url_of,
+    read_until,
+    record,
+    results_dir,
+    wait_until,
+)
+
+PROCESSES = 2
+RESTART_BOUND_S = 120.0      # a killed process ready again (two models on a busy 2-core machine: 10-30 s)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return results_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def launcher(prepared_repository, tmp_path_factory, admin_token):
+    """Two processes on one port, one instance per network each (what is proved does not depend on the count)."""
+    folder = tmp_path_factory.mktemp("front-door")
+    repository = repository_with_instances(prepared_repository, 1, folder / "model_repository", entries=MODELS)
+    with Launcher(folder, admin_token, extra_args=["--model-repository", str(repository)],
+                  processes=PROCESSES) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def images(varied_images):
+    return varied_images[:8]
+
+
+@pytest.fixture(scope="module")
+def reference(images, reference_logits):
+    return reference_logits(images)
+
+
+def port_answers(launcher) -> bool:
+    """The shared HTTP port answers a readiness probe, tried twice as a client with one retry does: a connection
+    the kernel had queued on a process at the moment it died is reset, and the next one reaches a live one."""
+    return http_ready(launcher.http_url) or http_ready(launcher.http_url)
+
+
+def successes_by_process(launcher, model: str) -> list[float]:
+    """Triton's success count of `model` in each process, read through the process's own metrics port."""
+    return [triton_metrics.scrape(metrics_url_of(port), timeout_s=10).total(triton_metrics.SUCCESS, model)
+            for port in launcher.metrics_ports]
+
+
+def fresh_connection_client(launcher) -> grpcclient.InferenceServerClient:
+    """A gRPC client on a connection of its own (no subchannel shared with the other clients of this process)."""
+    return grpcclient.InferenceServerClient(launcher.grpc_url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def test_two_processes_listen_on_one_port_and_each_answers_a_share(launcher, images, reference, results):
+    pids = launcher.server_pids()
+    assert sorted(pids) == launcher.metrics_ports, launcher.output()
+    listening = {port: set() for port in (launcher.grpc_port, launcher.http_port)}
+    for pid in pids.values():
+        for connection in psutil.Process(pid).net_connections(kind="tcp"):
+            if connection.status == "LISTEN" and connection.laddr.port in listening:
+                listening[connection.laddr.port].add(pid)
+    assert all(owners == set(pids.values()) for owners in listening.values()), (listening, pids)
+    assert listening_addresses([launcher.grpc_port, launcher.http_port]) == \
+        {launcher.grpc_port: {"127.0.0.1"}, launcher.http_port: {"127.0.0.1"}}
+
+    before = successes_by_process(launcher, MODEL_CUSTOM)
+    sent = 40
+    for i in range(sent):        # each request on a new connection: the kernel picks a process for each
+        protocol = "grpc" if i % 2 == 0 else "http"
+        if protocol == "grpc":
+            with fresh_connection_client(launcher) as triton:
+                logits = infer_image(triton, "grpc", MODEL_CUSTOM, images[i % 8:i % 8 + 1])
+        else:
+            with ResNetClient(MODEL_CUSTOM, "http", launcher.http_url) as triton:
+                logits = triton.infer(images[i % 8:i % 8 + 1]).logits
+        assert_correct(logits, reference[i % 8:i % 8 + 1])
+    shares = read_until(lambda: [a - b for a, b in zip(successes_by_process(launcher, MODEL_CUSTOM), before)],
+                        lambda delta: sum(delta) >= sent, 10)
+    assert sum(shares) == sent, shares
+    assert all(share >= 1 for share in shares), f"a process answered nothing: {shares}"
+    record(results, "front_door", {"share_of_40_fresh_connections": shares})
+
+
+class ProjectClients:
+    """Threads sending valid requests as the project's client does (ResNetClient: gRPC with its channel's
+    retry policy, HTTP with its resend), each on its own connection, recording (start, end, outcome)."""
+
+    def __init__(self, launcher, images: np.ndarray, protocols=("grpc",) * 4 + ("http",) * 2):
+        self.launcher, self.images = launcher, images
+        self.records: list[tuple[float, float, int, object]] = []
+        self.lock, self.stopping = threading.Lock(), threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(i, p), daemon=True) for i, p in enumerate(protocols)]
+
+    def _run(self, worker: int, protocol: str):
+        url = self.launcher.grpc_url if protocol == "grpc" else self.launcher.http_url
+        sent = 0
+        # each client its own connection (grpc_channel): the threads' connections land on both processes
+        with ResNetClient(MODELS[worker % 2], protocol, url, timeout_s=CLIENT_TIMEOUT_S) as triton:
+            while not self.stopping.is_set():
+                first = (worker * 3 + sent) % (len(self.images) - 1)
+                started = time.monotonic()
+                try:
+                    outcome = triton.infer(self.images[first:first + 2]).logits
+                except Exception as error:   # a failed call is what this test counts
+                    outcome = error
+                with self.lock:
+                    self.records.append((started, time.monotonic(), first, outcome))
+                sent += 1
+
+    def failures(self) -> list:
+        with self.lock:
+            return [r for r in self.records if isinstance(r[3], Exception)]
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(timeout=CLIENT_TIMEOUT_S + 10)
+        assert not any(thread.is_alive() for thread in self.threads), "a client thread hung"
+
+
+@pytest.mark.parametrize("signal_number, index", [(signal.SIGKILL, 0), (signal.SIGABRT, 1)], ids=["SIGKILL", "SIGABRT"])
+def test_a_process_killed_under_load_costs_no_client_call_and_comes_back_on_its_ports(
+        launcher, images, reference, results, signal_number, index):
+    port = launcher.metrics_ports[index]
+    victim = launcher.server_pids()[port]
+    restarts_before = launcher.output().count(READY_AGAIN_LINE)
+    with ProjectClients(launcher, images) as clients:
+        assert wait_until(lambda: len(clients.records) >= 12, 60), launcher.output()
+        killed_at = time.monotonic()
+        os.kill(victim, signal_number)
+        serving = []
+        # the shared port answers all along; the victim comes back with a new pid on its own metrics port
+        while time.monotonic() - killed_at < RESTART_BOUND_S:
+            serving.append(port_answers(launcher))
+            if launcher.output().count(READY_AGAIN_LINE) > restarts_before:
+                break
+            time.sleep(0.5)
+        back_after_s = time.monotonic() - killed_at
+        time.sleep(2.0)                         # traffic on both processes again
+    new_pid = launcher.server_pids().get(port)
+    assert new_pid not in (None, victim), launcher.output()
+    assert metrics_list_models(metrics_url_of(port), list(MODELS)), launcher.output()
+    failures = clients.failures()
+    assert not failures, f"{len(failures)} of {len(clients.records)} calls failed: {failures[:3]}"
+    during = [r for r in clients.records if killed_at < r[0] < killed_at + back_after_s]
+    assert during, "no call was answered while the process was down"
+    for _, _, first, logits in clients.records:
+        assert_correct(logits, reference[first:first + 2])
+    assert all(serving), f"the shared port did not answer in {serving.count(False)} of {len(serving)} probes"
+    # the restarted process takes its share again: fresh connections reach it
+    before = successes_by_process(launcher, MODEL_CUSTOM)
+    for _ in range(16):
+        with fresh_connection_client(launcher) as triton:
+            infer_image(triton, "grpc", MODEL_CUSTOM, images[:1])
+    shares = read_until(lambda: [a - b for a, b in zip(successes_by_process(launcher, MODEL_CUSTOM), before)],
+                        lambda delta: sum(delta) >= 16, 10)
+    assert shares[index] >= 1, shares
+    record(results, "front_door", {f"kill_{signal.Signals(signal_number).name}": {
+        "calls": len(clients.records), "failed": len(failures), "answered_while_down": len(during),
+        "back_after_s": round(back_after_s, 1), "share_after": shares}})
+
+
+def test_abandonment_storm_beside_valid_clients_loses_no_valid_call(launcher, images, results):
+    """Connections closed with calls in flight, round after round, alternating the two networks (the pattern
+    that crashes Triton 2.51), while valid clients send: none of theirs is lost or wrong, and the shared
+    port answers throughout (a process that crashes is restarted alone; the other serves meanwhile)."""
+    requests = {model: [client_abuse.infer_request(model, images[i:i + 1]) for i in range(len(images))]
+                for model in (MODEL_CUSTOM, MODEL_CUDNN)}
+    valid: dict = {}
+    serving: list[bool] = []
+    storming = threading.Event()
+
+    def valid_clients():
+        valid.update(client_abuse.valid_for(launcher.grpc_url, requests[MODEL_CUDNN], seconds=24, in_flight=8))
+
+    def probe():
+        while not storming.is_set():
+            serving.append(port_answers(launcher))
+            time.sleep(0.5)
+
+    threads = [threading.Thread(target=valid_clients), threading.Thread(target=probe)]
+    for thread in threads:
+        thread.start()
+    rounds = []
+    for round_index in range(6):
+        model = (MODEL_CUSTOM, MODEL_CUDNN)[round_index % 2]
+        rounds += client_abuse.abandon(launcher.grpc_url, requests[model], rounds=1, in_flight=64, hold_s=1.0,
+                                       connections=16)
+        time.sleep(2.0)
+    threads[0].join(timeout=CLIENT_TIMEOUT_S + 60)
+    storming.set()
+    threads[1].join()
+    assert valid and valid["lost"] == 0 and valid["mismatched"] == 0, valid
+    assert valid["sent"] > 0
+    assert all(serving), f"the shared port did not answer in {serving.count(False)} of {len(serving)} probes"
+    assert wait_until(lambda: all(metrics_list_models(metrics_url_of(p), list(MODELS))
+                                  for p in launcher.metrics_ports), RESTART_BOUND_S), launcher.output()
+    record(results, "front_door", {"abandonment_storm": {
+        "rounds": len(rounds), "abandoned_calls": sum(r.sent for r in rounds),
+        "valid_sent": valid["sent"], "valid_lost": valid["lost"], "valid_retries": valid["retries"],
+        "crashes": launcher.output().count("crashed:"), "shared_port_probes": len(serving)}})
+
+
+def test_launcher_refuses_ports_another_server_holds(launcher, tmp_path, admin_token):
+    """SO_REUSEPORT would let a second launcher join the first one's port group: it refuses instead."""
+    second = Launcher(tmp_path, admin_token, processes=PROCESSES)
+    second.http_port, second.grpc_port = launcher.http_port, launcher.grpc_port
+    with pytest.raises(RuntimeError, match="already in use"):
+        second.start(ready_timeout_s=60)
+    assert Path(second.output_file).read_text().count("already in use") == 1
