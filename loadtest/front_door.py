@@ -86,13 +86,18 @@ class Layout:
                 self.launcher.wait()
 
 
+def rounded(value, digits: int = 2):
+    return None if value is None else round(float(value), digits)
+
+
 def step_row(layout: Layout, model: str, images: int, shared_memory: str, record: dict) -> dict:
     return {"processes_per_gpu": layout.processes, "mps": layout.mps, "model": model,
             "images_per_request": images, "shared_memory": shared_memory != "none",
-            "img_per_s": round(record["img_per_s"], 1), "p50_ms": record["p50_ms"], "p99_ms": record["p99_ms"],
+            "img_per_s": round(record["img_per_s"], 1), "p50_ms": rounded(record["p50_ms"]),
+            "p99_ms": rounded(record["p99_ms"]),
             "concurrency": record["concurrency"], "failures": record["failures"], "sent": record["sent"],
             "client_cpu_percent": record.get("client_cpu_percent"),
-            "client_cpu_saturated": record.get("client_cpu_saturated"),
+            "client_cpu_saturated": bool(record.get("client_cpu_saturated")),
             "avg_batch": record.get("avg_batch"), "queue_us": record.get("queue_us"),
             "compute_infer_us": record.get("compute_infer_us"), "problems": record.get("problems", [])}
 
@@ -172,7 +177,7 @@ def main(argv=None) -> int:
     def write():
         results["targets"] = targets(results["layouts"])
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        args.out.write_text(json.dumps(results, indent=1, default=lambda value: value.item()) + "\n")
         args.out.with_suffix(".md").write_text(markdown(results))
 
     status = 0
