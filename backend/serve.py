@@ -651,6 +651,8 @@ def main(argv=None):
         print(f"fusedresnet: {error}", file=sys.stderr)
         return 1
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    # also when started with SIGINT ignored (a background job of a non-interactive shell): SIGINT stops it
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with contextlib.ExitStack() as resources:
         if args.mps:
             if not use_gpu:

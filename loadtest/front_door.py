@@ -8,8 +8,12 @@ For each layout (processes per GPU x CUDA MPS off/on) one launcher serves on GPU
 ceiling, no GPU work); the project's load generator (loadtest/grpc_flood.py) runs in this process's
 children, pinned to `--generator-cores` (a stand-in for remote clients). Series: gRPC at 1 and at 32
 images per request, and CUDA shared memory at 32 (every region registered with every process behind
-the port). Every step keeps grpc_flood's record: img/s, client-side p50/p99, the generator's CPU (is it
-the limit?), Triton's own counts and queue/compute times summed over the processes' metrics ports.
+the port). Plain gRPC is driven by h2load (loadtest/h2load_step.py, C: grpc_flood's Python processes
+saturate before several server processes do), CUDA shared memory by grpc_flood. Every step keeps img/s,
+client-side p50/p99, the generator's CPU and the server's (launcher, tritonservers and stubs), Triton's own
+counts and queue/compute times summed over the processes' metrics ports; custom's first series runs again
+from twice the generator (the generator check). After its steps, each layout's last process is killed and
+the time until it is ready again is recorded with where it went (its models' load times).
 
 Writes `--out` (.json, and .md beside it) after every step: device, date, git_commit, generator_cores,
 server_cores, layouts [{processes_per_gpu, mps, model, images_per_request, shared_memory, img_per_s,
@@ -30,18 +34,23 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 from fusedresnet.backend.network import free_port_run, free_ports
 from fusedresnet.backend.provenance import git_commit
-from fusedresnet.backend.serve import READY_LINE
+from fusedresnet.backend.serve import READY_AGAIN_LINE, READY_LINE
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, MODEL_CUDNN, MODEL_CUSTOM, ZERO_MODEL
 from fusedresnet.loadtest.grpc_flood import run_step
-from fusedresnet.loadtest.measurements import cpu_list, cpu_text
+from fusedresnet.loadtest.h2load_step import run_h2load_step
+from fusedresnet.loadtest.measurements import cpu_list, cpu_text, tree_cpu_seconds
 from fusedresnet.loadtest.perf_analyzer import build_repository
 from fusedresnet.loadtest.sweep import describe_device
 
 MODELS_MEASURED = (MODEL_CUSTOM, MODEL_CUDNN, ZERO_MODEL)
-# (images per request, shared memory, requests in flight): the series of every layout
-SERIES = ((1, "none", 256), (32, "none", 64), (32, "cuda", 64))
+# (load generator, images per request, shared memory, requests in flight): the series of every layout. Plain
+# gRPC from h2load (C: grpc_flood's Python processes saturate first), CUDA shared memory from grpc_flood.
+SERIES = (("h2load", 1, "none", 512), ("h2load", 32, "none", 64), ("grpc_flood", 32, "cuda", 64))
+H2LOAD_CONNECTIONS, H2LOAD_THREADS = 64, 8
 TARGETS = {"grpc32_vs_cudnn": 2.0, "grpc32_vs_n1": 1.8, "grpc1_vs_n1": 1.8, "cuda_shm_img_per_s": 95_000}
 READY_TIMEOUT_S = 300
 
@@ -91,6 +100,7 @@ def rounded(value, digits: int = 2):
 
 
 def step_row(layout: Layout, model: str, images: int, shared_memory: str, record: dict) -> dict:
+    """One step's figures as the report keeps them."""
     return {"processes_per_gpu": layout.processes, "mps": layout.mps, "model": model,
             "images_per_request": images, "shared_memory": shared_memory != "none",
             "img_per_s": round(record["img_per_s"], 1), "p50_ms": rounded(record["p50_ms"]),
@@ -98,8 +108,72 @@ def step_row(layout: Layout, model: str, images: int, shared_memory: str, record
             "concurrency": record["concurrency"], "failures": record["failures"], "sent": record["sent"],
             "client_cpu_percent": record.get("client_cpu_percent"),
             "client_cpu_saturated": bool(record.get("client_cpu_saturated")),
+            "load_generator": record.get("load_generator"), "server_cpu_percent": record.get("server_cpu_percent"),
             "avg_batch": record.get("avg_batch"), "queue_us": record.get("queue_us"),
             "compute_infer_us": record.get("compute_infer_us"), "problems": record.get("problems", [])}
+
+
+def run_series_step(layout: Layout, model: str, generator: str, images: int, shared_memory: str, in_flight: int,
+                    args, scale: int = 1) -> dict:
+    """One step of a series (`scale` x the generator's connections and threads: the generator check), with the
+    server's CPU (launcher, tritonservers and stubs, in % of one core) over it."""
+    url = f"127.0.0.1:{layout.grpc_port}"
+    server = psutil.Process(layout.launcher.pid)
+    cpu_before, started = tree_cpu_seconds(server)[0], time.monotonic()
+    if generator == "h2load":
+        connections = min(H2LOAD_CONNECTIONS, in_flight) * scale
+        record = run_h2load_step(model, url, layout.metrics_url, images, connections,
+                                 max(1, in_flight // min(H2LOAD_CONNECTIONS, in_flight)), H2LOAD_THREADS * scale,
+                                 args.seconds, args.warmup_s)
+    else:
+        record = run_step(model, url, layout.metrics_url, in_flight * scale, images, args.generator_processes * scale,
+                          args.warmup_s, args.seconds, shared_memory=shared_memory, admin_token=layout.token,
+                          server_processes=layout.processes)
+    record["server_cpu_percent"] = round(100 * (tree_cpu_seconds(server)[0] - cpu_before)
+                                         / (time.monotonic() - started), 1)
+    return record
+
+
+def recovery(layout: Layout) -> dict:
+    """SIGKILL the layout's last process, as a crash: seconds until the launcher has it ready again (its own
+    line), and where the restart's time went (the launcher's start-to-ready and Triton's model-load lines)."""
+    launcher = psutil.Process(layout.launcher.pid)
+    servers = [p for p in launcher.children() if p.name() == "tritonserver"]
+    victim = max(servers, key=lambda p: p.pid)
+    seen = layout.output.read_text(errors="replace").count(READY_AGAIN_LINE)
+    killed = time.monotonic()
+    victim.kill()
+    while layout.output.read_text(errors="replace").count(READY_AGAIN_LINE) == seen:
+        if time.monotonic() - killed > READY_TIMEOUT_S:
+            return {"killed_pid": victim.pid, "ready_again_s": None}
+        time.sleep(0.05)
+    ready_again_s = time.monotonic() - killed
+    line = [row for row in layout.output.read_text(errors="replace").splitlines() if READY_AGAIN_LINE in row][-1]
+    return {"killed_pid": victim.pid, "ready_again_s": round(ready_again_s, 2), "launcher_line": line,
+            "model_loads": model_load_times(layout.output.with_suffix(".log"))}
+
+
+def model_load_times(log_file: Path) -> dict:
+    """Seconds from the newest tritonserver's first log line to each model's 'successfully loaded' and to its
+    endpoints' start, from Triton's own timestamps (I1128 02:00:17.123456 <pid> ...)."""
+    stamp = re.compile(r"^(?:\[[^]]+\] )?[IWE]\d{4} (\d\d):(\d\d):(\d\d\.\d+) +(\d+) ")
+    rows = [(m, line) for line in log_file.read_text(errors="replace").splitlines() if (m := stamp.match(line))]
+    if not rows:
+        return {}
+    newest = max(int(m.group(4)) for m, _ in rows)
+    times = [(int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3)), line)
+             for m, line in rows if int(m.group(4)) == newest]
+    first = times[0][0]
+    events = {}
+    for seconds, line in times:
+        loaded = re.search(r"successfully loaded '([^']+)'", line)
+        if loaded:
+            events[loaded.group(1)] = round(seconds - first, 2)
+        elif "Started GRPCInferenceService" in line:
+            events["grpc_started"] = round(seconds - first, 2)
+        elif "Started Metrics Service" in line:
+            events["metrics_started"] = round(seconds - first, 2)
+    return events
 
 
 def figure(rows: list[dict], processes: int, mps: bool, model: str, images: int, shm: bool) -> float | None:
@@ -129,15 +203,21 @@ def targets(rows: list[dict]) -> list[dict]:
 def markdown(results: dict) -> str:
     lines = [f"# Several server processes behind one port ({results['date']})", "",
              f"{results['device']}; code {results['git_commit']}; server on cores {results['server_cores']} and "
-             f"GPU {results['gpu']}, load generator (grpc_flood) on cores {results['generator_cores']}, a stand-in "
-             "for remote clients. Command: `" + results["command"] + "`.", "",
-             "| processes/GPU | MPS | model | images/request | shared memory | img/s | p50 ms | p99 ms | "
-             "generator CPU % | mean batch |", "|---|---|---|---|---|---:|---:|---:|---:|---:|"]
-    for r in results["layouts"]:
-        lines.append(f"| {r['processes_per_gpu']} | {'on' if r['mps'] else 'off'} | {r['model']} | "
-                     f"{r['images_per_request']} | {'CUDA' if r['shared_memory'] else '-'} | {r['img_per_s']:,.0f} | "
-                     f"{r['p50_ms']} | {r['p99_ms']} | {r['client_cpu_percent']} | "
-                     f"{'-' if r['avg_batch'] is None else round(r['avg_batch'], 1)} |")
+             f"GPU {results['gpu']}, load generators (h2load for plain gRPC, grpc_flood for CUDA shared memory) on "
+             f"cores {results['generator_cores']}, a stand-in for remote clients. Command: `" + results["command"] + "`.", "",
+             "| processes/GPU | MPS | model | images/request | shared memory | generator | img/s | p50 ms | p99 ms | "
+             "generator CPU % | server CPU % | mean batch |", "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+
+    def row(r):
+        generator = f"{r['load_generator']}{' x2' if r.get('generator_scale', 1) > 1 else ''}"
+        return (f"| {r['processes_per_gpu']} | {'on' if r['mps'] else 'off'} | {r['model']} | "
+                f"{r['images_per_request']} | {'CUDA' if r['shared_memory'] else '-'} | {generator} | "
+                f"{r['img_per_s']:,.0f} | {r['p50_ms']} | {r['p99_ms']} | {r['client_cpu_percent']} | "
+                f"{r['server_cpu_percent']} | {'-' if r['avg_batch'] is None else round(r['avg_batch'], 1)} |")
+    lines += [row(r) for r in results["layouts"]]
+    lines += ["", "The generator check: custom's first series again from twice the generator (connections and "
+              "threads); no more img/s than the row above means the generator was not the limit.", "",
+              lines[4], lines[5], *(row(r) for r in results["generator_checks"])]
     lines += ["", "Targets for custom (" + ", ".join(f"{k} >= {v}" for k, v in TARGETS.items()) + "):", "",
               "| processes/GPU | MPS | " + " | ".join(TARGETS) + " |", "|---|---|" + "---|" * len(TARGETS)]
     for check in results["targets"]:
@@ -145,6 +225,13 @@ def markdown(results: dict) -> str:
         mps = "on" if check["mps"] else "off"
         lines.append(f"| {check['processes_per_gpu']} | {mps} | " + " | ".join(cells) + " |")
     lines += ["", "Launcher start to ready: " + ", ".join(f"{k}: {v} s" for k, v in results["ready_s"].items()), ""]
+    lines += ["Recovery: the last process of each layout killed (SIGKILL) after its steps; seconds until the launcher "
+              "had it ready again, and from the new process's first log line to each model loaded:", "",
+              "| processes/GPU | MPS | ready again s | models loaded (s from the process's first log line) |",
+              "|---|---|---:|---|"]
+    lines += [f"| {r['processes_per_gpu']} | {'on' if r['mps'] else 'off'} | {r['ready_again_s']} | "
+              f"{', '.join(f'{k} {v}' for k, v in r.get('model_loads', {}).items())} |" for r in results["recoveries"]]
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -159,11 +246,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--warmup-s", type=float, default=1.5)
     parser.add_argument("--generator-processes", type=int, default=12)
-    parser.add_argument("--series", default=",".join(f"{i}:{m}:{c}" for i, m, c in SERIES),
-                        help="images:shared-memory:in-flight of each step, comma-separated")
+    parser.add_argument("--series", default=",".join(":".join(map(str, item)) for item in SERIES),
+                        help="generator:images:shared-memory:in-flight of each step, comma-separated")
     args = parser.parse_args(argv)
     server_cores, generator_cores = cpu_list(args.server_cores), cpu_list(args.generator_cores)
-    series = [(int(images), memory, int(in_flight)) for images, memory, in_flight in
+    series = [(generator, int(images), memory, int(in_flight)) for generator, images, memory, in_flight in
               (item.split(":") for item in args.series.split(","))]
     os.sched_setaffinity(0, generator_cores)    # this process and its load processes
     work = Path(tempfile.mkdtemp(prefix="front_door_"))
@@ -172,7 +259,7 @@ def main(argv=None) -> int:
         timespec="seconds"), "git_commit": git_commit(), "gpu": args.gpu,
         "server_cores": cpu_text(server_cores), "generator_cores": cpu_text(generator_cores),
         "command": "python -m fusedresnet.loadtest.front_door " + " ".join(argv or sys.argv[1:]),
-        "layouts": [], "targets": [], "ready_s": {}, "work": str(work)}
+        "layouts": [], "generator_checks": [], "recoveries": [], "targets": [], "ready_s": {}, "work": str(work)}
 
     def write():
         results["targets"] = targets(results["layouts"])
@@ -188,19 +275,24 @@ def main(argv=None) -> int:
             print(f"== {processes} process(es) per GPU, MPS {'on' if mps else 'off'}: ready in {layout.ready_s:.1f} s",
                   flush=True)
             try:
-                for model in MODELS_MEASURED:
-                    for images, shared_memory, concurrency in series:
-                        record = run_step(model, f"127.0.0.1:{layout.grpc_port}", layout.metrics_url, concurrency,
-                                          images, args.generator_processes, args.warmup_s, args.seconds,
-                                          shared_memory=shared_memory, admin_token=layout.token,
-                                          server_processes=processes)
-                        row = step_row(layout, model, images, shared_memory, record)
-                        status |= bool(row["failures"])
-                        results["layouts"].append(row)
-                        print(f"  {model} x{images} shm={shared_memory}: {row['img_per_s']:,.0f} img/s, p50 "
-                              f"{row['p50_ms']} ms, p99 {row['p99_ms']} ms, generator {row['client_cpu_percent']}%, "
-                              f"failures {row['failures']} {row['problems'][:2]}", flush=True)
-                        write()
+                steps = [(model, *item, 1) for model in MODELS_MEASURED for item in series]
+                # the generator check: the first series of custom again from twice the generator
+                steps.insert(1, (MODEL_CUSTOM, *series[0], 2))
+                for model, generator, images, shared_memory, concurrency, scale in steps:
+                    record = run_series_step(layout, model, generator, images, shared_memory, concurrency, args,
+                                             scale)
+                    row = step_row(layout, model, images, shared_memory, record)
+                    row["generator_scale"] = scale
+                    status |= bool(row["failures"])
+                    (results["generator_checks"] if scale > 1 else results["layouts"]).append(row)
+                    print(f"  {model} x{images} shm={shared_memory} {generator}{' x2' if scale > 1 else ''}: "
+                          f"{row['img_per_s']:,.0f} img/s, p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, "
+                          f"generator {row['client_cpu_percent']}%, server {row['server_cpu_percent']}%, "
+                          f"failures {row['failures']} {row['problems'][:2]}", flush=True)
+                    write()
+                results["recoveries"].append({"processes_per_gpu": processes, "mps": mps, **recovery(layout)})
+                print(f"  recovery: {results['recoveries'][-1]}", flush=True)
+                write()
             finally:
                 layout.stop()
     write()

@@ -6,10 +6,16 @@
 # gRPC 1 and 32 images/request and CUDA shared memory at 32.
 #   bash scripts/gpu_host_front_door.sh off        # the layouts without CUDA MPS (about 6 min)
 #   bash scripts/gpu_host_front_door.sh on         # the same under CUDA MPS
-# Writes $OUT (default build/gpu-host): device.txt, front_door_<mps>.json/.md, the launchers' logs (out.tgz).
+# h2load (Debian's nghttp2-client) drives plain gRPC: the host has none, so carry its binary and libraries
+# unpacked under .h2load/root (apt-get download nghttp2-client libnghttp2-14 libev4 libjansson4 libjemalloc2;
+# dpkg -x each into .h2load/root).
+# Writes $OUT (default build/gpu-host): device.txt, front_door_<mps>.json/.md, the launchers' logs (.tgz).
 set -uo pipefail
 OUT="${OUT:-build/gpu-host}"; mkdir -p "$OUT"
 MPS="${1:-off}"
+if [ -x .h2load/root/usr/bin/h2load ]; then
+    export PATH="$PWD/.h2load/root/usr/bin:$PATH" LD_LIBRARY_PATH="$PWD/.h2load/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+fi
 # shellcheck source=scripts/gpu_host_env.sh
 source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc;
@@ -18,5 +24,5 @@ python3 -m fusedresnet.loadtest.front_door --out "$OUT/front_door_$MPS.json" --m
     --server-cores "${SERVER_CORES:-0-15}" --generator-cores "${GENERATOR_CORES:-16-31}" \
     --processes "${PROCESSES:-1,2,4}" 2>&1 | tee "$OUT/front_door_$MPS.log"
 status=${PIPESTATUS[0]}
-tar czf "$OUT/front_door_logs_$MPS.tgz" -C /tmp --wildcards 'front_door_*/launcher-*' 2>/dev/null || true
+tar czf "$OUT/front_door_logs_$MPS.tgz" /tmp/front_door_*/launcher-* 2>/dev/null || true
 exit "$status"
