@@ -32,8 +32,8 @@ endpoint at most every METRICS_FLUSH_S, from a timer on the stub's event loop (s
 when traffic stops): each metric update is a message from the stub to the server, too dear per request.
 Histograms are exposed as Prometheus exposes them, cumulative `_bucket{le=...}` counters with `_sum` and
 `_count`, so `histogram_quantile` reads them. Disagreeing requests (request id, both arms' top-5 per image)
-are kept, the last `disagreement_records`, in AB_DISAGREEMENTS_DIR/<model instance>.json (rewritten with the
-metrics) and logged, at most a line a second.
+are kept, the last `disagreement_records`, in AB_DISAGREEMENTS_DIR/<model instance>-server<pid>.json (rewritten
+with the metrics) and logged, at most a line a second.
 
 Tensors cross the boundary through DLPack only (as_numpy is wrong with NumPy 2 in this Triton build).
 """
@@ -266,7 +266,9 @@ class ABRouterModel:
         self.disagreements_changed = False
         self.last_log = 0.0
         self.suppressed_logs = 0
-        self.record_file = AB_DISAGREEMENTS_DIR / f"{self.instance_name}.json"
+        # Per instance and per tritonserver (its pid: several servers may share the repository, and each
+        # names its instances alike).
+        self.record_file = AB_DISAGREEMENTS_DIR / f"{self.instance_name}-server{os.getppid()}.json"
         self._declare_metrics()
         pb_utils.Logger.log_info(
             f"{self.model_name}: A/B router, mode {self.config.mode}, primary {self.config.primary}, candidate "

@@ -9,8 +9,9 @@ parameters replaced (POST /v2/repository/models/resnet18_ab/load with the config
 loads the new configuration, then unloads the old one; a refused configuration (a bad parameter: the error
 names it) leaves the old one serving. The load API is
 an admin API: it takes the admin token ($FUSEDRESNET_ADMIN_TOKEN, --admin-token-file, else build/admin-token)
-and a server in model control mode explicit (`python -m fusedresnet.backend.serve -- --model-control-mode=explicit
---load-model='*'`); in mode none, the launcher's default, edit model_repository/resnet18_ab/config.pbtxt and
+and a server of one Triton process per GPU in model control mode explicit (`python -m fusedresnet.backend.serve
+--processes-per-gpu 1 -- --model-control-mode=explicit --load-model='*'`: behind a port shared by several processes a
+call reaches one of them); in mode none, the launcher's default, edit model_repository/resnet18_ab/config.pbtxt and
 restart instead (docs/AB_LIVE.md). A reload starts the router's counters afresh per instance where Triton drops
 the old series.
 """

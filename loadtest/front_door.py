@@ -204,7 +204,8 @@ def markdown(results: dict) -> str:
     lines = [f"# Several server processes behind one port ({results['date']})", "",
              f"{results['device']}; code {results['git_commit']}; server on cores {results['server_cores']} and "
              f"GPU {results['gpu']}, load generators (h2load for plain gRPC, grpc_flood for CUDA shared memory) on "
-             f"cores {results['generator_cores']}, a stand-in for remote clients. Command: `" + results["command"] + "`.", "",
+             f"cores {results['generator_cores']}, a stand-in for remote clients.",
+             "Command: `" + results["command"] + "`.", "",
              "| processes/GPU | MPS | model | images/request | shared memory | generator | img/s | p50 ms | p99 ms | "
              "generator CPU % | server CPU % | mean batch |", "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
 

@@ -276,7 +276,7 @@ def test_failing_candidate_does_not_fail_the_request_and_is_counted(ab_server, a
 
 def test_disagreeing_requests_are_counted_and_recorded_with_both_top5(ab_server, admin_token, varied_images):
     reload_router(ab_server, admin_token, mode="shadow", primary="arm_a", candidate="arm_reversed")
-    record_file = AB_DISAGREEMENTS_DIR / f"{AB_ROUTER_MODEL}_0_0.json"
+    record_file = AB_DISAGREEMENTS_DIR / f"{AB_ROUTER_MODEL}_0_0-server{ab_server.process.pid}.json"
     record_file.unlink(missing_ok=True)
     before = metric(ab_server.metrics_url, AB_DISAGREEING_METRIC)
     with grpcclient.InferenceServerClient(ab_server.grpc_url) as client:
