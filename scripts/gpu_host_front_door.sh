@@ -8,11 +8,12 @@
 #   bash scripts/gpu_host_front_door.sh on         # the same under CUDA MPS
 # h2load (Debian's nghttp2-client) drives plain gRPC: the host has none, so carry its binary and libraries
 # unpacked under .h2load/root (apt-get download nghttp2-client libnghttp2-14 libev4 libjansson4 libjemalloc2;
-# dpkg -x each into .h2load/root).
+# dpkg -x each into .h2load/root; or packed as .h2load/h2load.tar.xz of that root/, which is unpacked here).
 # Writes $OUT (default build/gpu-host): device.txt, front_door_<mps>.json/.md, the launchers' logs (.tgz).
 set -uo pipefail
 OUT="${OUT:-build/gpu-host}"; mkdir -p "$OUT"
 MPS="${1:-off}"
+if [ -f .h2load/h2load.tar.xz ] && [ ! -x .h2load/root/usr/bin/h2load ]; then tar xJf .h2load/h2load.tar.xz -C .h2load; fi
 if [ -x .h2load/root/usr/bin/h2load ]; then
     export PATH="$PWD/.h2load/root/usr/bin:$PATH" LD_LIBRARY_PATH="$PWD/.h2load/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 fi
