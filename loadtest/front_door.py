@@ -38,7 +38,7 @@ import psutil
 
 from fusedresnet.backend.network import free_port_run, free_ports
 from fusedresnet.backend.provenance import git_commit
-from fusedresnet.backend.serve import READY_AGAIN_LINE, READY_LINE
+from fusedresnet.backend.serve import READY_AGAIN_LINE, READY_LINE, metrics_list_models
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, MODEL_CUDNN, MODEL_CUSTOM, ZERO_MODEL
 from fusedresnet.loadtest.grpc_flood import run_step
 from fusedresnet.loadtest.h2load_step import run_h2load_step
@@ -85,6 +85,18 @@ class Layout:
         line = next(line for line in self.output.read_text().splitlines() if READY_LINE in line)
         self.metrics_url = ",".join(re.findall(r"http://[\d.]+:\d+/metrics", line))
 
+    def crash_lines(self) -> list[str]:
+        return [line for line in self.output.read_text(errors="replace").splitlines()
+                if line.startswith("fusedresnet: tritonserver") and "restarting" in line]
+
+    def wait_all_ready(self):
+        """Until every process lists its models again (the launcher restarts a crashed one)."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not all(metrics_list_models(url, list(MODELS_MEASURED)) for url in self.metrics_url.split(",")):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"a process not ready again:\n{self.output.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.5)
+
     def stop(self):
         if self.launcher.poll() is None:
             self.launcher.send_signal(2)
@@ -109,7 +121,8 @@ def step_row(layout: Layout, model: str, images: int, shared_memory: str, record
             "client_cpu_percent": record.get("client_cpu_percent"),
             "client_cpu_saturated": bool(record.get("client_cpu_saturated")),
             "load_generator": record.get("load_generator"), "server_cpu_percent": record.get("server_cpu_percent"),
-            "avg_batch": record.get("avg_batch"), "queue_us": record.get("queue_us"),
+            "avg_batch": record.get("avg_batch"), "cancelled_at_end": record.get("triton_cancelled"),
+            "queue_us": record.get("queue_us"),
             "compute_infer_us": record.get("compute_infer_us"), "problems": record.get("problems", [])}
 
 
@@ -260,7 +273,8 @@ def main(argv=None) -> int:
         timespec="seconds"), "git_commit": git_commit(), "gpu": args.gpu,
         "server_cores": cpu_text(server_cores), "generator_cores": cpu_text(generator_cores),
         "command": "python -m fusedresnet.loadtest.front_door " + " ".join(argv or sys.argv[1:]),
-        "layouts": [], "generator_checks": [], "recoveries": [], "targets": [], "ready_s": {}, "work": str(work)}
+        "layouts": [], "generator_checks": [], "recoveries": [], "crashed_steps": [], "targets": [], "ready_s": {},
+        "work": str(work)}
 
     def write():
         results["targets"] = targets(results["layouts"])
@@ -280,8 +294,18 @@ def main(argv=None) -> int:
                 # the generator check: the first series of custom again from twice the generator
                 steps.insert(1, (MODEL_CUSTOM, *series[0], 2))
                 for model, generator, images, shared_memory, concurrency, scale in steps:
-                    record = run_series_step(layout, model, generator, images, shared_memory, concurrency, args,
-                                             scale)
+                    try:
+                        record = run_series_step(layout, model, generator, images, shared_memory, concurrency, args,
+                                                 scale)
+                    except OSError as error:   # a metrics port gone: a process crashed during the step
+                        crashes = layout.crash_lines()
+                        print(f"  {model} x{images} {generator}: not measured ({error}); crashes: {crashes}",
+                              flush=True)
+                        results["crashed_steps"].append({"processes_per_gpu": processes, "mps": mps, "model": model,
+                                                         "images_per_request": images, "generator": generator,
+                                                         "error": str(error), "crashes": crashes})
+                        layout.wait_all_ready()
+                        continue
                     row = step_row(layout, model, images, shared_memory, record)
                     row["generator_scale"] = scale
                     status |= bool(row["failures"])
@@ -291,6 +315,7 @@ def main(argv=None) -> int:
                           f"generator {row['client_cpu_percent']}%, server {row['server_cpu_percent']}%, "
                           f"failures {row['failures']} {row['problems'][:2]}", flush=True)
                     write()
+                results["crashes"] = results.get("crashes", 0) + len(layout.crash_lines())
                 results["recoveries"].append({"processes_per_gpu": processes, "mps": mps, **recovery(layout)})
                 print(f"  recovery: {results['recoveries'][-1]}", flush=True)
                 write()

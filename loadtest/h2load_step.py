@@ -11,7 +11,8 @@ process the kernel picks, so connections spread over the processes behind one po
 
 h2load sees HTTP statuses, not gRPC ones (a gRPC error is an HTTP 200 with a grpc-status trailer), so the
 step is judged by Triton's own counters over the step: every request h2load finished must be a success
-there, and Triton's failures must be 0. Throughput is h2load's over its measurement window; latency
+there, and Triton's failures must be 0, but for the calls h2load resets when its time is up (counted as
+CANCELED, reported apart). Throughput is h2load's over its measurement window; latency
 percentiles come from its per-request log (--log-file), of the requests started inside the window; the
 generator's CPU is h2load's own (user + system over the step).
 """
@@ -81,14 +82,19 @@ def run_h2load_step(model: str, url: str, metrics_url: str, images_per_request: 
     after = triton_metrics.scrape(metrics_url, timeout_s=10)
     counts = parse_h2load(finished.stdout)
     triton = triton_metrics.model_delta(before, after, model)
+    # h2load ends its run by resetting the calls still in flight: Triton counts them as failures of reason
+    # CANCELED. Those are the generator's stop, not the server's errors.
+    triton["triton_cancelled"] = int(after.total(triton_metrics.FAILURE, model, reason="CANCELED")
+                                     - before.total(triton_metrics.FAILURE, model, reason="CANCELED"))
+    errors = triton["triton_failure"] - triton["triton_cancelled"]
     done = counts.get("requests_succeeded", 0)
     requests_per_s = next((float(line.split(",")[1].split()[0]) for line in finished.stdout.splitlines()
                            if line.startswith("finished in")), 0.0)
     problems = []
     if finished.returncode != 0:
         problems.append(f"h2load exited {finished.returncode}: {finished.stderr.strip()[-300:]}")
-    if triton["triton_failure"]:
-        problems.append(f"Triton counted {triton['triton_failure']} failed requests")
+    if errors:
+        problems.append(f"Triton counted {errors} failed requests (besides {triton['triton_cancelled']} cancelled)")
     if triton["triton_success"] < done:
         problems.append(f"h2load finished {done} requests after its warm-up, Triton counted only "
                         f"{triton['triton_success']} successes over the whole step (gRPC errors are HTTP 200)")
@@ -96,7 +102,7 @@ def run_h2load_step(model: str, url: str, metrics_url: str, images_per_request: 
             images_per_request, "concurrency": connections * streams, "connections": connections,
             "streams": streams, "threads": min(threads, connections), "shared_memory": "none",
             "img_per_s": requests_per_s * images_per_request, "sent": counts.get("requests_total", 0),
-            "failures": counts.get("requests_failed", 0) + counts.get("requests_errored", 0) + triton["triton_failure"],
+            "failures": counts.get("requests_failed", 0) + counts.get("requests_errored", 0) + errors,
             "p50_ms": float(np.percentile(latencies, 50)) if len(latencies) else None,
             "p99_ms": float(np.percentile(latencies, 99)) if len(latencies) else None,
             "client_cpu_percent": round(100 * cpu_s / wall_s, 1), "client_cpu_saturated":
