@@ -88,6 +88,7 @@ EXIT_STUB_DIED = 3          # a model's Python stub died (and --no-restart, or t
 EXIT_SERVER_DIED = 4        # tritonserver exited or stopped answering without being asked to (idem)
 WEDGED_AFTER_S = 20.0       # an endpoint unanswered this long (probes every poll) means a hung server
 PROBE_TIMEOUT_S = 5.0
+EXIT_SEEN_WITHIN_S = 0.05   # how often the supervisor looks for an exit or a crash line (a wait on an event)
 LOG_LINES_ON_FAILURE = 20
 # Models load in parallel up to this many (Triton's default is 4; the repository has more entries).
 MODEL_LOAD_THREADS = 8
@@ -394,15 +395,19 @@ class TritonServer:
     def wait_for_failure(self, poll_s: float) -> tuple[bool, str]:
         """Block until the server fails: (whether a stub died, the cause in words)."""
         expected = set(self.instance_stubs)
-        answered_at = time.monotonic()
+        answered_at = next_probe = time.monotonic()
         while True:
-            if self.crashed.wait(poll_s) and not self.stopping.is_set():
+            # A crash line or an exit is seen within EXIT_SEEN_WITHIN_S; the endpoints are probed every poll_s.
+            if self.crashed.wait(EXIT_SEEN_WITHIN_S) and not self.stopping.is_set():
                 return False, f"tritonserver{self._named()} (pid {self.process.pid}) crashed: " \
                               f"{self.crash_line.decode(errors='replace')!r}"
             if self.stopping.is_set():
                 return False, "stopped"
             if self.process.poll() is not None:
                 return False, f"tritonserver{self._named()} exited unasked ({exit_cause(self.process.returncode)})"
+            if time.monotonic() < next_probe:
+                continue
+            next_probe = time.monotonic() + poll_s
             answers = self.is_ready()
             dead = expected - set(self.model_stub_pids())
             # A stub that goes away while the server still lists its models is a crash (one that goes while it
