@@ -27,8 +27,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from fusedresnet.backend.network import http_ready
-from fusedresnet.backend.serve import READY_AGAIN_LINE, metrics_list_models
+from fusedresnet.backend.serve import EXIT_SERVER_DIED, READY_AGAIN_LINE, ServerGroup, metrics_list_models
 from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, MODELS
+from fusedresnet.backend.triton_install import ServerError
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.loadtest import client_abuse, triton_metrics
 from fusedresnet.loadtest.serving_sequence import repository_with_instances
@@ -254,3 +255,43 @@ def test_launcher_refuses_ports_another_server_holds(launcher, tmp_path, admin_t
     with pytest.raises(RuntimeError, match="already in use"):
         second.start(ready_timeout_s=60)
     assert Path(second.output_file).read_text().count("already in use") == 1
+
+
+def test_no_restart_stops_every_process_and_exits_4_when_one_crashes(prepared_repository, tmp_path, admin_token):
+    """--no-restart with several processes: the first failure of any stops them all (exit status 4 for a
+    crashed tritonserver), leaving the restart to an orchestrator."""
+    repository = repository_with_instances(prepared_repository, 1, tmp_path / "model_repository", entries=MODELS)
+    launcher = Launcher(tmp_path, admin_token, processes=PROCESSES,
+                        extra_args=["--no-restart", "--model-repository", str(repository)])
+    with launcher:
+        pids = launcher.server_pids()
+        assert len(pids) == PROCESSES, launcher.output()
+        os.kill(pids[launcher.metrics_ports[1]], signal.SIGABRT)
+        launcher.process.wait(timeout=120)
+    assert launcher.process.returncode == EXIT_SERVER_DIED, launcher.output()
+    output = launcher.output()
+    assert "crashed: 'Signal (6) received.'" in output and "stopping Triton (--no-restart)" in output, output
+    for pid in pids.values():
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_processes_per_gpu_plans_one_gpu_per_process_on_shared_ports_and_consecutive_metrics_ports():
+    """The layout of --processes-per-gpu 2 over GPUs 0 and 1 (planned only: this machine has no GPU)."""
+    group = ServerGroup.plan(2, "0,1", True, 9100, model_repository=Path("repo"), http_port=9000, grpc_port=9001)
+    assert [(s.label, s.gpus, s.metrics_port, s.shares_ports) for s in group.servers] == [
+        ("gpu0.p0", "0", 9100, True), ("gpu0.p1", "0", 9101, True),
+        ("gpu1.p0", "1", 9102, True), ("gpu1.p1", "1", 9103, True)]
+    assert {(s.http_port, s.grpc_port) for s in group.servers} == {(9000, 9001)}
+    assert len({s.shm_region_prefix for s in group.servers}) == 4
+    assert all("--reuse-grpc-port=true" in s.command(FakeTriton(), Path("backends")) for s in group.servers)
+    single = ServerGroup.plan(1, None, False, 9100, http_port=9000, grpc_port=9001)
+    assert [(s.label, s.shares_ports) for s in single.servers] == [("", False)]
+    assert not any(arg.startswith("--reuse") for arg in single.servers[0].command(FakeTriton(), Path("b")))
+    with pytest.raises(ServerError, match="at least 1"):
+        ServerGroup.plan(0, None, False, 9100)
+
+
+class FakeTriton:
+    """Where a Triton installation's files are, for TritonServer.command (which only names them)."""
+    binary = Path("tritonserver")
+    home = Path("triton")
