@@ -1,7 +1,7 @@
 """The A/B router: one Triton entry (`resnet18_ab`) that sends live traffic to two engines' entries.
 
-Its `config.pbtxt` parameters choose what it does (`RouterConfig`, parsed and validated once at load: a bad
-value fails the load with a message naming the parameter):
+Its `config.pbtxt` parameters choose what it does (`ab_config.RouterConfig`, parsed and validated once at load: a
+bad value fails the load with a message naming the parameter):
 
 | parameter              | values                                   | default          |
 |------------------------|------------------------------------------|------------------|
@@ -50,11 +50,11 @@ import os
 import random
 import threading
 import time
-from dataclasses import dataclass, fields
 
 import torch
 import triton_python_backend_utils as pb_utils
 
+from .ab_config import ConfigError, parse_router_config
 from .spec import (
     AB_ARMS,
     AB_COMPARED_METRIC,
@@ -63,7 +63,6 @@ from .spec import (
     AB_FAILURES_METRIC,
     AB_IMAGES_METRIC,
     AB_LATENCY_METRIC,
-    AB_MODES,
     AB_REL_L2_METRIC,
     AB_REQUESTS_METRIC,
     AB_SKIPPED_METRIC,
@@ -73,8 +72,6 @@ from .spec import (
     AB_TOP5_OVERLAP_METRIC,
     INPUT_UINT8,
     METRICS_FLUSH_S,
-    MODEL_CUDNN,
-    MODEL_CUSTOM,
     OUTPUT_ENGINE,
     OUTPUT_LOGITS,
 )
@@ -85,54 +82,6 @@ REL_L2_BUCKETS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
 TOP_K = 5
 LOG_EVERY_S = 1.0           # at most one log line a second about disagreements
 STICKY_BUCKETS = 10_000     # candidate_percent resolves to 0.01 %
-
-
-class ConfigError(ValueError):
-    """A router parameter that cannot be served; the message names it and what is allowed."""
-
-
-@dataclass(frozen=True)
-class RouterConfig:
-    mode: str = "shadow"
-    primary: str = MODEL_CUDNN
-    candidate: str = MODEL_CUSTOM
-    candidate_percent: float = 10.0
-    shadow_timeout_ms: float = 1000.0
-    shadow_max_in_flight: int = 4
-    disagreement_records: int = 100
-
-
-def parse_router_config(model_config: dict) -> RouterConfig:
-    """The router's parameters from its config (Triton's JSON form), validated; ConfigError names a bad one."""
-    raw = {key: value.get("string_value", "") for key, value in model_config.get("parameters", {}).items()}
-    known = {f.name: f for f in fields(RouterConfig)}
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown parameter(s) {unknown}; the router takes {sorted(known)}")
-    values = {}
-    for key, text in raw.items():
-        kind = known[key].type
-        try:
-            value = int(text) if kind == "int" else float(text) if kind == "float" else text.strip()
-        except ValueError:
-            raise ConfigError(f"parameter {key}: {text!r} is not a{'n integer' if kind == 'int' else ' number'}") \
-                from None
-        if kind == "float" and not math.isfinite(value):
-            raise ConfigError(f"parameter {key}: {text!r} is not a finite number")
-        values[key] = value
-    config = RouterConfig(**values)
-    checks = (("mode", config.mode in AB_MODES, f"one of {list(AB_MODES)}"),
-              ("primary", bool(config.primary), "a model entry's name"),
-              ("candidate", bool(config.candidate) and config.candidate != config.primary,
-               "a model entry's name other than primary's"),
-              ("candidate_percent", 0 <= config.candidate_percent <= 100, "a percentage, 0 to 100"),
-              ("shadow_timeout_ms", config.shadow_timeout_ms > 0, "milliseconds, more than 0"),
-              ("shadow_max_in_flight", config.shadow_max_in_flight >= 1, "an integer, at least 1"),
-              ("disagreement_records", config.disagreement_records >= 0, "an integer, 0 or more"))
-    for key, ok, allowed in checks:
-        if not ok:
-            raise ConfigError(f"parameter {key}: {getattr(config, key)!r} is not allowed; expected {allowed}")
-    return config
 
 
 def sticky_share(key: str) -> float:

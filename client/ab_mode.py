@@ -6,8 +6,9 @@
 
 A change reloads `resnet18_ab` with its current configuration (GET /v2/models/resnet18_ab/config) and the given
 parameters replaced (POST /v2/repository/models/resnet18_ab/load with the configuration in the body). Triton
-loads the new configuration, then unloads the old one; a refused configuration (a bad parameter: the error
-names it) leaves the old one serving. The load API is
+reloads the router with it. The parameters are checked here first (backend/ab_config.py, as the router checks
+them at load): a bad one is named and nothing is sent, since a configuration the router refuses at load has
+crashed Triton 2.51 (after a few such loads, under CPU load). The load API is
 an admin API: it takes the admin token ($FUSEDRESNET_ADMIN_TOKEN, --admin-token-file, else build/admin-token)
 and a server of one Triton process per GPU in model control mode explicit (`python -m fusedresnet.backend.serve
 --processes-per-gpu 1 -- --model-control-mode=explicit --load-model='*'`: behind a port shared by several processes a
@@ -25,6 +26,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from fusedresnet.backend.ab_config import ConfigError, parse_router_config
 from fusedresnet.backend.spec import AB_ROUTER_MODEL, ADMIN_TOKEN_HEADER, DEFAULT_HOST, DEFAULT_HTTP_PORT
 from fusedresnet.client.shared_memory import read_admin_token
 
@@ -34,7 +36,7 @@ PARAMETERS = ("mode", "primary", "candidate", "candidate_percent", "shadow_timeo
 
 
 class RouterConfigError(RuntimeError):
-    """The server refused the call; the message is Triton's (it names a refused parameter)."""
+    """A change refused before it was sent (the message names the parameter), or a call the server refused."""
 
 
 def _call(url: str, body: dict | None = None, headers: dict | None = None) -> dict:
@@ -67,6 +69,10 @@ def load_router_config(http_url: str, admin_token: str | None, model: str = AB_R
     config = router_model_config(http_url, model)
     for key, value in parameters.items():
         config.setdefault("parameters", {})[key] = {"string_value": str(value)}
+    try:   # checked here first: a configuration the router refuses at load has crashed Triton 2.51
+        parse_router_config(config)
+    except ConfigError as error:
+        raise RouterConfigError(f"{model}: {error} (not sent: the router serves on as it was)") from None
     headers = {ADMIN_TOKEN_HEADER: admin_token} if admin_token else {}
     _call(f"http://{http_url}/v2/repository/models/{model}/load", {"parameters": {"config": json.dumps(config)}},
           headers)

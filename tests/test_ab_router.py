@@ -11,7 +11,8 @@ engine name its config gives; one arm reverses the class order, one sleeps, one 
 - a slow candidate neither fails nor delays the client's answer, and its lateness is counted as a timeout;
 - a failing candidate does not fail the request, and is counted;
 - disagreeing requests are recorded (request id, both top-5) and counted;
-- bad parameters are refused at load with the parameter named; the configuration before goes on serving.
+- bad parameters are refused with the parameter named: by client.ab_mode before it sends them (the configuration
+  before goes on serving), and by the router at load (a server with such entries does not start).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from fusedresnet.backend.spec import (
     OUTPUT_ENGINE,
     OUTPUT_LOGITS,
 )
+from fusedresnet.backend.triton_install import ServerError
 from fusedresnet.client.ab_mode import RouterConfigError, load_router_config, router_config
 from fusedresnet.loadtest.triton_metrics import SUCCESS, ab_delta, scrape
 
@@ -294,18 +296,37 @@ def test_disagreeing_requests_are_counted_and_recorded_with_both_top5(ab_server,
     assert [d["candidate_top5"] for d in records[0]["disagreeing"]] == top5(reversed_logits)
 
 
-@pytest.mark.parametrize("parameters, named", [
-    ({"mode": "mirror"}, "mode"),
-    ({"candidate_percent": "150"}, "candidate_percent"),
-    ({"shadow_timeout_ms": "soon"}, "shadow_timeout_ms"),
-    ({"candidate": "arm_a", "primary": "arm_a"}, "candidate"),
-    ({"canary_percent": "5"}, "canary_percent"),
-])
-def test_bad_router_parameters_are_refused_at_load_with_the_parameter_named(ab_server, admin_token, parameters,
-                                                                            named, varied_images):
-    with pytest.raises(RouterConfigError, match=f"parameter.*{named}"):
+BAD_PARAMETERS = [({"mode": "mirror"}, "mode"), ({"candidate_percent": "150"}, "candidate_percent"),
+                  ({"shadow_timeout_ms": "soon"}, "shadow_timeout_ms"), ({"candidate": "arm_a", "primary": "arm_a"},
+                                                                           "candidate"),
+                  ({"canary_percent": "5"}, "canary_percent")]
+
+
+@pytest.mark.parametrize("parameters, named", BAD_PARAMETERS)
+def test_ab_mode_refuses_a_bad_parameter_before_sending_it(ab_server, admin_token, parameters, named, varied_images):
+    with pytest.raises(RouterConfigError, match=f"parameter.*{named}.*not sent"):
         reload_router(ab_server, admin_token, **parameters)
     # The configuration loaded before goes on serving.
     with grpcclient.InferenceServerClient(ab_server.grpc_url) as client:
         assert client.is_model_ready(AB_ROUTER_MODEL)
         assert infer(client, AB_ROUTER_MODEL, varied_images[:1])[1] == "engine-a"
+
+
+def test_bad_router_parameters_fail_the_load_with_the_parameter_named(admin_token, tmp_path):
+    """The router's own check at load: a server whose router entries carry bad parameters does not start, and its
+    log names each one (Triton loads every entry, then exits)."""
+    shipped = (MODEL_REPOSITORY / AB_ROUTER_MODEL / "config.pbtxt").read_text().replace("count: 4", "count: 1")
+    for index, (parameters, _) in enumerate(BAD_PARAMETERS):
+        entry = tmp_path / "models" / f"bad_router_{index}"
+        (entry / "1").mkdir(parents=True)
+        (entry / "1" / "model.py").write_text((MODEL_REPOSITORY / AB_ROUTER_MODEL / "1" / "model.py").read_text())
+        (entry / "config.pbtxt").write_text(shipped + pbtxt_parameters(parameters) + "\n")
+    http_port, grpc_port, metrics_port = free_ports(3)
+    server = TritonServer(tmp_path / "models", "127.0.0.1", http_port, grpc_port, metrics_port, admin_token=admin_token,
+                          log_file=tmp_path / "server.log", exit_timeout_s=3)
+    with pytest.raises(ServerError, match="exited"):
+        server.start(ready_timeout_s=120)
+    log = (tmp_path / "server.log").read_text()
+    for index, (_, named) in enumerate(BAD_PARAMETERS):
+        failed = [line for line in log.splitlines() if f"failed to load 'bad_router_{index}'" in line]
+        assert failed and (f"parameter {named}" in failed[0] or f"['{named}']" in failed[0]), failed

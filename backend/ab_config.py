@@ -1,0 +1,58 @@
+"""The A/B router's config parameters, parsed once into a validated `RouterConfig` (backend/ab_router.py,
+docs/AB_LIVE.md). Pure Python: the router reads its config through it at load, and `client.ab_mode` checks a
+change before it sends it (a configuration refused at load has crashed Triton 2.51, docs/AB_LIVE.md)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from .spec import AB_MODES, MODEL_CUDNN, MODEL_CUSTOM
+
+
+class ConfigError(ValueError):
+    """A router parameter that cannot be served; the message names it and what is allowed."""
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    mode: str = "shadow"
+    primary: str = MODEL_CUDNN
+    candidate: str = MODEL_CUSTOM
+    candidate_percent: float = 10.0
+    shadow_timeout_ms: float = 1000.0
+    shadow_max_in_flight: int = 4
+    disagreement_records: int = 100
+
+
+def parse_router_config(model_config: dict) -> RouterConfig:
+    """The router's parameters from its config (Triton's JSON form), validated; ConfigError names a bad one."""
+    raw = {key: value.get("string_value", "") for key, value in model_config.get("parameters", {}).items()}
+    known = {f.name: f for f in fields(RouterConfig)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown parameter(s) {unknown}; the router takes {sorted(known)}")
+    values = {}
+    for key, text in raw.items():
+        kind = known[key].type
+        try:
+            value = int(text) if kind == "int" else float(text) if kind == "float" else text.strip()
+        except ValueError:
+            raise ConfigError(f"parameter {key}: {text!r} is not a{'n integer' if kind == 'int' else ' number'}") \
+                from None
+        if kind == "float" and not math.isfinite(value):
+            raise ConfigError(f"parameter {key}: {text!r} is not a finite number")
+        values[key] = value
+    config = RouterConfig(**values)
+    checks = (("mode", config.mode in AB_MODES, f"one of {list(AB_MODES)}"),
+              ("primary", bool(config.primary), "a model entry's name"),
+              ("candidate", bool(config.candidate) and config.candidate != config.primary,
+               "a model entry's name other than primary's"),
+              ("candidate_percent", 0 <= config.candidate_percent <= 100, "a percentage, 0 to 100"),
+              ("shadow_timeout_ms", config.shadow_timeout_ms > 0, "milliseconds, more than 0"),
+              ("shadow_max_in_flight", config.shadow_max_in_flight >= 1, "an integer, at least 1"),
+              ("disagreement_records", config.disagreement_records >= 0, "an integer, 0 or more"))
+    for key, ok, allowed in checks:
+        if not ok:
+            raise ConfigError(f"parameter {key}: {getattr(config, key)!r} is not allowed; expected {allowed}")
+    return config
