@@ -2,8 +2,11 @@
 
     python -m fusedresnet.loadtest.ab_live --out results        # writes results/ab_live.json and .md
 
-Starts Triton on free loopback ports in model control mode explicit (so the router's mode changes through the
-load API, `client.ab_mode`, as a user changes it) with the shipped repository. For each mode (shadow, split with
+For each mode it starts Triton on free loopback ports on a copy of the shipped repository whose router
+config names that mode (a mode change by the load API, `client.ab_mode`, is what a user does; on the GPU host
+Triton 2.51 crashed seconds after such a reload under load, 2026-11-28, so the measurement does not reload).
+A step during which the server died is measured again once on a fresh server (`restarts` in the results).
+For each mode (shadow, split with
 the shipped candidate_percent) and each case (1 image per request with one request in flight: the latency;
 32 images per request with THROUGHPUT_IN_FLIGHT in flight: the throughput), a grpc_flood step to the primary
 (resnet18_cudnn, the direct call) and one to the router, back to back, the order alternating from case to case.
@@ -19,18 +22,21 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.serve import TritonServer
-from fusedresnet.backend.spec import AB_ROUTER_MODEL, BUILD_DIR, METRICS_FLUSH_S, MODEL_REPOSITORY
-from fusedresnet.client.ab_mode import load_router_config, router_config
+from fusedresnet.backend.spec import AB_ROUTER_MODEL, BUILD_DIR, METRICS_FLUSH_S, SERVED_ENTRIES
+from fusedresnet.client.ab_mode import router_config
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.loadtest import grpc_flood, triton_metrics
 from fusedresnet.loadtest.image_pool import build_image_pool
+from fusedresnet.loadtest.perf_analyzer import build_repository
 from fusedresnet.loadtest.sweep import describe_device
 
 MODES = ("shadow", "split")
@@ -38,7 +44,6 @@ THROUGHPUT_IN_FLIGHT = 16                          # at 32 images per request
 LATENCY_CASE = (1, 1)                              # (images per request, requests in flight)
 TARGET_SHADOW_EXTRA_P50_MS = 0.5                   # one image, one request in flight
 TARGET_SPLIT_THROUGHPUT_SHARE = 0.90               # 32 images per request
-EXPLICIT_MODEL_CONTROL = ["--model-control-mode=explicit", "--load-model=*"]
 
 
 def flood(model: str, server: TritonServer, images: int, in_flight: int, args) -> dict:
@@ -47,9 +52,21 @@ def flood(model: str, server: TritonServer, images: int, in_flight: int, args) -
                                measure_s=args.measure_s)
 
 
+def repository_in_mode(mode: str, folder: Path) -> Path:
+    """A copy of the prepared repository (weights hard-linked) whose router serves in `mode`."""
+    repository = build_repository(folder, entries=SERVED_ENTRIES, zero=False)
+    config_file = repository / AB_ROUTER_MODEL / "config.pbtxt"
+    text = config_file.read_text()
+    config_file.unlink()     # a hard link: replace, do not write through
+    config_file.write_text(re.sub(r'(key: "mode" value: \{ string_value: )"[a-z]+"', rf'\1"{mode}"', text))
+    return repository
+
+
 def measure_mode(server: TritonServer, mode: str, args, order_start: int) -> tuple[list[dict], dict | None]:
     """Direct and router steps of every case in `mode`; the rows, and the router's counts over all its steps."""
-    parameters = load_router_config(server.http_url, server.admin_token, mode=mode)
+    parameters = router_config(server.http_url)
+    if parameters["mode"] != mode:
+        raise RuntimeError(f"the router serves in mode {parameters['mode']}, not {mode}")
     primary = parameters["primary"]
     cases = (LATENCY_CASE, (32, args.throughput_in_flight))
     pool = build_image_pool(32)
@@ -164,24 +181,35 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m fusedresnet.loadtest.ab_live", *(argv if argv is not None else sys.argv[1:])])
-    http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonServer(MODEL_REPOSITORY, "127.0.0.1", http_port, grpc_port, metrics_port,
-                          log_file=args.out / "ab_live_server.log", extra_args=EXPLICIT_MODEL_CONTROL)
     results = {"device": args.device or describe_device(),
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "git_commit": git_commit(), "command": command,
                "settings": {"warmup_s": args.warmup_s, "measure_s": args.measure_s, "processes": args.processes,
                             "cases": [{"images_per_request": i, "in_flight": n}
                                       for i, n in (LATENCY_CASE, (32, args.throughput_in_flight))]},
-               "modes": [], "agreement": None}
+               "modes": [], "agreement": None, "restarts": []}
     started = time.monotonic()
-    with server:
-        results["router_parameters"] = router_config(server.http_url)
+    with tempfile.TemporaryDirectory(prefix="ab_live_") as scratch:
         for index, mode in enumerate(MODES):
-            rows, agreement = measure_mode(server, mode, args, index)
+            repository = repository_in_mode(mode, Path(scratch) / mode)
+            for attempt in range(2):
+                http_port, grpc_port, metrics_port = free_ports(3)
+                server = TritonServer(repository, "127.0.0.1", http_port, grpc_port, metrics_port,
+                                      log_file=args.out / f"ab_live_server_{mode}_{attempt}.log")
+                try:
+                    with server:
+                        results["router_parameters"] = {k: v for k, v in router_config(server.http_url).items()
+                                                        if k != "mode"}
+                        rows, agreement = measure_mode(server, mode, args, index)
+                    break
+                except (OSError, RuntimeError) as error:   # the server died under a step: once more, afresh
+                    results["restarts"].append({"mode": mode, "attempt": attempt, "error": str(error)[:300],
+                                                "server_exit": server.process and server.process.returncode})
+                    print(f"{mode}: the step failed ({error}); server exit {server.process.returncode}", flush=True)
+                    if attempt:
+                        raise
             results["modes"] += rows
             results["agreement"] = results["agreement"] or agreement
-        results["router_parameters"] = {k: v for k, v in router_config(server.http_url).items() if k != "mode"}
     results["targets"] = targets(results["modes"])
     results["duration_s"] = round(time.monotonic() - started, 1)
     # NumPy scalars (the load generator's percentiles) as plain numbers
