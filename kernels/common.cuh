@@ -5,7 +5,7 @@
 // conversions and the tensor-core instructions are inline PTX. That keeps the
 // sources identical under NVRTC (what CuPy compiles with at run time) and nvcc
 // (what the CPU compile test and the SASS inspection use), with no include
-// paths to get wrong. The Python launcher (configs.source_text) pastes this
+// paths to get wrong. The Python launcher (build.source_text) pastes this
 // file and the other headers (epilogue.cuh, loaders.cuh) once at the top of the
 // translation unit and drops the #include lines, so CuPy's kernel cache (keyed
 // on the source text) sees every change.
@@ -23,7 +23,7 @@ struct alignas(16) vec16 { unsigned int x, y, z, w; };  // 16 bytes = 8 fp16
 // (1024 bytes) form one swizzle atom: ldmatrix phases hit eight different bank
 // groups, and it is exactly the 128-byte swizzle of a Hopper wgmma shared-memory
 // descriptor (conv_wgmma.cu), for tiles that start on a 1024-byte boundary.
-// BK itself, like every fixed size of the kernels, comes from configs.GEOMETRY
+// BK itself, like every fixed size of the kernels, comes from geometry.GEOMETRY
 // (pasted before this file).
 
 // Offset (in halfs) of 16-byte chunk `chunk` of row `row` in a swizzled [rows][64] tile.

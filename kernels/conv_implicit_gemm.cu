@@ -30,7 +30,7 @@
 // EPILOGUE: epilogue.cuh's (bias, residual, ReLU, fp16 NHWC, or the split-K
 // partials), straight from the accumulator fragments.
 //
-// INPUT (enum class ConvInput, generated from configs.ConvInput) names what
+// INPUT (enum class ConvInput, generated from tiles.ConvInput) names what
 // the A operand, the im2col rows, is gathered from.
 //
 // FUSED SHORTCUT (FP16_NHWC_FUSED_SHORTCUT, else as FP16_NHWC): k-tiles from

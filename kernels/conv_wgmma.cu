@@ -66,8 +66,8 @@
 //   v2  conv_wgmma_ws (kernels/dev/conv_wgmma_ws.cu: never chosen, not served): a producer warpgroup issues
 //       the cp.async loads, the consumer warpgroups only wgmma and the
 //       epilogue, per-stage full / empty mbarriers instead of a __syncthreads
-//       per k-tile (configs: the "ws" tiles).
-//   v3  Schedule::CLUSTER_SPLIT_K (configs: the "wc" tiles): the gridDim.z split-K
+//       per k-tile (tiles.py: the "ws" tiles).
+//   v3  Schedule::CLUSTER_SPLIT_K (tiles.py: the "wc" tiles): the gridDim.z split-K
 //       slices of a tile are one thread-block cluster (launched with cluster
 //       dims (1, 1, splits)); each stages its fp32 partial tile over its
 //       drained ring, and after a cluster barrier each block adds a share of
@@ -75,9 +75,9 @@
 //       applies the epilogue (wgmma_cluster_splitk_epilogue). The main loop is
 //       the plain kernel's; the workspace and the splitk_epilogue kernel (one
 //       more launch per split convolution) are gone.
-//   v4  Schedule::PERSISTENT (configs: the "wp" tiles): blocks_per_sm blocks per SM run
+//   v4  Schedule::PERSISTENT (tiles.py: the "wp" tiles): blocks_per_sm blocks per SM run
 //       tile after tile with one ring (conv_wgmma_persistent_tiles, below).
-//   v6  conv_wgmma_tma (at the end of this file; configs: the "wt" tiles): the
+//   v6  conv_wgmma_tma (at the end of this file; tiles.py: the "wt" tiles): the
 //       persistent walk with every operand tile loaded by the TMA, issued by
 //       one producer thread on conv_wgmma_ws's mbarrier ring (Schedule::TMA_WARP_SPECIALIZED); Schedule::TMA_PINGPONG
 //       ("wq" tiles): the two consumer warpgroups take whole tiles in turn.
@@ -217,7 +217,7 @@ __device__ __forceinline__ void wgmma_epilogue(const float (&acc)[MB][BN / 2], i
 
 
 // Blocks per SM the launch bounds ask registers for: two wherever two rings fit in an SM's shared memory
-// (wgmma_launch_blocks, configs.SMEM_BYTES), else one.
+// (wgmma_launch_blocks, geometry.SMEM_BYTES), else one.
 __host__ __device__ constexpr int wgmma_min_blocks(int bm, int bn, int stages) {
     return wgmma_launch_blocks(wgmma_smem_bytes(bm, bn, stages));
 }
@@ -306,7 +306,7 @@ __device__ __forceinline__ void wgmma_ring_ktile(float (&acc)[MB][BN / 2], half_
     for (int mb = 0; mb < MB; ++mb) wgmma_fence_operands<BN / 2>(acc[mb]);
 }
 
-// PERSISTENT (configs: the "wp" tiles): gridDim.x blocks, at most blocks_per_sm per SM, run the tiles
+// PERSISTENT (tiles.py: the "wp" tiles): gridDim.x blocks, at most blocks_per_sm per SM, run the tiles
 // t = blockIdx.x, + gridDim.x, ... of the M x K output (t -> output channels (t % n_tiles) * BN, rows
 // (t / n_tiles) * BM: neighbouring blocks share their A rows), each over all num_k_tiles (no split-K).
 // The k-loop runs on across tiles: the ring's global k-tile counter i picks the stage, and the loader,
@@ -477,7 +477,7 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
 // ---- v6: TMA loads (conv_wgmma_tma) -------------------------------------------
 //
 // The persistent tile walk of the "wp" tiles and conv_wgmma_ws's full / empty mbarrier ring (kernels/dev), with
-// every operand tile loaded by the TMA (wgmma.cuh) instead of cp.async from every thread (configs:
+// every operand tile loaded by the TMA (wgmma.cuh) instead of cp.async from every thread (tiles.py:
 // the "wt" tiles). Why: layer2.0.conv1 (stride 2, 9 k-tiles per tile) waits on its operand loads
 // (NOTES.md outcomes 33 and 34), and each k-tile of a 128x128 block was 2048 16-byte cp.async with
 // their im2col address arithmetic, spread over all its threads.
@@ -494,7 +494,7 @@ conv_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict__ w, con
 // (q * stride - pad, p * stride - pad): the tensor map's element strides and bounding box (the
 // launcher) make the walk the implicit GEMM's rows in order; rows past M read zeros and are not
 // stored. No fused shortcut, no split-K. Tensor maps: kernels/launch.py (tma_maps).
-// Schedule::TMA_PINGPONG (PINGPONG; configs: the "wq" tiles; CUTLASS's "ping-pong" kernel schedule): each consumer warpgroup
+// Schedule::TMA_PINGPONG (PINGPONG; tiles.py: the "wq" tiles; CUTLASS's "ping-pong" kernel schedule): each consumer warpgroup
 // owns whole BM x BN tiles, warpgroup g the block's tiles j = g, g + WGS, ... (tile j is t = blockIdx.x
 // + j * gridDim.x), so one warpgroup's epilogue runs while the other's wgmma run. The producer's ring
 // order is unchanged (tile after tile, k-tile after k-tile): the block's k-tile i = j * num_k_tiles + kt
@@ -571,7 +571,7 @@ conv_wgmma_tma(const half_bits *__restrict__ x, const half_bits *__restrict__ w,
             int pq, q;
             const int img = by_pq.divmod(pq, m0);
             const int p = by_q.divmod(q, pq);
-            // the window's start: the tensor map's lower corner (-pad) + q * stride (configs.TmaIm2colMap)
+            // the window's start: the tensor map's lower corner (-pad) + q * stride (geometry.TmaIm2colMap)
             const int w0 = q * stride - pad, h0 = p * stride - pad;
             for (int kt = 0; kt < num_k_tiles; ++kt, ++i) {
                 if (i >= STAGES) mbarrier_wait_parity(empty_bar + stage * 8, phase ^ 1);

@@ -20,15 +20,18 @@
 # cc 9.0 `check` also runs the quick check of the forced mma.sync path
 # (check_mma.json; NO_MMA_CHECK=1 skips it) and `bench` times the engine forced
 # to each family beside the mixed one.
-# Logs and results go to $OUT (the device tool brings them back) or ./gpu-out.
+# Logs and results go to $OUT (the device tool brings them back) or ./gpu-out; the set-up and
+# $OUT/device.txt come from scripts/gpu_host_prologue.sh.
 set -o pipefail
 what=${1:-all}; shift || true
-OUT=${OUT:-$PWD/gpu-out}; REPO=$PWD; mkdir -p "$OUT/results"
-export PYTHONUNBUFFERED=1 CUPY_CACHE_DIR=/tmp/cupy-cache
-bash "$REPO/scripts/install_offline.sh" || exit 1
-# The offline bundle's wheels (cuda.bindings: the programmatic dependent launch of kernels/launch.py).
-[[ -f "$REPO/.gpu-bundle/setup.sh" ]] && source "$REPO/.gpu-bundle/setup.sh"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
+OUT=${OUT:-$PWD/gpu-out}; REPO=$PWD
+# The offline bundle (cuda.bindings: the programmatic dependent launch of kernels/launch.py), the project,
+# the model files; $OUT/device.txt.
+# shellcheck source=scripts/gpu_host_prologue.sh
+source scripts/gpu_host_prologue.sh
+mkdir -p "$OUT/results"
+# the clocks, temperature and power at the start: what the timings below ran at
+nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
 t0=$(date +%s)
 python3 -c "from fusedresnet.backend.engine_config import environment_engine_arguments; from fusedresnet.kernels.launch import library; import time; t=time.time(); lib=library(0, *environment_engine_arguments().values()); print(f'compile+load of the {len(lib.served)} served kernels {time.time()-t:.1f}s, conv path {lib.path} (cc {lib.cc[0]}.{lib.cc[1]}), {len(lib.tuned)} tuned plans for {lib.device_name}, programmatic dependent launch {lib.pdl} ({lib.pdl_reason})')" 2>&1 | tail -12 \
   || { echo "COMPILE/LOAD FAILED"; exit 1; }
@@ -45,7 +48,7 @@ if [[ $what == full || $what == tuned ]]; then
 fi
 if [[ ( $what == full || $what == tune || $what == tuned ) && $rc_tune == 0 ]]; then
   # Limit: a tune that runs away must not eat the check and the bench (a failure is loud, no table copied).
-  timeout ${TUNE_LIMIT_S:-330} python3 -m fusedresnet.harness.tune --out "$OUT/tuned_plans.json" 2>&1 \
+  timeout "${TUNE_LIMIT_S:-330}" python3 -m fusedresnet.harness.tune --out "$OUT/tuned_plans.json" 2>&1 \
     | tee "$OUT/tune.log"
   rc_tune=${PIPESTATUS[0]}
   if (( rc_tune != 0 )); then
@@ -77,7 +80,6 @@ if [[ $what == check || $what == all || $what == full || $what == tuned ]]; then
 fi
 if [[ $what == served ]]; then
   # the server on its own empty kernel cache first (nothing else compiling beside it), then the checks
-  python3 -m fusedresnet.backend.prepare > "$OUT/prepare.log" 2>&1 || { tail -20 "$OUT/prepare.log"; exit 1; }
   python3 -m fusedresnet.harness.cold_start --out "$REPO/results/cold_start.json" 2>&1 | tee "$OUT/cold_start.log"
   rc=${PIPESTATUS[0]}
   cp -r "$REPO/results/cold_start.json" "$REPO/results/cold_start_logs" "$OUT/results/" 2>/dev/null
@@ -109,10 +111,10 @@ if [[ ( $what == full && -z $NO_NCU ) || $what == profile ]]; then
   # the second round of profile_layers' launches (the first is the warm-up); clocks left alone
   per_round=$(python3 -c "from fusedresnet.harness.profile_layers import LAUNCHES_PER_ROUND as n; print(n)")
   ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-      --section WarpStateStats --section SchedulerStats --section LaunchStats --section SourceCounters -k regex:"stem|conv" --launch-skip $per_round --launch-count $per_round \
+      --section WarpStateStats --section SchedulerStats --section LaunchStats --section SourceCounters -k regex:"stem|conv" --launch-skip "$per_round" --launch-count "$per_round" \
       --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__pipe_tensor_op_.*cycles_active.avg.pct_of_peak_sustained_active,regex:l1tex__data_bank_conflicts_pipe_lsu_mem_shared.*sum" \
       python3 -m fusedresnet.harness.profile_layers > "$OUT/ncu.txt" 2>&1
   echo "ncu exit $? after $(( $(date +%s) - t0 ))s"
 fi
 (( rc == 0 )) && rc=$rc_tune
-exit $rc
+exit "$rc"

@@ -31,7 +31,7 @@
 #include "warp_mma.cuh"
 
 // STEM_TH, STEM_TW, STEM_KG, STEM_K, STEM_IN_ROW, STEM_THREADS and the SP_*
-// sizes below come from configs.GEOMETRY (pasted before this file).
+// sizes below come from geometry.GEOMETRY (pasted before this file).
 #define STEM_IN_H (2 * STEM_TH + 5)     // 21
 #define STEM_IN_W (2 * STEM_TW + 5)     // 37
 static_assert(STEM_IN_W * 3 <= STEM_IN_ROW && STEM_IN_ROW % 2 == 0, "patch rows: whole pixels, 32-bit aligned");
@@ -189,7 +189,7 @@ stem_conv7x7s2(const void *__restrict__ x_, const half_bits *__restrict__ w, con
 // wgmma and mixed paths run stem_wgmma.cu's stem_pool_wgmma instead.
 
 // SP_PH x SP_PW pooled pixels, SP_M GEMM rows, SP_IN_ROW, SP_C_ROW and
-// STEM_POOL_THREADS: configs.GEOMETRY.
+// STEM_POOL_THREADS: geometry.GEOMETRY.
 #define SP_SH (2 * SP_PH + 1)            // 9 stem rows
 #define SP_SW (2 * SP_PW + 1)            // 17 stem cols
 #define SP_ROWS (SP_SH * SP_SW)          // 153 GEMM rows

@@ -63,7 +63,7 @@
 #include "wgmma.cuh"
 
 // SW_PH, SW_PW, SW_M, SW_IN_ROW, SW_RAW_ROW, SW_THREADS, SW_BLOCKS_PER_SM, SP_C_ROW, STEM_*:
-// configs.GEOMETRY.
+// geometry.GEOMETRY.
 #define SW_SH (2 * SW_PH + 1)            // 15 stem rows
 #define SW_SW (2 * SW_PW + 1)            // 17 stem columns
 #define SW_ROWS (SW_SH * SW_SW)          // 255 GEMM rows

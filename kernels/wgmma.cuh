@@ -1,4 +1,4 @@
-// PTX wrappers of the Hopper warpgroup MMA (sm_90a only: configs.source_text
+// PTX wrappers of the Hopper warpgroup MMA (sm_90a only: build.source_text
 // pastes this header for that target alone), shared by conv_wgmma.cu and
 // stem_wgmma.cu: the shared-memory matrix descriptor of a 128B-swizzled
 // K-major tile, wgmma.mma_async with both operands from shared memory

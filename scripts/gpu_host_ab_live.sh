@@ -6,10 +6,9 @@
 #   bash scripts/gpu_host_ab_live.sh            # writes $OUT (default build/gpu-host)
 # Commit: $OUT/results/ab_live.json and ab_live.md into results/ (and index them in results/README.md).
 set -uo pipefail
-OUT="${OUT:-build/gpu-host}"; mkdir -p "$OUT/results"
-# shellcheck source=scripts/gpu_host_env.sh
-source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc;
-  python3 -m fusedresnet.backend.provenance; } | tee "$OUT/device.txt"
+OUT="${OUT:-build/gpu-host}"
+# shellcheck source=scripts/gpu_host_prologue.sh
+source scripts/gpu_host_prologue.sh
+mkdir -p "$OUT/results"
 timeout 240 python3 -m fusedresnet.loadtest.ab_live --out "$OUT/results" "$@" 2>&1 | tee "$OUT/ab_live.log"
 exit "${PIPESTATUS[0]}"

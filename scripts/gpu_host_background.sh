@@ -7,8 +7,8 @@
 #   bash scripts/gpu_host_background.sh wait SECONDS
 #
 # start copies this tree (with what the call carried: .gpu-bundle) to $BG_DIR/tree and runs
-# COMMAND there in its own session, with OUT=$BG_DIR/out, so kernels/gpu_check.sh and
-# scripts/gpu_host_serving_path.sh write where they would write for one call. Both modes then
+# COMMAND there in its own session, with OUT=$BG_DIR/out, so the GPU-host scripts write where
+# they would write for one call. Both modes then
 # wait up to SECONDS for it to end, and pack what it has written so far into $OUT/out.tgz
 # (out/, console.log and, once it has ended, rc), so a call that runs out of time still
 # brings back the logs. The exit status is COMMAND's once it has ended, 124 while it runs.
@@ -35,6 +35,7 @@ start)
     printf '%s\n' "$command" > "$BG_DIR/command"
     # COMMAND in a shell of its own (an `exit` in it ends only that shell), its status written after it
     (cd "$BG_DIR/tree" || exit 1
+     # shellcheck disable=SC2016  # $1 and $2 expand in the inner shell
      OUT="$BG_DIR/out" setsid bash -c 'bash -c "$1"; echo $? > "$2.tmp"; mv "$2.tmp" "$2"' \
         background "$command" "$BG_DIR/rc" > "$BG_DIR/console.log" 2>&1 < /dev/null &
      echo $! > "$BG_DIR/pid")
@@ -54,7 +55,9 @@ deadline=$(( $(date +%s) + seconds ))
 while [[ ! -f $BG_DIR/rc ]] && (( $(date +%s) < deadline )); do
     sleep 2
 done
-tar -czf "$OUT/out.tgz" -C "$BG_DIR" out console.log $([[ -f $BG_DIR/rc ]] && echo rc)
+packed=(out console.log)
+[[ -f $BG_DIR/rc ]] && packed+=(rc)
+tar -czf "$OUT/out.tgz" -C "$BG_DIR" "${packed[@]}"
 tail -n 40 "$BG_DIR/console.log"
 if [[ -f $BG_DIR/rc ]]; then
     echo "ended with exit status $(cat "$BG_DIR/rc") at $(date -u +%H:%M:%S) UTC; results in \$OUT/out.tgz"

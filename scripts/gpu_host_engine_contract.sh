@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU-host run for the engine contract (issue 33 items 5-7, issue 29 item 2), about 6-8 minutes:
+# GPU-host run of the engine contract (what the custom model runs, and what it says when it cannot), about 6-8 minutes:
 #   1. the GPU tests of the engine contract: the real server's GPU instance with CuPy blocked refuses
 #      to load naming CuPy and the install command, `engine: torch` serves the PyTorch graph with a
 #      warning; the fused engine's library calls from six threads (tests/test_engine_choice_gpu.py);
@@ -11,10 +11,9 @@
 #   OUT=... bash scripts/gpu_host_engine_contract.sh [tests|bench|all]
 set -uo pipefail
 what=${1:-all}
-OUT="${OUT:-build/gpu-host-engine}"; mkdir -p "$OUT"
-source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
-{ date -u; python3 -m fusedresnet.backend.provenance; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } \
-  | tee "$OUT/device.txt"
+OUT="${OUT:-build/gpu-host-engine}"
+# shellcheck source=scripts/gpu_host_prologue.sh
+source scripts/gpu_host_prologue.sh
 rc=0
 if [[ $what == tests || $what == all ]]; then
   timeout 300 python3 -m pytest -v -rs tests/test_engine_choice_gpu.py tests/test_engine_config.py \

@@ -11,16 +11,14 @@
 # dpkg -x each into .h2load/root; or packed as .h2load/h2load.tar.xz of that root/, which is unpacked here).
 # Writes $OUT (default build/gpu-host): device.txt, front_door_<mps>.json/.md, the launchers' logs (.tgz).
 set -uo pipefail
-OUT="${OUT:-build/gpu-host}"; mkdir -p "$OUT"
+OUT="${OUT:-build/gpu-host}"
 MPS="${1:-off}"
 if [ -f .h2load/h2load.tar.xz ] && [ ! -x .h2load/root/usr/bin/h2load ]; then tar xJf .h2load/h2load.tar.xz -C .h2load; fi
 if [ -x .h2load/root/usr/bin/h2load ]; then
     export PATH="$PWD/.h2load/root/usr/bin:$PATH" LD_LIBRARY_PATH="$PWD/.h2load/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 fi
-# shellcheck source=scripts/gpu_host_env.sh
-source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc;
-  python3 -m fusedresnet.backend.provenance; } | tee "$OUT/device.txt"
+# shellcheck source=scripts/gpu_host_prologue.sh
+source scripts/gpu_host_prologue.sh
 python3 -m fusedresnet.loadtest.front_door --out "$OUT/front_door_$MPS.json" --mps "$MPS" \
     --server-cores "${SERVER_CORES:-0-15}" --generator-cores "${GENERATOR_CORES:-16-31}" \
     --processes "${PROCESSES:-1,2,4}" 2>&1 | tee "$OUT/front_door_$MPS.log"

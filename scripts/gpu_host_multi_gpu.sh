@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU-host scaling run (issue 32) on a host with 2 or more GPUs (kind nvidia-h100-x4 / nvidia-h200-x4, or x2):
+# GPU-host scaling run on a host with 2 or more GPUs (kind nvidia-h100-x4 / nvidia-h200-x4, or x2):
 # one server per GPU behind gRPC's client-side round robin against one server over the GPUs, on 1, 2, 4, ...
 # GPUs in one run (the 2- and 4-GPU scaling from the same run), gRPC at 1 and 32 images/request and CUDA
 # shared memory (each generator on its own GPU's server); at each GPU count the limit's measurements at
@@ -12,14 +12,12 @@
 # Writes $OUT/multi_gpu.json and .md (copy both to results/), $OUT/multi_gpu.log, $OUT/device.txt,
 # $OUT/server-logs.tgz (results/multi_gpu_logs/).
 set -uo pipefail
-OUT="${OUT:-build/gpu-host}"; mkdir -p "$OUT"
+OUT="${OUT:-build/gpu-host}"
 started=$(date +%s)
-# shellcheck source=scripts/gpu_host_env.sh
-source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
+# shellcheck source=scripts/gpu_host_prologue.sh
+source scripts/gpu_host_prologue.sh
 echo "set-up: $(( $(date +%s) - started )) s"
-{ date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader; nproc; \
-  echo "code $(python3 -m fusedresnet.backend.provenance)"; \
-  nvidia-smi topo -m 2>/dev/null | head -12; } | tee "$OUT/device.txt"
+nvidia-smi topo -m 2>/dev/null | head -12 | tee -a "$OUT/device.txt"    # how the GPUs are linked
 rm -f "$OUT/multi_gpu.json" "$OUT/multi_gpu.md"    # a run cut short must not show an earlier run's report
 options=()
 [[ -n ${GENERATOR_CORES:-} ]] && options+=(--generator-cores "$GENERATOR_CORES")

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# GPU-host run of issue 30 (the service survives its clients), against the shipped models on the GPU:
+# GPU-host run of the client-abuse checks (the service survives its clients), against the shipped models on the GPU:
 #   1. tests/test_client_abuse.py (abandoned calls, expiring deadlines, RST_STREAM storms, idle
 #      connections, slow/cut HTTP bodies, keep-alive abuse; the h2load storms skip: no h2load there)
 #      and the SIGABRT tests of tests/test_faults.py                                      (about 3 min)
 #   2. a 10-minute soak (loadtest/abuse_soak.py): valid traffic at >= half the measured peak
-#      (38.7k img/s at 32 images/request, ../shared/gpu-host/README.md, 2026-11-25) mixed with
+#      (38.7k img/s at 32 images/request on an H100, 2026-11-25) mixed with
 #      abandonment, deadline and RST_STREAM cycles; nothing valid lost (the valid clients retry
 #      UNAVAILABLE up to 60 s, as the project's clients do), memory flat per server process after
 #      its warm-up, every crash recovered by the launcher; the server on cores 0-9, the 8 valid
@@ -21,11 +21,11 @@
 #   call 1:  bash scripts/gpu_host_background.sh start 570 "bash scripts/gpu_host_robustness.sh"
 #   call 2:  bash scripts/gpu_host_background.sh wait 570        (again while it says "still running")
 # Each call leaves $OUT/out.tgz (out/ = this script's $OUT, console.log, rc): commit out/ as
-# results/robustness_gpu_issue30/.
+# results/robustness_gpu_client_abuse/ (the earlier one under results/history/).
 set -uo pipefail
-OUT="${OUT:-build/gpu-host-robustness}"; mkdir -p "$OUT"
-source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; python3 -m fusedresnet.backend.provenance; } | tee "$OUT/device.txt"
+OUT="${OUT:-build/gpu-host-robustness}"
+# shellcheck source=scripts/gpu_host_prologue.sh
+source scripts/gpu_host_prologue.sh
 status=0
 echo "== 1. client abuse and SIGABRT tests ($(date -u +%H:%M:%S))"
 FUSEDRESNET_RESULTS_DIR="$OUT" python3 -m pytest -v -rs --durations=10 tests/test_client_abuse.py \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU-host measurements of the serving path (issue 9, docs/SERVING.md). One or more parts:
+# GPU-host measurements of the serving path (docs/SERVING.md). One or more parts:
 #   bash scripts/gpu_host_serving_path.sh tests instances sequence
 #   tests      GPU serving, shared-memory, nn.Module and diff tests (pytest -m gpu)
 #   instances  the current code at 1, 2, 4 and 8 instances per model (INSTANCES to change)
@@ -17,8 +17,9 @@
 # suffix _mps (the other parts write their usual names: keep them apart with another OUT).
 # Logs and JSON go to $OUT (or build/gpu-host).
 set -uo pipefail
-OUT="${OUT:-build/gpu-host}"; mkdir -p "$OUT"
-source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
+OUT="${OUT:-build/gpu-host}"
+# shellcheck source=scripts/gpu_host_prologue.sh
+source scripts/gpu_host_prologue.sh
 suffix=""
 if [[ "${MPS:-0}" == 1 ]]; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/fusedresnet-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/fusedresnet-mps/log
@@ -27,7 +28,6 @@ if [[ "${MPS:-0}" == 1 ]]; then
   trap 'echo quit | nvidia-cuda-mps-control' EXIT
   suffix=_mps
 fi
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; } | tee "$OUT/device.txt"
 for part in "$@"; do
   case "$part" in
     tests)

@@ -19,7 +19,7 @@
 //   warpgroup WGS          producer: 128 threads issue every cp.async of the
 //                          A (im2col) and B (filter) tiles (loaders.cuh with
 //                          THREADS = 128), then leave.
-// Per stage s two barriers after the ring (configs.SMEM_BYTES, wgmma_ws):
+// Per stage s two barriers after the ring (geometry.SMEM_BYTES, wgmma_ws):
 //   full[s]   count 128: each producer thread, after issuing its copies of
 //             the tile, makes one cp.async.mbarrier.arrive.noinc, which arrives
 //             when all its copies so far have landed; the phase completes when

@@ -9,8 +9,10 @@
 # The report goes to $OUT/results (or build/gpu-host/results): copy
 # $OUT/results/{loadtest_ab,ab_agreement}* into results/ and commit them.
 set -uo pipefail
-OUT="${OUT:-build/gpu-host}"; mkdir -p "$OUT/results"
-source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
+OUT="${OUT:-build/gpu-host}"
+# shellcheck source=scripts/gpu_host_prologue.sh
+source scripts/gpu_host_prologue.sh
+mkdir -p "$OUT/results"
 SERIES=(
   "flood:grpc/1/p8@1,16,64,256" "flood:grpc/32/p8@16,64" "flood:grpc/32/cuda/p8@16,64" "flood:grpc/1/cuda/p8@256"
   "flood:grpc/32/system/p8@64" "flood:grpc/1/p16@256" "flood:grpc/32/p16@64"

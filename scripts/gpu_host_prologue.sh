@@ -1,0 +1,32 @@
+# shellcheck shell=bash
+# The start of every GPU-host task script, sourced from the repository root once the script has set
+# its default output folder:
+#   OUT="${OUT:-build/gpu-host}"
+#   source scripts/gpu_host_prologue.sh
+# 1. makes $OUT;
+# 2. sets the host up (scripts/gpu_host_env.sh: the offline bundle, the project, the model files),
+#    its output in $OUT/setup.log, shown and the script stopped if it fails; a script started by
+#    another one that already did it (FUSEDRESNET_GPU_HOST_READY=1) skips it;
+# 3. writes the device description, $OUT/device.txt, and prints it: the date (UTC), each GPU (index,
+#    name, driver, memory), the CPU cores, the code's commit (fusedresnet.backend.provenance:
+#    FUSEDRESNET_GIT_COMMIT when set, else the checkout's) and the versions of torch, CUDA, CuPy, NumPy.
+mkdir -p "$OUT"
+if [[ ${FUSEDRESNET_GPU_HOST_READY:-} != 1 ]]; then
+    # shellcheck source=scripts/gpu_host_env.sh
+    source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
+    export FUSEDRESNET_GPU_HOST_READY=1
+fi
+{
+    date -u
+    nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
+    echo "cores $(nproc)"
+    echo "code $(python3 -m fusedresnet.backend.provenance)"
+    python3 -c "
+import numpy, torch
+try:
+    import cupy
+    cupy_text = f'cupy {cupy.__version__} (CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()})'
+except ImportError:
+    cupy_text = 'no cupy'
+print(f'torch {torch.__version__} (CUDA {torch.version.cuda}), {cupy_text}, numpy {numpy.__version__}')"
+} 2>&1 | tee "$OUT/device.txt"
