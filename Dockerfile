@@ -27,6 +27,7 @@ COPY backend backend
 COPY kernels kernels
 COPY client client
 COPY loadtest loadtest
+COPY campaigns campaigns
 COPY harness harness
 COPY model_repository model_repository
 
@@ -65,7 +66,7 @@ RUN python3 -m pip install --no-cache-dir '.[server]' \
  && python3 -m pip install --no-cache-dir '.[gpu]' \
  && python3 -c "import cupy, torch, fusedresnet.backend.serve" \
  && python3 -m fusedresnet.backend.prepare \
- && rm -rf backend kernels client loadtest harness \
+ && rm -rf backend kernels client loadtest campaigns harness \
  && mkdir -p triton/backends build /var/cache/fusedresnet/cupy \
  && ln -s /opt/tritonserver/bin triton/bin \
  && ln -s /opt/tritonserver/caches triton/caches \

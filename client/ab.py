@@ -24,7 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
-from fusedresnet.backend.spec import BUILD_DIR, INPUT_UINT8, MODEL_CUDNN, MODEL_CUSTOM, load_labels
+from fusedresnet.backend.spec import (
+    AB_ROUTER_MODEL,
+    BUILD_DIR,
+    INPUT_UINT8,
+    MODEL_CUDNN,
+    MODEL_CUSTOM,
+    ZERO_MODEL,
+    load_labels,
+)
 from fusedresnet.client.agreement import compare_logits
 from fusedresnet.client.preprocess import INPUT_FORMATS, model_input, preprocess_files, sample_photo_paths
 from fusedresnet.client.resnet_client import DEFAULT_URLS, PROTOCOLS, ResNetClient
@@ -34,6 +42,9 @@ GENERATED_SEED = 4242
 REPORT_NAME = "ab_agreement"
 MODELS_AB = (MODEL_CUSTOM, MODEL_CUDNN)   # candidate, reference
 PHOTOS, GENERATED = "sample photos", "generated"
+
+# The same colour for a model in every plot (this command's and the load-test report's)
+MODEL_COLORS = {MODEL_CUSTOM: "tab:red", MODEL_CUDNN: "tab:blue", AB_ROUTER_MODEL: "tab:green", ZERO_MODEL: "tab:gray"}
 
 
 def agreement_image_sets(generated: int = DEFAULT_GENERATED, seed: int = GENERATED_SEED) -> dict:
@@ -122,8 +133,6 @@ def plot_latencies(agreement: dict, path: Path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from fusedresnet.loadtest.report import MODEL_COLORS  # the same colour for a model in every plot
 
     figure, ax = plt.subplots(figsize=(7, 4))
     everything = np.concatenate([np.asarray(v) for v in agreement["latencies_ms"].values()])

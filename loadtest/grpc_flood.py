@@ -78,8 +78,9 @@ from fusedresnet.loadtest.image_pool import (
     load_image_pool,
     save_image_pool,
 )
+from fusedresnet.loadtest.step_files import GRPC_FLOOD
 
-LOAD_GENERATOR = "grpc_flood"
+LOAD_GENERATOR = GRPC_FLOOD
 REQUEST_TIMEOUT_S = 60.0
 LOAD_GRACE_S = 0.3            # the load goes on this long after the window closes, while Triton is scraped
 START_DELAY_S = 0.2           # between "every process is ready" and the first request

@@ -4,7 +4,7 @@
         --metrics-url http://127.0.0.1:8002/metrics --images-per-request 32 --connections 64 --seconds 4
 
 Where grpc_flood (Python, asyncio) needs about a core per 2-3k requests/s and saturates before several
-server processes do, h2load sends one pre-serialised ModelInfer request (loadtest/client_abuse.infer_request:
+server processes do, h2load sends one pre-serialised ModelInfer request (loadtest/raw_grpc.infer_request:
 uint8 images, LOGITS only) over `connections` HTTP/2 connections with `streams` calls in flight on each,
 from `threads` native threads, for `seconds` after `warmup_s`. Each connection goes to the server
 process the kernel picks, so connections spread over the processes behind one port.
@@ -33,7 +33,7 @@ import numpy as np
 
 from fusedresnet.backend.images import smooth_random_images
 from fusedresnet.loadtest import triton_metrics
-from fusedresnet.loadtest.client_abuse import MODEL_INFER, grpc_frame, infer_request, parse_h2load
+from fusedresnet.loadtest.raw_grpc import MODEL_INFER, grpc_frame, infer_request
 
 LOAD_GENERATOR = "h2load"
 
@@ -43,6 +43,23 @@ def h2load_binary() -> str:
     if binary is None:
         raise FileNotFoundError("h2load not found: install Debian's nghttp2-client (or put its h2load on PATH)")
     return binary
+
+
+def parse_h2load(text: str) -> dict:
+    """The counts of h2load's summary: requests total/started/done/succeeded/failed/errored/timeout
+    and status codes 2xx..5xx."""
+    figures = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("requests:"):
+            for part in line[len("requests:"):].split(","):
+                value, name = part.split()
+                figures[f"requests_{name}"] = int(value)
+        elif line.startswith("status codes:"):
+            for part in line[len("status codes:"):].split(","):
+                value, name = part.split()
+                figures[f"status_{name}"] = int(value)
+    return figures
 
 
 def children_cpu_s() -> float:

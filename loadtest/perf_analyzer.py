@@ -215,6 +215,13 @@ def add_zero_model(repository: Path) -> None:
     (repository / ZERO_MODEL / "config.pbtxt").write_text(zero_model_config())
 
 
+def zero_model_repository(folder: Path) -> Path:
+    """A model repository of the zero-answer model alone, in `folder` (new or empty)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    add_zero_model(folder)
+    return folder
+
+
 def build_repository(folder: Path, entries=MODEL_ENTRIES, zero: bool = True, instances: int | None = None) -> Path:
     """A copy of the prepared model repository with only `entries` (and the zero model), hard-linked where it can
     be; `instances` overrides the instance count of every entry (a config change of the serving story)."""

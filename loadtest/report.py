@@ -39,9 +39,9 @@ from fusedresnet.backend.spec import (  # noqa: E402
     MODEL_CUSTOM,
     ZERO_MODEL,
 )
+from fusedresnet.client.ab import MODEL_COLORS  # noqa: E402  (the same colour for a model in every plot)
 from fusedresnet.loadtest.triton_metrics import TIME_BREAKDOWN  # noqa: E402
 
-MODEL_COLORS = {MODEL_CUSTOM: "tab:red", MODEL_CUDNN: "tab:blue", AB_ROUTER_MODEL: "tab:green", ZERO_MODEL: "tab:gray"}
 MODEL_SHORT = {MODEL_CUSTOM: "custom", MODEL_CUDNN: "cuDNN", AB_ROUTER_MODEL: "A/B router", ZERO_MODEL: "zero"}
 BREAKDOWN_LABELS = {"queue_us": "queue", "compute_input_us": "compute input",
                     "compute_infer_us": "compute infer", "compute_output_us": "compute output"}

@@ -44,8 +44,14 @@ from fusedresnet.client.preprocess import INPUT_FORMATS
 from fusedresnet.client.resnet_client import PROTOCOLS
 from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS
 from fusedresnet.loadtest import measurements, report, triton_metrics
-from fusedresnet.loadtest.grpc_flood import LOAD_GENERATOR as FLOOD
-from fusedresnet.loadtest.step_files import LOCUST_JSON_STEM, LOCUST_LOG, MEASURE_END_MARKER, MEASURE_START_MARKER
+from fusedresnet.loadtest.step_files import GRPC_FLOOD as FLOOD
+from fusedresnet.loadtest.step_files import (
+    LOCUST,
+    LOCUST_JSON_STEM,
+    LOCUST_LOG,
+    MEASURE_END_MARKER,
+    MEASURE_START_MARKER,
+)
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 RUN_TIME_MARGIN_S = 30       # the locustfile ends the test when the window closes; --run-time is a safety net
@@ -54,7 +60,6 @@ SETTLE_TIMEOUT_S = 3.0       # Triton updates its counters just after it answers
 EXIT_GRACE_S = 15.0          # once locust has written its final stats, it must exit within this time
 
 
-LOCUST = "locust"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,10 @@ LOCUST_JSON_STEM = "locust"              # --json-file: locust's own final stats
 LOCUST_LOG = "locust.log"                # locust's stdout and stderr
 WARMUP_SUFFIX = " (warm-up)"             # locust entry name suffix of requests finished during warm-up
 
+# A step record's load_generator: which tool drove it (grpc_flood imports the step's helpers, so the name lives here)
+LOCUST = "locust"
+GRPC_FLOOD = "grpc_flood"
+
 
 def request_log_name(pid: int) -> str:
     return REQUEST_LOG_PATTERN.replace("*", str(pid))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Several server processes behind one port, measured on a GPU host (docs/SERVING.md, "Several processes
-# behind one port"): loadtest/front_door.py starts the launcher on GPU 0 with N = 1, 2, 4 processes,
+# behind one port"): campaigns/front_door.py starts the launcher on GPU 0 with N = 1, 2, 4 processes,
 # pinned to SERVER_CORES (default 0-15), and drives custom, cuDNN and the zero-answer model from
 # GENERATOR_CORES (default 16-31: on a 32-core host with 2 GPUs, a stand-in for remote clients) at
 # gRPC 1 and 32 images/request and CUDA shared memory at 32.
@@ -19,7 +19,7 @@ if [ -x .h2load/root/usr/bin/h2load ]; then
 fi
 # shellcheck source=scripts/gpu_host_prologue.sh
 source scripts/gpu_host_prologue.sh
-python3 -m fusedresnet.loadtest.front_door --out "$OUT/front_door_$MPS.json" --mps "$MPS" \
+python3 -m fusedresnet.campaigns.front_door --out "$OUT/front_door_$MPS.json" --mps "$MPS" \
     --server-cores "${SERVER_CORES:-0-15}" --generator-cores "${GENERATOR_CORES:-16-31}" \
     --processes "${PROCESSES:-1,2,4}" 2>&1 | tee "$OUT/front_door_$MPS.log"
 status=${PIPESTATUS[0]}

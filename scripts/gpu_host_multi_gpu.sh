@@ -23,12 +23,12 @@ options=()
 [[ -n ${GENERATOR_CORES:-} ]] && options+=(--generator-cores "$GENERATOR_CORES")
 [[ -n ${SERVER_CORES:-} ]] && options+=(--server-cores "$SERVER_CORES")
 [[ -n ${PROCESSES:-} ]] && options+=(--processes "$PROCESSES")
-timeout 480 python3 -m fusedresnet.loadtest.multi_gpu --seconds "${SECONDS_PER_STEP:-3.5}" --warmup-s 1.5 \
+timeout 480 python3 -m fusedresnet.campaigns.multi_gpu --seconds "${SECONDS_PER_STEP:-3.5}" --warmup-s 1.5 \
   --budget-s "${BUDGET_S:-390}" "${options[@]}" --out "$OUT/multi_gpu.json" --log-dir build/gpu-logs/multi_gpu 2>&1 \
   | grep -v "^fusedresnet:" > "$OUT/multi_gpu.log"
 status=${PIPESTATUS[0]}
 [[ -f $OUT/multi_gpu.json && ! -f $OUT/multi_gpu.md ]] && \
-  python3 -m fusedresnet.loadtest.multi_gpu --out "$OUT/multi_gpu.json" --markdown-only    # cut short: its steps so far
+  python3 -m fusedresnet.campaigns.multi_gpu --out "$OUT/multi_gpu.json" --markdown-only    # cut short: its steps so far
 tail -5 "$OUT/multi_gpu.log"; sed -n '1,/^Every step/p' "$OUT/multi_gpu.md"    # the scaling and the limits
 tar -czf "$OUT/server-logs.tgz" -C build gpu-logs 2>/dev/null || true
 echo "whole run: $(( $(date +%s) - started )) s (multi_gpu exit status $status)"

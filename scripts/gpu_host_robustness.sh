@@ -3,7 +3,7 @@
 #   1. tests/test_client_abuse.py (abandoned calls, expiring deadlines, RST_STREAM storms, idle
 #      connections, slow/cut HTTP bodies, keep-alive abuse; the h2load storms skip: no h2load there)
 #      and the SIGABRT tests of tests/test_faults.py                                      (about 3 min)
-#   2. a 10-minute soak (loadtest/abuse_soak.py): valid traffic at >= half the measured peak
+#   2. a 10-minute soak (campaigns/abuse_soak.py): valid traffic at >= half the measured peak
 #      (38.7k img/s at 32 images/request on an H100, 2026-11-25) mixed with
 #      abandonment, deadline and RST_STREAM cycles; nothing valid lost (the valid clients retry
 #      UNAVAILABLE up to 60 s, as the project's clients do), memory flat per server process after
@@ -34,13 +34,13 @@ FUSEDRESNET_RESULTS_DIR="$OUT" python3 -m pytest -v -rs --durations=10 tests/tes
     > "$OUT/pytest-robustness.log" 2>&1 || status=1
 tail -n 15 "$OUT/pytest-robustness.log"
 echo "== 2. 10-minute soak ($(date -u +%H:%M:%S))"
-python3 -m fusedresnet.loadtest.abuse_soak --seconds 600 --valid-processes 8 --valid-in-flight 8 \
+python3 -m fusedresnet.campaigns.abuse_soak --seconds 600 --valid-processes 8 --valid-in-flight 8 \
     --images-per-request 32 --min-images-per-s 19350 --load-cores "${SOAK_LOAD_CORES:-10-15}" \
     --out "$OUT/robustness_abuse_soak" \
     > "$OUT/abuse_soak.log" 2>&1 || status=1
 cat "$OUT/robustness_abuse_soak.md" 2>/dev/null || tail -n 30 "$OUT/abuse_soak.log"
 echo "== 3. abandonment crash rate, zero-answer model ($(date -u +%H:%M:%S))"
-python3 -m fusedresnet.loadtest.abandonment_trials --rounds "${ABANDONMENT_ROUNDS:-60}" --candidates "as shipped" \
+python3 -m fusedresnet.campaigns.abandonment_trials --rounds "${ABANDONMENT_ROUNDS:-60}" --candidates "as shipped" \
     --out "$OUT/robustness_abandonment_gpu" > "$OUT/abandonment_trials.log" 2>&1 || status=1
 cat "$OUT/robustness_abandonment_gpu.md" 2>/dev/null
 echo "== done ($(date -u +%H:%M:%S)), status $status"

@@ -9,7 +9,7 @@
 #              (CONCURRENCY[/IMAGES], default 64: half the peak) in flight to resnet18_custom
 #   diff       the layer-by-layer diff of the fused kernels against the float32 reference
 #   multigpu   GPU tests on every GPU (tests/test_multi_gpu.py) and the aggregate img/s on all GPUs against
-#              GPU 0 alone (loadtest/multi_gpu.py -> $OUT/multi_gpu.json/.md); a host with 2+ GPUs
+#              GPU 0 alone (campaigns/multi_gpu.py -> $OUT/multi_gpu.json/.md); a host with 2+ GPUs
 #   sequence   as shipped -> + threads -> + instances -> + copies -> + system shm -> + CUDA shm
 #              (needs build/shipped: `git archive de30da4 | tar -x -C build/shipped`)
 # MPS=1: the parts run under CUDA MPS (the control daemon started here, stopped at the end), so the
@@ -43,20 +43,20 @@ for part in "$@"; do
     multigpu)
       [[ -z $suffix ]] && timeout 300 python3 -m pytest -q -rs -m gpu tests/test_multi_gpu.py 2>&1 \
         | tee "$OUT/pytest-multi-gpu.log" | tail -15
-      python3 -m fusedresnet.loadtest.multi_gpu --seconds "${SECONDS_PER_STEP:-4}" --out "$OUT/multi_gpu$suffix.json" \
+      python3 -m fusedresnet.campaigns.multi_gpu --seconds "${SECONDS_PER_STEP:-4}" --out "$OUT/multi_gpu$suffix.json" \
         --log-dir "build/gpu-logs/multi_gpu$suffix" 2>&1 | grep -v "^fusedresnet:" | tee "$OUT/multi_gpu$suffix.log" | tail -40 ;;
     diff)
       python3 -m fusedresnet.harness.diff --device cuda 2>&1 | tee "$OUT/diff_gpu.txt" ;;
     instances)
-      python3 -m fusedresnet.loadtest.serving_sequence --instances "${INSTANCES:-1,2,4,8}" \
+      python3 -m fusedresnet.campaigns.serving_sequence --instances "${INSTANCES:-1,2,4,8}" \
         --models "${MODELS:-resnet18_custom}" --seconds "${SECONDS_PER_STEP:-4}" \
         --out "$OUT/serving_instances.json" --log-dir build/gpu-logs/instances 2>&1 | grep -v "^fusedresnet:" | tee "$OUT/instances.log" ;;
     delays)
-      python3 -m fusedresnet.loadtest.serving_sequence --queue-delays "${DELAYS:-0,100,500}" \
+      python3 -m fusedresnet.campaigns.serving_sequence --queue-delays "${DELAYS:-0,100,500}" \
         --models "${MODELS:-resnet18_custom}" --seconds "${SECONDS_PER_STEP:-4}" --processes "${PROCESSES:-4}" \
         --out "$OUT/serving_delays.json" --log-dir build/gpu-logs/delays 2>&1 | grep -v "^fusedresnet:" | tee "$OUT/delays.log" ;;
     sequence)
-      python3 -m fusedresnet.loadtest.serving_sequence --shipped-tree build/shipped --count "${COUNT:-4}" \
+      python3 -m fusedresnet.campaigns.serving_sequence --shipped-tree build/shipped --count "${COUNT:-4}" \
         --seconds "${SECONDS_PER_STEP:-4}" --processes "${PROCESSES:-4}" ${ONLY:+--only "$ONLY"} \
         --out "$OUT/serving_sequence.json" --log-dir build/gpu-logs/sequence 2>&1 | grep -v "^fusedresnet:" | tee "$OUT/sequence.log" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;

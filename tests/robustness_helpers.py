@@ -14,9 +14,7 @@ import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -28,18 +26,14 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from fusedresnet.backend.network import free_port_run, free_ports, http_ready
-from fusedresnet.backend.serve import READY_LINE
-from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, INPUT_UINT8, OUTPUT_LOGITS
-from fusedresnet.backend.stub_processes import SERVER_BINARY, live_children, python_stubs, tritonserver_of
+from fusedresnet.backend.spec import INPUT_UINT8, OUTPUT_LOGITS
+from fusedresnet.backend.stub_processes import python_stubs
+from fusedresnet.campaigns.launched_server import LaunchedServer, metrics_url_of  # noqa: F401  (the tests' import)
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.loadtest import triton_metrics
 
 RESULTS_ENV = "FUSEDRESNET_RESULTS_DIR"
 
-
-def metrics_url_of(port: int) -> str:
-    return f"http://127.0.0.1:{port}/metrics"
 CLIENT_TIMEOUT_S = 120.0         # no test request may wait longer than this for its answer
 PROTOCOLS = ("grpc", "http")
 
@@ -242,98 +236,18 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.25) -> bool:
 
 # ---------------------------------------------------------------- the launcher, run as users run it
 
-class Launcher:
+class Launcher(LaunchedServer):
     """`python -m fusedresnet.backend.serve` in a subprocess on free loopback ports (its own servers,
     so a test may kill its stubs or stop them), with the admin token in the environment unless None;
     `processes` tritonservers on the same gRPC and HTTP ports (--processes-per-gpu on this GPU-less
-    machine), each with its metrics port, metrics_ports[i]."""
+    machine), each with its metrics port, metrics_ports[i]. Its output in log_dir/launcher.out, Triton's
+    log in log_dir/server.log."""
 
     def __init__(self, log_dir: Path, admin_token: str | None, exit_timeout_s: int = 30, extra_args=(),
                  processes: int = 1):
-        self.http_port, self.grpc_port = free_ports(2)
-        self.metrics_port = free_port_run(processes)
-        self.metrics_ports = [self.metrics_port + i for i in range(processes)]
-        self.log_file = Path(log_dir) / "server.log"
-        self.output_file = Path(log_dir) / "launcher.out"
-        self.admin_token, self.exit_timeout_s = admin_token, exit_timeout_s
-        self.extra_args = [*extra_args, "--processes-per-gpu", str(processes)]
-        self.process: subprocess.Popen | None = None
-
-    http_url = property(lambda self: f"127.0.0.1:{self.http_port}")
-    grpc_url = property(lambda self: f"127.0.0.1:{self.grpc_port}")
-    # every process's metrics, comma-separated: triton_metrics.scrape sums them
-    metrics_url = property(lambda self: ",".join(metrics_url_of(port) for port in self.metrics_ports))
-
-    def start(self, ready_timeout_s: float = 300.0) -> Launcher:
-        env = dict(os.environ)
-        env.pop(ADMIN_TOKEN_ENV, None)
-        if self.admin_token is not None:  # None: the launcher finds the token itself (--admin-token-file)
-            env[ADMIN_TOKEN_ENV] = self.admin_token
-        command = [sys.executable, "-m", "fusedresnet.backend.serve", "--http-port", str(self.http_port),
-                   "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port),
-                   "--log-file", str(self.log_file), "--exit-timeout", str(self.exit_timeout_s),
-                   *self.extra_args]
-        with open(self.output_file, "wb") as output:
-            self.process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
-        # ready once Triton answers and the launcher itself has seen it (its ready line): a test that kills
-        # Triton before the launcher's own readiness poll would see a failed start, not a restart
-        if not wait_until(lambda: self.process.poll() is not None or (self.ready() and READY_LINE in self.output()),
-                          ready_timeout_s, 0.2) or self.process.poll() is not None:
-            self.stop()
-            raise RuntimeError(f"launcher not ready:\n{self.output()}")
-        return self
-
-    def output(self) -> str:
-        return self.output_file.read_text(errors="replace") if self.output_file.is_file() else ""
-
-    def ready(self) -> bool:
-        return http_ready(self.http_url)
-
-    def server_pid(self) -> int | None:
-        """pid of the (first) tritonserver that the launcher runs now (it changes when the launcher restarts it)."""
-        server = tritonserver_of(self.process.pid) if self.process is not None else None
-        return server.pid if server is not None else None
-
-    def server_pids(self) -> dict[int, int]:
-        """metrics port -> pid of the tritonserver the launcher runs on it now (for every process alive)."""
-        if self.process is None:
-            return {}
-        found = {}
-        for server in live_children(self.process.pid, SERVER_BINARY):
-            try:
-                port = next(int(arg.split("=", 1)[1]) for arg in server.cmdline() if arg.startswith("--metrics-port="))
-            except (psutil.NoSuchProcess, StopIteration):
-                continue
-            found[port] = server.pid
-        return found
-
-    def stub_pids(self) -> dict[str, int]:
-        return stub_pids(self.server_pid())
-
-    def stop(self, timeout_s: float | None = None):
-        """Ctrl-C to the launcher (it stops Triton, which drains); SIGKILL for whatever is left after the timeout."""
-        if self.process is None:
-            return
-        server_pids = list(self.server_pids().values())
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=timeout_s or self.exit_timeout_s + 30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        for server_pid in server_pids:
-            try:
-                os.killpg(server_pid, signal.SIGKILL)  # tritonserver runs in its own session (pgid == pid)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    def __enter__(self):
-        return self.start() if self.process is None else self
-
-    def __exit__(self, *exc):
-        self.stop()
+        super().__init__(Path(log_dir) / "launcher.out", log_file=Path(log_dir) / "server.log",
+                         admin_token=admin_token, processes=processes, args=extra_args,
+                         exit_timeout_s=exit_timeout_s)
 
 
 # ---------------------------------------------------------------- recorded figures

@@ -1,4 +1,4 @@
-"""The abuse soak (loadtest/abuse_soak.py) in short, on the CPU, against the launcher serving the zero-answer
+"""The abuse soak (campaigns/abuse_soak.py) in short, on the CPU, against the launcher serving the zero-answer
 model: tritonserver is aborted (SIGABRT) in the middle (no abuse cycles: abandoned, expired and cancelled calls
 crash this Triton at random, docs/ROBUSTNESS.md, which would make the test's course a matter of chance; the
 behaviours themselves are tests/test_client_abuse.py's); the launcher restarts it, and the valid clients, which
@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import os
 
-from fusedresnet.loadtest import abuse_soak
-from fusedresnet.loadtest.abandonment_trials import ZERO_MODEL, ZERO_MODEL_REPOSITORY
+from fusedresnet.backend.spec import ZERO_MODEL
+from fusedresnet.campaigns import abuse_soak
+from fusedresnet.loadtest.perf_analyzer import zero_model_repository
 
 SECONDS, ABORT_AT, SAMPLE_EVERY_S = 26.0, 6.0, 2.0
 
@@ -24,7 +25,7 @@ def test_a_short_soak_with_an_aborted_server_loses_no_valid_request_and_explains
         "--images-per-request", "8", "--abuse", "", "--pause", "60", "--warm-up-s", "2",
         "--sample-every-s", str(SAMPLE_EVERY_S), "--abort-server-at", str(ABORT_AT), "--load-cores", str(cores[-1]),
         "--out", str(out),
-        "--", "--model-repository", str(ZERO_MODEL_REPOSITORY)])
+        "--", "--model-repository", str(zero_model_repository(tmp_path / "models"))])
     assert sorted(os.sched_getaffinity(0)) == cores, "the soak left this process pinned to its load cores"
     report = json.loads(out.with_suffix(".json").read_text())
     valid = report["valid"]

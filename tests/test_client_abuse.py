@@ -2,7 +2,7 @@
 
 Every behaviour of issue 30 against the real server, run by the launcher as users run it (its
 own server on free ports: a behaviour may crash Triton 2.51, and the launcher must bring it
-back), each bounded in count and time (loadtest/client_abuse.py does the abusing):
+back), each bounded in count and time (campaigns/client_abuse.py does the abusing):
 
 - calls abandoned in flight (connections closed with 128 calls in flight, 6 rounds);
 - per-request gRPC deadlines expiring under load; RST_STREAM storms (calls cancelled as sent);
@@ -31,7 +31,7 @@ from tritonclient.utils import InferenceServerException
 from fusedresnet.backend.serve import WEDGED_AFTER_S
 from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, OUTPUT_LOGITS
 from fusedresnet.backend.triton_install import host_gpus
-from fusedresnet.loadtest import client_abuse
+from fusedresnet.campaigns import client_abuse
 
 from robustness_helpers import (
     Launcher,

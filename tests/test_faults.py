@@ -29,7 +29,7 @@ import tritonclient.grpc as grpcclient
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.serve import EXIT_SERVER_DIED, EXIT_STUB_DIED, READY_AGAIN_LINE, WEDGED_AFTER_S, TritonServer
 from fusedresnet.backend.spec import INPUT_UINT8, MODELS, OUTPUT_LOGITS
-from fusedresnet.loadtest.serving_sequence import repository_with_instances
+from fusedresnet.campaigns.serving_sequence import repository_with_instances
 
 from robustness_helpers import (
     CLIENT_TIMEOUT_S,

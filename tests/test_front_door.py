@@ -30,9 +30,10 @@ from fusedresnet.backend.network import http_ready
 from fusedresnet.backend.serve import EXIT_SERVER_DIED, READY_AGAIN_LINE, ServerGroup, metrics_list_models
 from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, MODELS
 from fusedresnet.backend.triton_install import ServerError
+from fusedresnet.campaigns import client_abuse
+from fusedresnet.campaigns.serving_sequence import repository_with_instances
 from fusedresnet.client.resnet_client import ResNetClient
-from fusedresnet.loadtest import client_abuse, triton_metrics
-from fusedresnet.loadtest.serving_sequence import repository_with_instances
+from fusedresnet.loadtest import triton_metrics
 
 from robustness_helpers import (
     CLIENT_TIMEOUT_S,

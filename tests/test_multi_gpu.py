@@ -201,7 +201,7 @@ def scaling_step(layout, gpus, series, img_per_s, processes=8, check=None, model
 
 
 def test_multi_gpu_summary_takes_each_layouts_peak_against_one_gpu_at_every_count():
-    from fusedresnet.loadtest import multi_gpu
+    from fusedresnet.campaigns import multi_gpu
     step = scaling_step
     steps = [step("one-gpu", 1, "1", 20000.0), step("one-gpu", 1, "1", 21000.0), step("one-gpu", 1, "32", 40000.0),
              step("server-per-gpu", 2, "1", 38000.0), step("server-per-gpu", 2, "32", 76000.0),
@@ -232,7 +232,7 @@ def test_multi_gpu_summary_takes_each_layouts_peak_against_one_gpu_at_every_coun
 
 
 def test_gpu_counts_of_one_run_and_its_estimate():
-    from fusedresnet.loadtest import multi_gpu
+    from fusedresnet.campaigns import multi_gpu
     assert multi_gpu.gpu_counts(2) == [1, 2]
     assert multi_gpu.gpu_counts(4) == [1, 2, 4]
     assert multi_gpu.gpu_counts(6) == [1, 2, 4, 6]
@@ -251,7 +251,7 @@ def recorded_run() -> dict:
 def test_limit_of_the_recorded_2_gpu_run_is_its_generator_processes():
     """The last real run (2 x H200, no checks yet): its 8 generator processes each busy past a core at
     2 GPUs, under 80% at 1 GPU: the report names the generator's processes, from those figures."""
-    from fusedresnet.loadtest import multi_gpu
+    from fusedresnet.campaigns import multi_gpu
     steps = recorded_run()["steps"]
     best = max((s for s in steps if s["layout"] == "server-per-gpu" and s["series"] == "32"),
                key=lambda s: s["img_per_s"])
@@ -274,7 +274,7 @@ def limit_case(plain, doubled, zero, cpu_percent=400.0, server_share=0.5, gpu_ut
         steps.append(step("server-per-gpu", gpus, "32", doubled, processes=16, check="generator-x2"))
     if zero:
         steps.append(step("server-per-gpu", gpus, "32", zero, processes=16, check="zero-model", model=ZERO_MODEL))
-    from fusedresnet.loadtest import multi_gpu
+    from fusedresnet.campaigns import multi_gpu
     return multi_gpu.limit_of(steps, "server-per-gpu", gpus)
 
 
@@ -311,9 +311,9 @@ def test_the_zero_model_check_runs_through_the_launcher_and_records_the_servers_
     from types import SimpleNamespace
 
     from fusedresnet.backend.spec import MODEL_REPOSITORY
-    from fusedresnet.loadtest import multi_gpu
+    from fusedresnet.campaigns import multi_gpu
+    from fusedresnet.campaigns.serving_sequence import start_server
     from fusedresnet.loadtest.image_pool import build_image_pool, save_image_pool
-    from fusedresnet.loadtest.serving_sequence import LaunchedServer
     token_file = tmp_path / "token"
     token_file.write_text("unused")      # gRPC without shared memory registers nothing
     repository = multi_gpu.scaling_repository(tmp_path / "models")
@@ -321,7 +321,7 @@ def test_the_zero_model_check_runs_through_the_launcher_and_records_the_servers_
     cores = sorted(os.sched_getaffinity(0))
     bench = multi_gpu.Bench(tmp_path, save_image_pool(build_image_pool(64), tmp_path / "pool.npy"), token_file,
                             cores, cores, seconds=1.5, warmup_s=0.5)
-    launched = LaunchedServer(repository, {}, MODEL_REPOSITORY.parent, token_file, tmp_path / "server.log")
+    launched = start_server(repository, token_file, tmp_path / "server.log", cwd=MODEL_REPOSITORY.parent)
     try:
         server = SimpleNamespace(process=launched.process, url=launched.url, metrics_url=launched.metrics_url)
         series = multi_gpu.Series("32", 32, "none", (2,))

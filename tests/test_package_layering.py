@@ -3,6 +3,10 @@
     fusedresnet.kernels   the CUDA kernels, their launchers, plans and tuning: imports no other fusedresnet package
     fusedresnet.harness   checks and times the kernels and the whole network: uses kernels, backend and client;
                           no package imports it
+    fusedresnet.client    what a user's program needs to call the server: imports backend only, never loadtest or
+                          campaigns (the load-testing tool and our measurement campaigns)
+    fusedresnet.loadtest  the load-testing tool a user runs: never imports campaigns
+    fusedresnet.campaigns the project's own measurement campaigns: no package imports them
     and no module imports itself back through others (no import cycle, lazy imports inside functions included)
 
 Read from the source with `ast` (CPU, nothing imported), relative imports resolved against the package each
@@ -20,26 +24,33 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # pyproject.toml [tool.setuptools] package-dir: folder -> package.
 PACKAGES = {"backend": "fusedresnet.backend", "kernels": "fusedresnet.kernels", "client": "fusedresnet.client",
-            "loadtest": "fusedresnet.loadtest", "harness": "fusedresnet.harness"}
+            "loadtest": "fusedresnet.loadtest", "campaigns": "fusedresnet.campaigns", "harness": "fusedresnet.harness"}
 
 
-def imports(source: str, package: str) -> list[tuple[int, str]]:
+def imports(source: str, package: str, names: bool = False) -> list[tuple[int, str]]:
     """(line, absolute module name) of every import in `source`, a module of `package`.
 
-    `from .x import y` gives package.x; `from . import y` gives package.y (y may be a module or a name)."""
+    `from .x import y` gives package.x; `from . import y` gives package.y (y may be a module or a name).
+    With `names`, every `from m import y` gives m.y (the caller keeps the longest prefix that is a module: y may
+    be a module of package m, as in `from fusedresnet.loadtest import step`)."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level == 0:
-                found.append((node.lineno, node.module))
+                if names:
+                    found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+                else:
+                    found.append((node.lineno, node.module))
                 continue
             parts = package.split(".")
             if node.level > len(parts):
                 raise ValueError(f"line {node.lineno}: relative import beyond the top-level package")
             base = ".".join(parts[:len(parts) - node.level + 1])
-            if node.module:
+            if node.module and names:
+                found += [(node.lineno, f"{base}.{node.module}.{alias.name}") for alias in node.names]
+            elif node.module:
                 found.append((node.lineno, f"{base}.{node.module}"))
             else:
                 found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
@@ -111,16 +122,28 @@ def test_kernel_library_imports_no_other_fusedresnet_package(path):
     assert kernel_library_violations(relative, path.read_text()) == []
 
 
-def test_no_package_imports_the_harness():
+def imports_of(folders, forbidden) -> list[str]:
+    """'path:line: imports module' for every import of a module within `forbidden` by a module of `folders`."""
     offenders = []
-    for folder, package in PACKAGES.items():
-        if folder == "harness":
-            continue
+    for folder in folders:
         for path in sorted((ROOT / folder).rglob("*.py")):
-            for line, module in imports(path.read_text(), package):
-                if within(module, ("fusedresnet.harness",)):
+            for line, module in imports(path.read_text(), PACKAGES[folder]):
+                if within(module, forbidden):
                     offenders.append(f"{path.relative_to(ROOT).as_posix()}:{line}: imports {module}")
-    assert offenders == []
+    return offenders
+
+
+def test_no_package_imports_the_harness():
+    assert imports_of([f for f in PACKAGES if f != "harness"], ("fusedresnet.harness",)) == []
+
+
+def test_no_package_imports_the_campaigns():
+    assert imports_of([f for f in PACKAGES if f != "campaigns"], ("fusedresnet.campaigns",)) == []
+
+
+def test_the_client_imports_neither_the_load_tests_nor_the_campaigns():
+    assert imports_of(["client"], ("fusedresnet.loadtest", "fusedresnet.campaigns", "fusedresnet.harness",
+                                   "fusedresnet.kernels")) == []
 
 
 def test_package_dir_maps_every_folder_here():
@@ -142,7 +165,7 @@ def module_imports() -> dict[str, set[str]]:
     graph = {}
     for module, (path, package) in modules.items():
         graph[module] = set()
-        for _, name in imports(path.read_text(), package):
+        for _, name in imports(path.read_text(), package, names=True):
             while name not in modules and "." in name:
                 name = name.rsplit(".", 1)[0]
             if name in modules and name != module:
@@ -181,7 +204,15 @@ def test_import_cycles_are_found():
     assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
+def test_a_module_imported_from_its_package_is_an_edge():
+    assert [m for _, m in imports("from fusedresnet.loadtest import step, triton_metrics\nfrom . import x\n",
+                                  "fusedresnet.loadtest", names=True)] == [
+        "fusedresnet.loadtest.step", "fusedresnet.loadtest.triton_metrics", "fusedresnet.loadtest.x"]
+
+
 def test_no_module_imports_itself_back_through_others():
     graph = module_imports()
     assert "fusedresnet.backend.engine_cuda" in graph["fusedresnet.backend.engines"]   # lazy imports count
+    assert "fusedresnet.loadtest.step" in graph["fusedresnet.loadtest.sweep"]     # a name from a module
+    assert "fusedresnet.loadtest.triton_metrics" in graph["fusedresnet.loadtest.step"]   # a module from a package
     assert import_cycles(graph) == []

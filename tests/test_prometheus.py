@@ -32,8 +32,8 @@ import yaml
 from fusedresnet.backend.network import free_ports, port_is_free
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import AB_ROUTER_MODEL, MODEL_CUDNN, MODEL_CUSTOM
+from fusedresnet.campaigns.serving_sequence import repository_with_instances
 from fusedresnet.client.resnet_client import ResNetClient
-from fusedresnet.loadtest.serving_sequence import repository_with_instances
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -28,7 +28,7 @@ from fusedresnet.backend.spec import (
     SERVED_ENTRIES,
 )
 from fusedresnet.backend.triton_install import ServerError, find_triton
-from fusedresnet.loadtest.serving_sequence import repository_with_instances
+from fusedresnet.campaigns.serving_sequence import repository_with_instances
 
 from robustness_helpers import Launcher, assert_correct, client, infer_image, listening_addresses
 

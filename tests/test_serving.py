@@ -28,11 +28,11 @@ from fusedresnet.backend.spec import (
     model_config,
     served_model,
 )
+from fusedresnet.campaigns.serving_sequence import repository_with_instances
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.client.preprocess import normalize
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.kernels.planner import TUNED_PLANS
-from fusedresnet.loadtest.serving_sequence import repository_with_instances
 
 from robustness_helpers import read_until
 

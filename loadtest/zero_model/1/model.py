@@ -2,8 +2,10 @@
 
 It reads each request's IMAGE as the shipped models do (DLPack, also from a client's CUDA shared memory),
 and answers LOGITS of zeros [N, 1000] (and ENGINE when asked), so a load test against it measures what
-Triton, its Python backend and the load generator cost on this host without any inference. Served only by
-the GPU-host perf_analyzer run (loadtest/perf_analyzer.py) beside the shipped models; never shipped.
+Triton, its Python backend and the load generator cost on this host without any inference. Served beside
+the shipped models by the perf_analyzer, multi-GPU and front-door runs, alone (its fast answers make Triton 2.51's
+gRPC abandonment crash likeliest) by the abandonment trials and the soak's test (perf_analyzer.zero_model_repository);
+never shipped.
 """
 
 import json

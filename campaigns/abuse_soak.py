@@ -1,6 +1,6 @@
 """A soak of valid traffic mixed with abusive clients, against the launcher as users run it.
 
-    python -m fusedresnet.loadtest.abuse_soak --seconds 600 --valid-processes 8 --valid-in-flight 8 \\
+    python -m fusedresnet.campaigns.abuse_soak --seconds 600 --valid-processes 8 --valid-in-flight 8 \\
         --images-per-request 32 --min-images-per-s 19350 --out build/abuse_soak
 
 The launcher (`python -m fusedresnet.backend.serve`, its restart on) serves on free ports, pinned to the
@@ -37,7 +37,6 @@ ready server (and the server is ready at the end), the valid load over the whole
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -53,12 +52,13 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from fusedresnet.backend.network import free_ports, http_ready
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.serve import grpc_ready
-from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, MODEL_CUSTOM
+from fusedresnet.backend.spec import MODEL_CUSTOM
 from fusedresnet.backend.stub_processes import python_stubs, tritonserver_of
-from fusedresnet.loadtest import client_abuse, triton_metrics
+from fusedresnet.campaigns import client_abuse
+from fusedresnet.campaigns.launched_server import LaunchedServer
+from fusedresnet.loadtest import triton_metrics
 from fusedresnet.loadtest.measurements import cpu_list, cpu_text, gpu_memory_used_mib
 from fusedresnet.loadtest.perf_analyzer import default_load_cores
 from fusedresnet.loadtest.sweep import describe_device
@@ -198,22 +198,6 @@ def abort_server(launcher: subprocess.Popen, grpc_url: str, started: float, abor
         aborted.update(t=round(time.time() - started, 1), pid=server.pid)
 
 
-def stop_launcher(launcher: subprocess.Popen, timeout_s: float = 90):
-    """Ctrl-C to the launcher (it stops Triton, which drains); if it is still running after `timeout_s`, SIGKILL to
-    it and to its tritonserver's process group (Triton runs in a session of its own and would outlive it)."""
-    server = tritonserver_of(launcher.pid)
-    if launcher.poll() is None:
-        launcher.send_signal(signal.SIGINT)
-        try:
-            launcher.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            launcher.kill()
-            launcher.wait()
-    if server is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(server.pid, signal.SIGKILL)
-
-
 def add_valid_rates(samples: list[dict], valid_results: list[dict]):
     """Each sample's valid img/s: the images the valid processes had answered in its interval."""
     by_second: dict[int, int] = {}
@@ -348,43 +332,35 @@ def main(argv=None) -> int:
                      f"{sorted(all_cores)}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="abuse_soak_", dir=args.out.parent))
-    http_port, grpc_port, metrics_port = free_ports(3)
-    grpc_url, http_url = f"127.0.0.1:{grpc_port}", f"127.0.0.1:{http_port}"
-    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-    env = dict(os.environ, **{ADMIN_TOKEN_ENV: secrets.token_urlsafe(24)})
-    os.sched_setaffinity(0, server_cores)          # inherited by the launcher, tritonserver and its stubs
+    server = LaunchedServer(work / "launcher.out", log_file=work / "server.log", admin_token=secrets.token_urlsafe(24),
+                            args=args.launcher_args, cores=server_cores)   # the launcher, tritonserver, its stubs
+    server.start(ready_timeout_s=None)
+    os.sched_setaffinity(0, load_cores)            # this process (the abuse loop) and the valid processes
     try:
-        launcher = started_with_output(
-            [sys.executable, "-m", "fusedresnet.backend.serve", "--http-port", str(http_port), "--grpc-port",
-             str(grpc_port), "--metrics-port", str(metrics_port), "--log-file", str(work / "server.log"),
-             *args.launcher_args], work / "launcher.out", env=env, start_new_session=True)
-    finally:
-        os.sched_setaffinity(0, load_cores)        # this process (the abuse loop) and the valid processes
-    try:
-        return soak(args, launcher, work, grpc_url, http_url, metrics_url, server_cores, load_cores)
+        return soak(args, server, work, server_cores, load_cores)
     finally:
         os.sched_setaffinity(0, all_cores)         # a caller in this process (the tests) gets its cores back
 
 
-def soak(args, launcher: subprocess.Popen, work: Path, grpc_url: str, http_url: str, metrics_url: str,
-         server_cores: set[int], load_cores: set[int]) -> int:
+def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_cores: set[int]) -> int:
     """The soak against the started launcher: its report in args.out (.json, .md); 0 if it passed, else 1."""
+    launcher, grpc_url = server.process, server.grpc_url
     argv = args.argv   # main's arguments, for the report's command line
     report = {"device": describe_device(), "commit": git_commit(), "seconds": args.seconds, "model": args.model,
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-              "command": "python -m fusedresnet.loadtest.abuse_soak " + " ".join(argv or sys.argv[1:]),
+              "command": "python -m fusedresnet.campaigns.abuse_soak " + " ".join(argv or sys.argv[1:]),
               "server_cores": cpu_text(server_cores), "load_cores": cpu_text(load_cores),
               "min_images_per_s": args.min_images_per_s}
     valid, sampler, abort_timer = [], None, None
     try:
-        deadline = time.monotonic() + 600
-        while not http_ready(http_url) and time.monotonic() < deadline and launcher.poll() is None:
-            time.sleep(1)
-        if not http_ready(http_url):
-            raise SystemExit(f"the launcher's server was not ready:\n{(work / 'launcher.out').read_text()}")
+        try:
+            server.wait_ready(600)
+        except RuntimeError as error:
+            raise SystemExit(f"the launcher's server was not ready:\n{error}") from None
+        metrics_url = server.metrics_url     # every process's, from the launcher's ready line
         started = time.time()
         report["started_at"] = started
-        valid = [started_with_output([sys.executable, "-m", "fusedresnet.loadtest.client_abuse", "valid",
+        valid = [started_with_output([sys.executable, "-m", "fusedresnet.campaigns.client_abuse", "valid",
                                       "--url", grpc_url, "--model", args.model, "--seconds", str(args.seconds),
                                       "--in-flight", str(args.valid_in_flight), "--deadline-s", str(args.deadline_s),
                                       "--images-per-request", str(args.images_per_request), "--seed", str(i)],
@@ -479,7 +455,7 @@ def soak(args, launcher: subprocess.Popen, work: Path, grpc_url: str, http_url: 
         for process in valid:
             if process.poll() is None:
                 process.kill()
-        stop_launcher(launcher)
+        server.stop(90)
         report["work_dir"] = str(work)
         args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
         write_markdown(report, args.out.with_suffix(".md"))

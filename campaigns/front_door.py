@@ -1,6 +1,6 @@
 """Several server processes behind one port, measured: the layouts of the launcher's --processes-per-gpu.
 
-    python -m fusedresnet.loadtest.front_door --out results/front_door.json \\
+    python -m fusedresnet.campaigns.front_door --out results/front_door.json \\
         --server-cores 0-15 --generator-cores 16-31 --processes 1,2,4 --mps off,on
 
 For each layout (processes per GPU x CUDA MPS off/on) one launcher serves on GPU 0 (`--gpu`), pinned to
@@ -28,7 +28,6 @@ import json
 import os
 import re
 import secrets
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,10 +35,10 @@ from pathlib import Path
 
 import psutil
 
-from fusedresnet.backend.network import free_port_run, free_ports
 from fusedresnet.backend.provenance import git_commit
-from fusedresnet.backend.serve import READY_AGAIN_LINE, READY_LINE, metrics_list_models
-from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, MODEL_CUDNN, MODEL_CUSTOM, ZERO_MODEL
+from fusedresnet.backend.serve import READY_AGAIN_LINE, metrics_list_models
+from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, ZERO_MODEL
+from fusedresnet.campaigns.launched_server import LaunchedServer
 from fusedresnet.loadtest.grpc_flood import run_step
 from fusedresnet.loadtest.h2load_step import run_h2load_step
 from fusedresnet.loadtest.measurements import cpu_list, cpu_text, tree_cpu_seconds
@@ -55,38 +54,18 @@ TARGETS = {"grpc32_vs_cudnn": 2.0, "grpc32_vs_n1": 1.8, "grpc1_vs_n1": 1.8, "cud
 READY_TIMEOUT_S = 300
 
 
-class Layout:
-    """One launcher: `processes` per GPU on `gpu`, with or without MPS, on `server_cores`."""
+class Layout(LaunchedServer):
+    """One launcher, ready: `processes` per GPU on `gpu`, with or without MPS, on `server_cores`."""
 
     def __init__(self, processes: int, mps: bool, gpu: str, repository: Path, server_cores: list[int], work: Path):
+        super().__init__(work / f"launcher-n{processes}{'-mps' if mps else ''}.out", repository=repository,
+                         admin_token=secrets.token_urlsafe(24), processes=processes, gpus=gpu or None,
+                         args=["--mps"] if mps else [], cores=server_cores)
         self.processes, self.mps = processes, mps
-        self.http_port, self.grpc_port = free_ports(2)
-        self.metrics_port = free_port_run(processes)
-        while {self.http_port, self.grpc_port} & set(range(self.metrics_port, self.metrics_port + processes)):
-            self.metrics_port = free_port_run(processes)
-        self.token = secrets.token_urlsafe(24)
-        self.output = work / f"launcher-n{processes}{'-mps' if mps else ''}.out"
-        command = [sys.executable, "-m", "fusedresnet.backend.serve", *(["--gpus", gpu] if gpu else []),
-                   "--processes-per-gpu", str(processes), "--http-port", str(self.http_port),
-                   "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port),
-                   "--model-repository", str(repository), "--log-file", str(self.output.with_suffix(".log")),
-                   *(["--mps"] if mps else [])]
-        env = dict(os.environ, **{ADMIN_TOKEN_ENV: self.token})
-        self.started = time.monotonic()
-        with open(self.output, "wb") as out:
-            self.launcher = subprocess.Popen(["taskset", "-c", cpu_text(server_cores), *command], env=env,
-                                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        while READY_LINE not in self.output.read_text(errors="replace"):
-            if self.launcher.poll() is not None or time.monotonic() - self.started > READY_TIMEOUT_S:
-                self.stop()
-                raise RuntimeError(f"launcher not ready:\n{self.output.read_text(errors='replace')[-3000:]}")
-            time.sleep(0.5)
-        self.ready_s = time.monotonic() - self.started
-        line = next(line for line in self.output.read_text().splitlines() if READY_LINE in line)
-        self.metrics_url = ",".join(re.findall(r"http://[\d.]+:\d+/metrics", line))
+        self.start(READY_TIMEOUT_S)
 
     def crash_lines(self) -> list[str]:
-        return [line for line in self.output.read_text(errors="replace").splitlines()
+        return [line for line in self.output().splitlines()
                 if line.startswith("fusedresnet: tritonserver") and "restarting" in line]
 
     def wait_all_ready(self):
@@ -94,17 +73,8 @@ class Layout:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not all(metrics_list_models(url, list(MODELS_MEASURED)) for url in self.metrics_url.split(",")):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"a process not ready again:\n{self.output.read_text(errors='replace')[-3000:]}")
+                raise RuntimeError(f"a process not ready again:\n{self.output()[-3000:]}")
             time.sleep(0.5)
-
-    def stop(self):
-        if self.launcher.poll() is None:
-            self.launcher.send_signal(2)
-            try:
-                self.launcher.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                self.launcher.kill()
-                self.launcher.wait()
 
 
 def rounded(value, digits: int = 2):
@@ -131,7 +101,7 @@ def run_series_step(layout: Layout, model: str, generator: str, images: int, sha
     """One step of a series (`scale` x the generator's connections and threads: the generator check), with the
     server's CPU (launcher, tritonservers and stubs, in % of one core) over it."""
     url = f"127.0.0.1:{layout.grpc_port}"
-    server = psutil.Process(layout.launcher.pid)
+    server = psutil.Process(layout.process.pid)
     cpu_before, started = tree_cpu_seconds(server)[0], time.monotonic()
     if generator == "h2load":
         connections = min(H2LOAD_CONNECTIONS, in_flight) * scale
@@ -140,7 +110,7 @@ def run_series_step(layout: Layout, model: str, generator: str, images: int, sha
                                  args.seconds, args.warmup_s)
     else:
         record = run_step(model, url, layout.metrics_url, in_flight * scale, images, args.generator_processes * scale,
-                          args.warmup_s, args.seconds, shared_memory=shared_memory, admin_token=layout.token,
+                          args.warmup_s, args.seconds, shared_memory=shared_memory, admin_token=layout.admin_token,
                           server_processes=layout.processes)
     record["server_cpu_percent"] = round(100 * (tree_cpu_seconds(server)[0] - cpu_before)
                                          / (time.monotonic() - started), 1)
@@ -150,20 +120,20 @@ def run_series_step(layout: Layout, model: str, generator: str, images: int, sha
 def recovery(layout: Layout) -> dict:
     """SIGKILL the layout's last process, as a crash: seconds until the launcher has it ready again (its own
     line), and where the restart's time went (the launcher's start-to-ready and Triton's model-load lines)."""
-    launcher = psutil.Process(layout.launcher.pid)
+    launcher = psutil.Process(layout.process.pid)
     servers = [p for p in launcher.children() if p.name() == "tritonserver"]
     victim = max(servers, key=lambda p: p.pid)
-    seen = layout.output.read_text(errors="replace").count(READY_AGAIN_LINE)
+    seen = layout.output().count(READY_AGAIN_LINE)
     killed = time.monotonic()
     victim.kill()
-    while layout.output.read_text(errors="replace").count(READY_AGAIN_LINE) == seen:
+    while layout.output().count(READY_AGAIN_LINE) == seen:
         if time.monotonic() - killed > READY_TIMEOUT_S:
             return {"killed_pid": victim.pid, "ready_again_s": None}
         time.sleep(0.05)
     ready_again_s = time.monotonic() - killed
-    line = [row for row in layout.output.read_text(errors="replace").splitlines() if READY_AGAIN_LINE in row][-1]
+    line = [row for row in layout.output().splitlines() if READY_AGAIN_LINE in row][-1]
     return {"killed_pid": victim.pid, "ready_again_s": round(ready_again_s, 2), "launcher_line": line,
-            "model_loads": model_load_times(layout.output.with_suffix(".log"))}
+            "model_loads": model_load_times(layout.log_file)}
 
 
 def model_load_times(log_file: Path) -> dict:
@@ -272,7 +242,7 @@ def main(argv=None) -> int:
     results = {"device": describe_device(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds"), "git_commit": git_commit(), "gpu": args.gpu,
         "server_cores": cpu_text(server_cores), "generator_cores": cpu_text(generator_cores),
-        "command": "python -m fusedresnet.loadtest.front_door " + " ".join(argv or sys.argv[1:]),
+        "command": "python -m fusedresnet.campaigns.front_door " + " ".join(argv or sys.argv[1:]),
         "layouts": [], "generator_checks": [], "recoveries": [], "crashed_steps": [], "targets": [], "ready_s": {},
         "work": str(work)}
 

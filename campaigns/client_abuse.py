@@ -1,7 +1,7 @@
 """Clients that misbehave on purpose: what an ordinary client does when it cancels, times out or
 disconnects, done many times at once, to prove that no client can take the service down.
 
-    python -m fusedresnet.loadtest.client_abuse abandon --url 127.0.0.1:8001 --model resnet18_custom \\
+    python -m fusedresnet.campaigns.client_abuse abandon --url 127.0.0.1:8001 --model resnet18_custom \\
         --rounds 10 --in-flight 256 --hold 1.0
 
 gRPC behaviours run on `grpc.aio` with pre-serialised ModelInfer requests (one request costs the
@@ -41,28 +41,14 @@ from pathlib import Path
 import numpy as np
 
 from fusedresnet.backend.spec import INPUT_UINT8, NUM_CLASSES, OUTPUT_LOGITS
+from fusedresnet.loadtest.h2load_step import parse_h2load
+from fusedresnet.loadtest.raw_grpc import MODEL_INFER, grpc_frame, infer_request
 
-MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 ABANDONED = "ABANDONED"
 LOCAL_CONNECTION = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", -1),
                     ("grpc.max_send_message_length", -1)]
 CLOSE_WAIT_S = 10.0
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-
-def infer_request(model: str, images: np.ndarray, queue_timeout_us: int | None = None) -> bytes:
-    """A serialised ModelInfer request for uint8 images [N,224,224,3], asking for LOGITS only."""
-    from tritonclient.grpc import service_pb2
-
-    request = service_pb2.ModelInferRequest(model_name=model)
-    tensor = request.inputs.add()
-    tensor.name, tensor.datatype = INPUT_UINT8, "UINT8"
-    tensor.shape.extend(images.shape)
-    request.outputs.add().name = OUTPUT_LOGITS
-    if queue_timeout_us is not None:
-        request.parameters["timeout"].int64_param = queue_timeout_us
-    request.raw_input_contents.append(np.ascontiguousarray(images, dtype=np.uint8).tobytes())
-    return request.SerializeToString()
 
 
 def logits_of(response) -> np.ndarray:
@@ -422,11 +408,6 @@ def h2load_binary() -> str | None:
     return shutil.which("h2load")
 
 
-def grpc_frame(request: bytes) -> bytes:
-    """A gRPC length-prefixed message (uncompressed), as the body of an HTTP/2 POST."""
-    return b"\x00" + len(request).to_bytes(4, "big") + request
-
-
 SERVER_LIVE = "/inference.GRPCInferenceService/ServerLive"
 
 
@@ -451,23 +432,6 @@ def connection_storm(url: str, connections: int = 1000, grpc_method: str | None 
         finished = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s + 30)
     return {"command": " ".join(["h2load", command[1] if command[1] != "--h1" else "--h1", *common]),
             "exit_status": finished.returncode, **parse_h2load(finished.stdout)}
-
-
-def parse_h2load(text: str) -> dict:
-    """The counts of h2load's summary: requests total/started/done/succeeded/failed/errored/timeout
-    and status codes 2xx..5xx."""
-    figures = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("requests:"):
-            for part in line[len("requests:"):].split(","):
-                value, name = part.split()
-                figures[f"requests_{name}"] = int(value)
-        elif line.startswith("status codes:"):
-            for part in line[len("status codes:"):].split(","):
-                value, name = part.split()
-                figures[f"status_{name}"] = int(value)
-    return figures
 
 
 # ---------------------------------------------------------------- CLI

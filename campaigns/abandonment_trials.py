@@ -1,9 +1,9 @@
 """Crash rate of Triton 2.51 under repeated gRPC abandonment, per candidate mitigation.
 
-    python -m fusedresnet.loadtest.abandonment_trials --rounds 40 --out results/robustness_abandonment
+    python -m fusedresnet.campaigns.abandonment_trials --rounds 40 --out results/robustness_abandonment
 
 For each candidate (a set of tritonserver flags), a server on the zero-answer model
-(loadtest/zero_model_repository: the fastest answers, where the crash is likeliest) takes
+(loadtest/zero_model, alone in a repository: the fastest answers, where the crash is likeliest) takes
 `rounds` rounds of `client_abuse.abandon`: 256 calls kept in flight for `hold` seconds on a
 fresh connection, then the connection closed with whatever is in flight. After each round the
 server counts as crashed when it has exited or its gRPC endpoint does not answer ServerReady
@@ -22,6 +22,7 @@ import json
 import re
 import secrets
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,11 +31,11 @@ import numpy as np
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.serve import TritonServer, exit_cause, grpc_ready
-from fusedresnet.loadtest.client_abuse import abandon, infer_request
+from fusedresnet.backend.spec import ZERO_MODEL
+from fusedresnet.campaigns.client_abuse import abandon, infer_request
+from fusedresnet.loadtest.perf_analyzer import zero_model_repository
 from fusedresnet.loadtest.sweep import describe_device
 
-ZERO_MODEL_REPOSITORY = Path(__file__).resolve().parent / "zero_model_repository"
-ZERO_MODEL = "zeros"
 CANDIDATES = {
     "as shipped": [],
     "keepalive 10 s + ping strikes 2": ["--grpc-keepalive-time=10000", "--grpc-keepalive-timeout=5000",
@@ -55,11 +56,11 @@ def crashed(server: TritonServer) -> str | None:
 
 
 def run_candidate(name: str, flags: list[str], rounds: int, in_flight: int, hold_s: float, log_dir: Path,
-                  admin_token: str) -> dict:
+                  admin_token: str, repository: Path) -> dict:
     request = [infer_request(ZERO_MODEL, np.zeros((1, 224, 224, 3), np.uint8))]
     http_port, grpc_port, metrics_port = free_ports(3)
     slug = re.sub(r"\W+", "_", name).strip("_")
-    server = TritonServer(ZERO_MODEL_REPOSITORY, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+    server = TritonServer(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
                           admin_token=admin_token, log_file=log_dir / f"{slug}.log", extra_args=flags)
     crashes, answered, abandoned, sent = [], 0, 0, 0
     started = time.monotonic()
@@ -105,14 +106,16 @@ def main(argv=None):
     log_dir.mkdir(exist_ok=True)
     report = {"device": describe_device(), "date": datetime.datetime.now(datetime.timezone.utc).strftime(
                   "%Y-%m-%dT%H:%M:%SZ"), "commit": git_commit(),
-              "command": "python -m fusedresnet.loadtest.abandonment_trials " + " ".join(argv or sys.argv[1:]),
-              "model": f"{ZERO_MODEL} (loadtest/zero_model_repository)", "in_flight": args.in_flight,
+              "command": "python -m fusedresnet.campaigns.abandonment_trials " + " ".join(argv or sys.argv[1:]),
+              "model": f"{ZERO_MODEL} (loadtest/zero_model)", "in_flight": args.in_flight,
               "hold_s": args.hold, "candidates": []}
     token = secrets.token_urlsafe(24)
-    for name in names:
-        report["candidates"].append(run_candidate(name, CANDIDATES[name], args.rounds, args.in_flight, args.hold,
-                                                  log_dir, token))
-        write_report(report, args.out)
+    with tempfile.TemporaryDirectory(prefix="abandonment-") as scratch:
+        repository = zero_model_repository(Path(scratch) / "models")
+        for name in names:
+            report["candidates"].append(run_candidate(name, CANDIDATES[name], args.rounds, args.in_flight, args.hold,
+                                                      log_dir, token, repository))
+            write_report(report, args.out)
     return 0
 
 

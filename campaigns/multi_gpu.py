@@ -1,6 +1,6 @@
 """Several GPUs on one host: one server per GPU behind the balancer against one server over the GPUs.
 
-    python -m fusedresnet.loadtest.multi_gpu --out results/multi_gpu.json [--generator-cores 32-63]
+    python -m fusedresnet.campaigns.multi_gpu --out results/multi_gpu.json [--generator-cores 32-63]
 
 One run measures 1, 2, 4, ... GPUs up to the host's (gpu_counts), so the scaling at 2 and at 4 GPUs
 come from the same run. Two layouts of the same model repository (the custom model with its
@@ -55,9 +55,10 @@ import psutil
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.spec import MODEL_CUSTOM, MODEL_REPOSITORY, ZERO_MODEL, model_config
 from fusedresnet.backend.triton_install import host_gpus
+from fusedresnet.campaigns.launched_server import LaunchedServer
+from fusedresnet.campaigns.serving_sequence import repository_with_instances, start_server
 from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, build_image_pool, save_image_pool
 from fusedresnet.loadtest.measurements import cpu_list, cpu_text, tree_cpu_seconds
-from fusedresnet.loadtest.serving_sequence import LaunchedServer, repository_with_instances
 from fusedresnet.loadtest.sweep import describe_device
 
 SCALING_TARGETS_32 = {2: 1.8, 4: 3.5}   # issue 32: at 32 images/request, per GPU count
@@ -270,16 +271,11 @@ def drive(bench: Bench, label: str, servers: list[LaunchedServer], series: Serie
     return record
 
 
-class GpuServer(LaunchedServer):
-    def __init__(self, gpus: str, repository: Path, token_file: Path, log_file: Path, server_cores: list[int]):
-        self.gpus = gpus
-        inherited = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, server_cores)    # the launcher and Triton inherit the servers' cores
-        try:
-            super().__init__(repository, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, MODEL_REPOSITORY.parent, token_file,
-                             log_file, launcher_args=["--gpus", gpus])
-        finally:
-            os.sched_setaffinity(0, inherited)
+def gpu_server(gpus: str, repository: Path, token_file: Path, log_file: Path,
+               server_cores: list[int]) -> LaunchedServer:
+    """The launcher on `gpus` (PCI bus order), pinned with Triton to the servers' cores."""
+    return start_server(repository, token_file, log_file, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, MODEL_REPOSITORY.parent,
+                        gpus=gpus, cores=server_cores)
 
 
 def custom_steps(steps: list[dict], layout: str, series: str, gpus: int) -> list[dict]:
@@ -529,8 +525,8 @@ def measure(args, counts: list[int], server_cores: list[int], scratch: Path, res
 
     # The first server alone compiles the kernels into the CuPy cache (and makes the launcher's backend copy);
     # the others then start together from both. (os.sched_setaffinity(0) pins the calling thread only.)
-    def start(k: int) -> GpuServer:
-        return GpuServer(str(k), repository, token_file, log_dir / f"server-gpu{k}.log", server_cores)
+    def start(k: int) -> LaunchedServer:
+        return gpu_server(str(k), repository, token_file, log_dir / f"server-gpu{k}.log", server_cores)
 
     servers = [start(0)]
     try:
@@ -550,7 +546,7 @@ def measure(args, counts: list[int], server_cores: list[int], scratch: Path, res
         if not in_time(f"one-server {k} GPUs"):
             continue
         gpus = ",".join(map(str, range(k)))
-        server = GpuServer(gpus, repository, token_file, log_dir / f"server-gpus-{k}.log", server_cores)
+        server = gpu_server(gpus, repository, token_file, log_dir / f"server-gpus-{k}.log", server_cores)
         try:
             run("one-server", [server], one_server_gpus=k, zero=False)
         finally:
@@ -598,7 +594,7 @@ def main(argv=None) -> int:
     results = {"device": describe_device(),
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "git_commit": git_commit(),
-               "command": " ".join(["python -m fusedresnet.loadtest.multi_gpu", *(argv or sys.argv[1:])]),
+               "command": " ".join(["python -m fusedresnet.campaigns.multi_gpu", *(argv or sys.argv[1:])]),
                "gpus": gpu_count, "gpu_counts": counts, "processes": args.processes,
                "generator_cores": cpu_text(generator_cores), "generator_cores_list": generator_cores,
                "server_cores": cpu_text(server_cores), "scaling_targets_32": SCALING_TARGETS_32,

@@ -1,6 +1,6 @@
 """The A/B router's own cost, measured in one run on one server: through the router against direct calls.
 
-    python -m fusedresnet.loadtest.ab_live --out results        # writes results/ab_live.json and .md
+    python -m fusedresnet.campaigns.ab_live --out results        # writes results/ab_live.json and .md
 
 For each mode it starts Triton on free loopback ports on a copy of the shipped repository whose router
 config names that mode (a mode change by the load API, `client.ab_mode`, is what a user does; on the GPU host
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", help="device description (default: detected)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python -m fusedresnet.loadtest.ab_live", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(["python -m fusedresnet.campaigns.ab_live", *(argv if argv is not None else sys.argv[1:])])
     results = {"device": args.device or describe_device(),
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "git_commit": git_commit(), "command": command,

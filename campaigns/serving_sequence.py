@@ -1,7 +1,7 @@
 """The serving path told as a sequence of single changes (docs/SERVING.md).
 
-    python -m fusedresnet.loadtest.serving_sequence --shipped-tree build/shipped --out build/serving_sequence.json
-    python -m fusedresnet.loadtest.serving_sequence --instances 1,2,4,8 --models resnet18_custom --out ...
+    python -m fusedresnet.campaigns.serving_sequence --shipped-tree build/shipped --out build/serving_sequence.json
+    python -m fusedresnet.campaigns.serving_sequence --instances 1,2,4,8 --models resnet18_custom --out ...
 
 Each configuration starts its own server through the launcher (`python -m
 fusedresnet.backend.serve`) on a copy of the model repository with the instance
@@ -33,17 +33,15 @@ import json
 import os
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from google.protobuf import text_format
 
-from fusedresnet.backend.network import free_ports, http_ready
 from fusedresnet.backend.prepared_stamp import STAMP_FILE
+from fusedresnet.backend.serve import READY_LINE
 from fusedresnet.backend.spec import (
     AB_ROUTER_MODEL,
     MODEL_ENTRIES,
@@ -53,6 +51,7 @@ from fusedresnet.backend.spec import (
     model_config,
     network_of,
 )
+from fusedresnet.campaigns.launched_server import LaunchedServer
 from fusedresnet.loadtest import grpc_flood
 from fusedresnet.loadtest.sweep import describe_device
 
@@ -127,43 +126,14 @@ def shipped_environment(tree: Path, scratch: Path) -> dict:
     return {"PYTHONPATH": os.pathsep.join([str(namespace.parent), os.environ.get("PYTHONPATH", "")]).rstrip(":")}
 
 
-class LaunchedServer:
-    """The launcher in a subprocess, on free loopback ports, for one configuration."""
-
-    def __init__(self, repository: Path, env: dict, cwd: Path, token_file: Path, log_file: Path,
-                 launcher_args: list[str] = ()):
-        self.http_port, self.grpc_port, self.metrics_port = free_ports(3)
-        command = [sys.executable, "-m", "fusedresnet.backend.serve", "--model-repository", str(repository),
-                   "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-                   "--metrics-port", str(self.metrics_port), "--admin-token-file", str(token_file),
-                   "--no-restart", "--log-file", str(log_file), "--ready-timeout", str(READY_TIMEOUT_S),
-                   *launcher_args]
-        self.log_file = log_file
-        self.process = subprocess.Popen(command, env={**os.environ, **env}, cwd=cwd, start_new_session=True)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not http_ready(f"127.0.0.1:{self.http_port}"):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                tail = log_file.read_text(errors="replace")[-3000:] if log_file.is_file() else ""
-                raise RuntimeError(f"server of {repository} not ready:\n{tail}")
-            time.sleep(0.5)
-
-    @property
-    def url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+def start_server(repository: Path, token_file: Path, log_file: Path, env: dict | None = None, cwd: Path | None = None,
+                 gpus: str | None = None, cores=None, ready_line: str | None = READY_LINE) -> LaunchedServer:
+    """The launcher for one configuration (--no-restart: a crash is a failed measurement), ready; its output
+    beside `log_file` (.out). `ready_line`: None for earlier code (--shipped-tree) that may print none."""
+    return LaunchedServer(log_file.with_suffix(".out"), log_file=log_file, repository=repository, gpus=gpus, env=env,
+                          cwd=cwd, cores=cores, ready_line=ready_line,
+                          args=["--admin-token-file", str(token_file), "--no-restart",
+                                "--ready-timeout", str(READY_TIMEOUT_S)]).start(READY_TIMEOUT_S)
 
 
 def measure(configuration: Configuration, loads: list[Load], models: list[str], tree: Path, shipped: Path | None,
@@ -176,7 +146,8 @@ def measure(configuration: Configuration, loads: list[Load], models: list[str], 
     if configuration.shipped:
         env.update(shipped_environment(shipped, scratch / secrets.token_hex(4)))
     slug = "".join(c if c.isalnum() else "_" for c in configuration.label).strip("_")
-    server = LaunchedServer(repository, env, code_tree, token_file, log_dir / f"server_{slug}.log")
+    server = start_server(repository, token_file, log_dir / f"server_{slug}.log", env, code_tree,
+                          ready_line=None if configuration.shipped else READY_LINE)
     records = []
     try:
         for model in models:

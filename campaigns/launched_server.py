@@ -1,0 +1,182 @@
+"""The launcher (`python -m fusedresnet.backend.serve`) in a subprocess, as a user runs it: one way to start a
+server for every campaign and for the tests that need the launcher itself (its restarts, its processes).
+
+Free loopback ports (HTTP, gRPC, and a run of consecutive metrics ports, one per tritonserver process of
+--processes-per-gpu), the admin token in the environment (or the launcher's own resolution), the launcher's
+output in a file of its own and Triton's log in another, optionally pinned to cores (the launcher, Triton and
+its stubs inherit them). Ready once the launcher printed backend.serve.READY_LINE and HTTP answers. Stopped with
+Ctrl-C (the launcher stops Triton, which drains), then SIGKILL to whatever is left: the launcher, and the
+process group of each tritonserver it ran (Triton runs in a session of its own and would outlive it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import psutil
+
+from fusedresnet.backend.network import free_port_run, free_ports, http_ready
+from fusedresnet.backend.serve import READY_LINE
+from fusedresnet.backend.spec import ADMIN_TOKEN_ENV
+from fusedresnet.backend.stub_processes import SERVER_BINARY, live_children, python_stubs, tritonserver_of
+
+DEFAULT_READY_TIMEOUT_S = 300.0
+
+
+def metrics_url_of(port: int) -> str:
+    return f"http://127.0.0.1:{port}/metrics"
+
+
+class LaunchedServer:
+    """`python -m fusedresnet.backend.serve` in a subprocess of its own session on free loopback ports.
+
+    admin_token: put in the launcher's environment ($FUSEDRESNET_ADMIN_TOKEN); None: the variable is removed and
+    the launcher resolves the token itself (`--admin-token-file` in `args`, or build/admin-token).
+    processes: --processes-per-gpu (None: the launcher's default); that many metrics ports are reserved per GPU
+    named in `gpus` (one when none is named). The metrics ports of a server that runs more processes than
+    reserved are read from its ready line. cores: the launcher's CPU affinity. exit_timeout_s: --exit-timeout,
+    and how long stop() waits beyond 30 s (default stop wait: `stop_timeout_s`). ready_line: what the launcher
+    prints when ready (None: HTTP alone tells, for a launcher of earlier code)."""
+
+    def __init__(self, output_file: Path, *, log_file: Path | None = None, admin_token: str | None = None,
+                 repository: Path | None = None, processes: int | None = None, gpus: str | None = None,
+                 args: Sequence[str] = (), env: dict | None = None, cwd: Path | None = None,
+                 cores: Iterable[int] | None = None, exit_timeout_s: int | None = None, stop_timeout_s: float = 90.0,
+                 ready_line: str | None = READY_LINE):
+        self.output_file = Path(output_file)
+        self.log_file = Path(log_file) if log_file else self.output_file.with_suffix(".log")
+        self.admin_token, self.exit_timeout_s = admin_token, exit_timeout_s
+        self.gpus, self.env, self.cwd, self.ready_line = gpus, dict(env or {}), cwd, ready_line
+        self.cores = sorted(cores) if cores is not None else None
+        self.stop_timeout_s = stop_timeout_s if exit_timeout_s is None else exit_timeout_s + 30
+        self.http_port, self.grpc_port = free_ports(2)
+        reserved = (processes or 1) * (len(gpus.split(",")) if gpus else 1)
+        self.metrics_port = free_port_run(reserved)
+        while {self.http_port, self.grpc_port} & set(range(self.metrics_port, self.metrics_port + reserved)):
+            self.metrics_port = free_port_run(reserved)
+        self.metrics_ports = [self.metrics_port + i for i in range(reserved)]
+        self.repository, self.processes, self.args = repository, processes, list(args)
+        self.process: subprocess.Popen | None = None
+        self.started: float | None = None     # time.monotonic() at the launcher's start
+        self.ready_s: float | None = None     # its start to ready
+
+    http_url = property(lambda self: f"127.0.0.1:{self.http_port}")
+    grpc_url = property(lambda self: f"127.0.0.1:{self.grpc_port}")
+    url = grpc_url
+    # every process's metrics, comma-separated: triton_metrics.scrape sums them
+    metrics_url = property(lambda self: ",".join(metrics_url_of(port) for port in self.metrics_ports))
+
+    def command(self) -> list[str]:
+        """The launcher's command line, from the ports as they are now."""
+        return [sys.executable, "-m", "fusedresnet.backend.serve",
+                *(["--model-repository", str(self.repository)] if self.repository else []),
+                *(["--gpus", self.gpus] if self.gpus else []),
+                *(["--processes-per-gpu", str(self.processes)] if self.processes else []),
+                "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+                "--metrics-port", str(self.metrics_port), "--log-file", str(self.log_file),
+                *(["--exit-timeout", str(self.exit_timeout_s)] if self.exit_timeout_s is not None else []),
+                *self.args]
+
+    def start(self, ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S) -> LaunchedServer:
+        """Start the launcher; with a timeout, wait until it is ready (else stop it and raise RuntimeError)."""
+        env = dict(os.environ)
+        env.pop(ADMIN_TOKEN_ENV, None)
+        if self.admin_token is not None:
+            env[ADMIN_TOKEN_ENV] = self.admin_token
+        env.update(self.env)
+        inherited = os.sched_getaffinity(0)
+        if self.cores is not None:
+            os.sched_setaffinity(0, self.cores)    # the launcher, Triton and its stubs inherit them
+        try:
+            with open(self.output_file, "wb") as output:   # the child's alone: this process closes its copy
+                self.process = subprocess.Popen(self.command(), env=env, cwd=self.cwd, stdout=output,
+                                                stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            os.sched_setaffinity(0, inherited)
+        self.started = time.monotonic()
+        if ready_timeout_s is not None:
+            self.wait_ready(ready_timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> LaunchedServer:
+        """Until the launcher printed its ready line and HTTP answers: the launcher itself has seen Triton ready (a
+        caller that kills Triton before the launcher's own readiness poll would see a failed start, not a
+        restart). The metrics ports are then those of its ready line."""
+        deadline = time.monotonic() + timeout_s
+        while self.process.poll() is None and not self.launcher_ready():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if self.process.poll() is not None or not self.launcher_ready():
+            self.stop()
+            log = self.log_file.read_text(errors="replace")[-3000:] if self.log_file.is_file() else ""
+            raise RuntimeError(f"launcher not ready:\n{self.output()[-3000:]}\n{log}")
+        self.ready_s = time.monotonic() - self.started
+        line = next((line for line in self.output().splitlines() if READY_LINE in line), "")
+        ports = [int(port) for port in re.findall(r"http://[\d.]+:(\d+)/metrics", line)]
+        if ports:
+            self.metrics_ports = ports
+        return self
+
+    def launcher_ready(self) -> bool:
+        return (self.ready_line is None or self.ready_line in self.output()) and self.ready()
+
+    def output(self) -> str:
+        return self.output_file.read_text(errors="replace") if self.output_file.is_file() else ""
+
+    def ready(self) -> bool:
+        return http_ready(self.http_url)
+
+    def server_pid(self) -> int | None:
+        """pid of the (first) tritonserver that the launcher runs now (it changes when the launcher restarts it)."""
+        server = tritonserver_of(self.process.pid) if self.process is not None else None
+        return server.pid if server is not None else None
+
+    def server_pids(self) -> dict[int, int]:
+        """metrics port -> pid of the tritonserver the launcher runs on it now (for every process alive)."""
+        if self.process is None:
+            return {}
+        found = {}
+        for server in live_children(self.process.pid, SERVER_BINARY):
+            try:
+                port = next(int(arg.split("=", 1)[1]) for arg in server.cmdline() if arg.startswith("--metrics-port="))
+            except (psutil.NoSuchProcess, StopIteration):
+                continue
+            found[port] = server.pid
+        return found
+
+    def stub_pids(self) -> dict[str, int]:
+        """Model instance name -> pid of each live Python-backend stub of the (first) tritonserver."""
+        server_pid = self.server_pid()
+        return {instance: stub.pid for instance, stub in python_stubs(server_pid).items()} if server_pid else {}
+
+    def stop(self, timeout_s: float | None = None):
+        """Ctrl-C to the launcher (it stops Triton, which drains); SIGKILL for whatever is left after the timeout:
+        the launcher and each tritonserver's process group."""
+        if self.process is None:
+            return
+        server_pids = list(self.server_pids().values())
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=timeout_s or self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        for server_pid in server_pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(server_pid, signal.SIGKILL)   # tritonserver runs in its own session (pgid == pid)
+
+    def __enter__(self):
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc):
+        self.stop()
