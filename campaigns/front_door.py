@@ -41,7 +41,7 @@ from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, ZERO_MODEL
 from fusedresnet.campaigns.launched_server import LaunchedServer
 from fusedresnet.loadtest.grpc_flood import run_step
 from fusedresnet.loadtest.h2load_step import run_h2load_step
-from fusedresnet.loadtest.measurements import cpu_list, cpu_text, tree_cpu_seconds
+from fusedresnet.loadtest.measurements import cpu_list, cpu_text
 from fusedresnet.loadtest.perf_analyzer import build_repository
 from fusedresnet.loadtest.sweep import describe_device
 
@@ -101,8 +101,7 @@ def run_series_step(layout: Layout, model: str, generator: str, images: int, sha
     """One step of a series (`scale` x the generator's connections and threads: the generator check), with the
     server's CPU (launcher, tritonservers and stubs, in % of one core) over it."""
     url = f"127.0.0.1:{layout.grpc_port}"
-    server = psutil.Process(layout.process.pid)
-    cpu_before, started = tree_cpu_seconds(server)[0], time.monotonic()
+    cpu_before, started = layout.cpu_seconds()[0], time.monotonic()
     if generator == "h2load":
         connections = min(H2LOAD_CONNECTIONS, in_flight) * scale
         record = run_h2load_step(model, url, layout.metrics_url, images, connections,
@@ -112,7 +111,7 @@ def run_series_step(layout: Layout, model: str, generator: str, images: int, sha
         record = run_step(model, url, layout.metrics_url, in_flight * scale, images, args.generator_processes * scale,
                           args.warmup_s, args.seconds, shared_memory=shared_memory, admin_token=layout.admin_token,
                           server_processes=layout.processes)
-    record["server_cpu_percent"] = round(100 * (tree_cpu_seconds(server)[0] - cpu_before)
+    record["server_cpu_percent"] = round(100 * (layout.cpu_seconds()[0] - cpu_before)
                                          / (time.monotonic() - started), 1)
     return record
 

@@ -27,6 +27,7 @@ from fusedresnet.backend.network import free_port_run, free_ports, http_ready
 from fusedresnet.backend.serve import READY_LINE
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV
 from fusedresnet.backend.stub_processes import SERVER_BINARY, live_children, python_stubs, tritonserver_of
+from fusedresnet.loadtest.measurements import tree_cpu_seconds
 
 DEFAULT_READY_TIMEOUT_S = 300.0
 
@@ -152,6 +153,11 @@ class LaunchedServer:
                 continue
             found[port] = server.pid
         return found
+
+    def cpu_seconds(self) -> tuple[float, float]:
+        """CPU seconds (user + system) of the launcher's process tree (launcher, tritonservers, their stubs) and of
+        the tritonservers among them, so far: sampled around a window, the server's CPU over it."""
+        return tree_cpu_seconds(psutil.Process(self.process.pid)) if self.process is not None else (0.0, 0.0)
 
     def stub_pids(self) -> dict[str, int]:
         """Model instance name -> pid of each live Python-backend stub of the (first) tritonserver."""

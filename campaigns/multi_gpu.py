@@ -50,15 +50,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.spec import MODEL_CUSTOM, MODEL_REPOSITORY, ZERO_MODEL, model_config
 from fusedresnet.backend.triton_install import host_gpus
 from fusedresnet.campaigns.launched_server import LaunchedServer
 from fusedresnet.campaigns.serving_sequence import repository_with_instances, start_server
 from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, build_image_pool, save_image_pool
-from fusedresnet.loadtest.measurements import cpu_list, cpu_text, tree_cpu_seconds
+from fusedresnet.loadtest.measurements import cpu_list, cpu_text
 from fusedresnet.loadtest.sweep import describe_device
 
 SCALING_TARGETS_32 = {2: 1.8, 4: 3.5}   # issue 32: at 32 images/request, per GPU count
@@ -129,14 +127,14 @@ class ServerCpu:
     SAMPLE_S = 0.25
 
     def __init__(self, servers: list[LaunchedServer]):
-        self.handles = [psutil.Process(s.process.pid) for s in servers]
+        self.servers = servers
         self.samples: list[tuple[float, list[float], list[float]]] = []   # (time, per-server tree, tritonserver)
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self.sample_until_stopped, daemon=True)
 
     def sample_until_stopped(self):
         while not self.stopping.is_set():
-            pairs = [tree_cpu_seconds(h) for h in self.handles]
+            pairs = [server.cpu_seconds() for server in self.servers]
             self.samples.append((time.time(), [a for a, _ in pairs], [b for _, b in pairs]))
             self.stopping.wait(self.SAMPLE_S)
 

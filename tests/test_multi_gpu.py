@@ -308,8 +308,6 @@ def test_the_zero_model_check_runs_through_the_launcher_and_records_the_servers_
     model and zero-answer model) behind the launcher, one grpc_flood step of 32 images/request; the
     generator's window is recorded and the server's process tree (launcher, tritonserver, stubs) and
     tritonserver itself are measured over it."""
-    from types import SimpleNamespace
-
     from fusedresnet.backend.spec import MODEL_REPOSITORY
     from fusedresnet.campaigns import multi_gpu
     from fusedresnet.campaigns.serving_sequence import start_server
@@ -323,9 +321,8 @@ def test_the_zero_model_check_runs_through_the_launcher_and_records_the_servers_
                             cores, cores, seconds=1.5, warmup_s=0.5)
     launched = start_server(repository, token_file, tmp_path / "server.log", cwd=MODEL_REPOSITORY.parent)
     try:
-        server = SimpleNamespace(process=launched.process, url=launched.url, metrics_url=launched.metrics_url)
         series = multi_gpu.Series("32", 32, "none", (2,))
-        record = multi_gpu.drive(bench, "one-gpu", [server], series, 2, 1, model=ZERO_MODEL, check="zero-model")
+        record = multi_gpu.drive(bench, "one-gpu", [launched], series, 2, 1, model=ZERO_MODEL, check="zero-model")
     finally:
         launched.stop()
     assert record["errors"] == [] and record["problems"] == [] and record["failures"] == 0, record
