@@ -31,6 +31,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from triton_versions import IMAGE_ONLY_TRITON_FLAGS, IMAGE_TRITON
 
 from fusedresnet.backend import spec
 from fusedresnet.loadtest import triton_metrics
@@ -44,11 +45,6 @@ READY_PATH, LIVE_PATH = "/v2/health/ready", "/v2/health/live"
 PORTS = {"http": spec.DEFAULT_HTTP_PORT, "grpc": spec.DEFAULT_GRPC_PORT, "metrics": spec.DEFAULT_METRICS_PORT}
 PROCESSES_ENV = "FUSEDRESNET_PROCESSES_PER_GPU"
 READY_SCRIPT = DEPLOY / "docker" / "fusedresnet-ready"
-# tritonserver flags of the image's Triton (NGC 26.08, 2.73.0) that the pip path's 2.51 lacks, so its --help
-# cannot vouch for them: each with the release that added it (server's src/command_line_parser.cc).
-IMAGE_ONLY_TRITON_FLAGS = {"--http-max-input-size": "25.06", "--allow-client-shm": "26.04",
-                           "--grpc-infer-thread-count": "25.04"}
-IMAGE_TRITON = "26.08"
 # Triton's latency summaries (enabled by --metrics-config=summary_latencies=true).
 TRITON_SUMMARIES = {"nv_inference_request_summary_us", "nv_inference_queue_summary_us",
                     "nv_inference_compute_input_summary_us", "nv_inference_compute_infer_summary_us",

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from triton_versions import flags_for_pip_triton
 
 from fusedresnet.backend.network import free_ports, port_is_free
 from fusedresnet.backend.serve import TritonServer
@@ -42,10 +43,11 @@ ANSWER_DEADLINE_S = 120.0
 
 
 def deployment_triton_args() -> list[str]:
-    """The tritonserver flags (after `--`) of the Kubernetes Deployment's server container."""
+    """The tritonserver flags (after `--`) of the Kubernetes Deployment's server container that this machine's
+    Triton (the pip path's 2.51) knows: the image's newer Triton has more (triton_versions)."""
     deployment = yaml.safe_load((DEPLOY / "kubernetes" / "server-deployment.yaml").read_text())
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    return args[args.index("--") + 1:]
+    return flags_for_pip_triton(args[args.index("--") + 1:])
 
 
 def seconds(duration: str) -> float:
