@@ -323,6 +323,8 @@ class TritonServer:
         deadline = time.monotonic() + timeout_s
         self.instance_stubs = set()
         while time.monotonic() < deadline:
+            if self.stopping.is_set():      # stop() from another thread (a group stopped while it starts)
+                raise ServerError(f"tritonserver{self._named()} stopped while it started")
             if self.process.poll() is not None:
                 self.process.wait()
                 raise ServerError(f"tritonserver{self._named()} exited with code {self.process.returncode} "
@@ -545,8 +547,17 @@ class ServerGroup:
         threads = [threading.Thread(target=start_one, args=(server,)) for server in self.servers]
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join()
+        try:
+            for thread in threads:
+                thread.join()
+        except BaseException:             # Ctrl-C while the processes start: none may outlive the launcher
+            while any(thread.is_alive() for thread in threads):
+                for server in self.servers:
+                    server.stopping.set()   # again each time: a start that had not begun clears it
+                for thread in threads:
+                    thread.join(timeout=0.1)
+            self.stop()
+            raise
         if failures:
             self.stop()
             raise failures[0]
