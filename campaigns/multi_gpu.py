@@ -59,7 +59,7 @@ from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, build_image_pool,
 from fusedresnet.loadtest.measurements import cpu_list, cpu_text
 from fusedresnet.loadtest.sweep import describe_device
 
-SCALING_TARGETS_32 = {2: 1.8, 4: 3.5}   # issue 32: at 32 images/request, per GPU count
+SCALING_TARGETS_32 = {2: 1.8, 4: 3.5}   # at 32 images/request, per GPU count
 LAYOUTS = ("server-per-gpu", "one-server")
 BASELINE = "one-gpu"                    # the first server of server-per-gpu driven alone
 FLOOD_TIMEOUT_S = 120

@@ -257,7 +257,7 @@ def summary_section(table: dict) -> list[str]:
     return lines + [""]
 
 
-# The serving targets on the H100 (issue 9), checked against each sweep's steps of the custom model.
+# The serving targets on the H100, checked against each sweep's steps of the custom model.
 TARGET_IMG_PER_S_1 = 20_000        # gRPC, 1 image/request, with p99 at most TARGET_P99_1_MS
 TARGET_P99_1_MS = 50.0
 TARGET_IMG_PER_S_32 = 35_000       # gRPC, 32 images/request
@@ -283,7 +283,7 @@ def targets_section(results: dict, table: dict) -> list[str]:
     def row(name, target, value, met):
         return f"| {name} | {target} | {value} | {'met' if met else '**not met**'} |"
 
-    lines = ["## Serving targets (issue 9, set for the H100)", "", "| target | wanted | this sweep | |",
+    lines = ["## Serving targets (set for the H100)", "", "| target | wanted | this sweep | |",
              "|---|---|---|---|"]
     for images, shared_memory, wanted, name in (
             (1, "none", TARGET_IMG_PER_S_1, f"gRPC, 1 image/request (p99 <= {TARGET_P99_1_MS:g} ms)"),
@@ -377,7 +377,7 @@ def server_time_table(table: dict) -> list[str]:
     return lines + [""]
 
 
-# Issue 31's targets on the H100, against the zero-answer model measured in the same run.
+# The targets of the serving path against its ceiling on the H100: the zero-answer model measured in the same run.
 TARGET_IMG_PER_S_32_CUDA_ENGINE = 95_000   # custom, CUDA shared memory, 32 images/request: 90% of the engine
 TARGET_SHARE_OF_ZERO = 0.90                 # custom over plain gRPC, 1 and 32 images/request
 TARGET_ONE_IN_FLIGHT_P50_OVER_ZERO_MS = 0.3
@@ -385,7 +385,7 @@ TARGET_ONE_IN_FLIGHT_P50_OVER_ZERO_MS = 0.3
 
 def ceiling_section(table: dict, steps: list[dict] = ()) -> list[str]:
     """Each shipped model against the zero-answer model on the same series and level (same load generator); the
-    targets of issue 31, the CUDA shared-memory one on the best server setting of the serving story too."""
+    targets against that ceiling, the CUDA shared-memory one on the best server setting of the serving story too."""
     rows = [(key, users, models) for key, by_users in table.items() for users, models in by_users.items()
             if ZERO_MODEL in models]
     if not rows:
@@ -401,7 +401,7 @@ def ceiling_section(table: dict, steps: list[dict] = ()) -> list[str]:
                      f"| {fmt(z.get('img_per_s'))} | {percent(ratio(c.get('img_per_s'), z.get('img_per_s')))} "
                      f"| {fmt(c.get('p50_ms'), 2)} / {fmt(z.get('p50_ms'), 2)} "
                      f"| {fmt(c.get('p99_ms'), 2)} / {fmt(z.get('p99_ms'), 2)} |")
-    lines += ["", "Targets (issue 31, H100):", "", "| target | wanted | this run | |", "|---|---|---|---|"]
+    lines += ["", "Targets against the ceiling (H100):", "", "| target | wanted | this run | |", "|---|---|---|---|"]
 
     def best(generator, protocol, images, shared_memory, model):
         runs = [(m[model]["img_per_s"], users, m[model].get("p99_ms")) for key, by_users in table.items()

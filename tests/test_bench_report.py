@@ -1,7 +1,7 @@
 """The benchmark's tables carry both timings of every engine: back-to-back (throughput) and one call at a time
 (latency). Fed with the H100 figures of 2026-11-25 (the lead's GPU-host run at 60dc795: the fused engine,
 torch.compile max-autotune and cuDNN + CUDA graph, measured both ways in one process), the tables must give the
-speed-ups issue 33 states for them: 2.04x / 1.41x / 1.59x back-to-back at batch 1 / 32 / 128."""
+speed-ups targeted for them: 2.04x / 1.41x / 1.59x back-to-back at batch 1 / 32 / 128."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Clients that cancel, time out, disconnect or hold connections never leave the service down.
 
-Every behaviour of issue 30 against the real server, run by the launcher as users run it (its
+Every abusive client behaviour against the real server, run by the launcher as users run it (its
 own server on free ports: a behaviour may crash Triton 2.51, and the launcher must bring it
 back), each bounded in count and time (campaigns/client_abuse.py does the abusing):
 

@@ -18,7 +18,7 @@ from fusedresnet.client.agreement import compare_logits
 from fusedresnet.client.preprocess import preprocess_files, sample_photo_paths
 from fusedresnet.harness.diff import main, reference_checkpoints, run_diff
 
-# The checkpoints issue 11 names: stem + max-pool, each BasicBlock (the second of each stage is
+# The checkpoints the diff reports: stem + max-pool, each BasicBlock (the second of each stage is
 # layer1-4's output), average pool, logits.
 CHECKPOINTS = ["stem+maxpool", "layer1.0", "layer1.1", "layer2.0", "layer2.1", "layer3.0", "layer3.1",
                "layer4.0", "layer4.1", "avgpool", "logits"]

@@ -212,7 +212,7 @@ def test_multi_gpu_summary_takes_each_layouts_peak_against_one_gpu_at_every_coun
              step("server-per-gpu", 4, "32", 900000.0, processes=16, check="zero-model", model=ZERO_MODEL)]
     entries = {(e["layout"], e["gpus"]): e for e in multi_gpu.summarize(steps, [1, 2, 4])}
     assert set(entries) == {(layout, gpus) for layout in ("server-per-gpu", "one-server") for gpus in (2, 4)}
-    for entry in entries.values():      # issue 32's keys, per layout and GPU count
+    for entry in entries.values():      # the report's keys, per layout and GPU count
         assert {"layout", "gpus", "scaling_1", "scaling_32"} <= set(entry)
     assert entries["server-per-gpu", 2]["scaling_1"] == pytest.approx(38000 / 21000)
     assert entries["server-per-gpu", 2]["scaling_32"] == pytest.approx(76000 / 40000)
