@@ -229,6 +229,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--warmup-s", type=float, default=1.5)
     parser.add_argument("--generator-processes", type=int, default=12)
+    parser.add_argument("--models", default=",".join(MODELS_MEASURED), help="the models driven, comma-separated")
     parser.add_argument("--series", default=",".join(":".join(map(str, item)) for item in SERIES),
                         help="generator:images:shared-memory:in-flight of each step, comma-separated")
     args = parser.parse_args(argv)
@@ -259,7 +260,7 @@ def main(argv=None) -> int:
             print(f"== {processes} process(es) per GPU, MPS {'on' if mps else 'off'}: ready in {layout.ready_s:.1f} s",
                   flush=True)
             try:
-                steps = [(model, *item, 1) for model in MODELS_MEASURED for item in series]
+                steps = [(model, *item, 1) for model in args.models.split(",") for item in series]
                 # the generator check: the first series of custom again from twice the generator
                 steps.insert(1, (MODEL_CUSTOM, *series[0], 2))
                 for model, generator, images, shared_memory, concurrency, scale in steps:

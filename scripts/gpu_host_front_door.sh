@@ -21,7 +21,7 @@ fi
 source scripts/gpu_host_prologue.sh
 python3 -m fusedresnet.campaigns.front_door --out "$OUT/front_door_$MPS.json" --mps "$MPS" \
     --server-cores "${SERVER_CORES:-0-15}" --generator-cores "${GENERATOR_CORES:-16-31}" \
-    --processes "${PROCESSES:-1,2,4}" 2>&1 | tee "$OUT/front_door_$MPS.log"
+    --processes "${PROCESSES:-1,2,4}" ${MODELS:+--models "$MODELS"} 2>&1 | tee "$OUT/front_door_$MPS.log"
 status=${PIPESTATUS[0]}
 tar czf "$OUT/front_door_logs_$MPS.tgz" /tmp/front_door_*/launcher-* 2>/dev/null || true
 exit "$status"
