@@ -11,6 +11,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,20 +63,41 @@ def python_stub_for_interpreter(triton: TritonInstallation) -> Path:
     raise ServerError(f"no Python-backend stub for Python {version} in {triton.home}")
 
 
+_BACKEND_TREE_LOCK = threading.Lock()
+
+
 def private_backend_tree(triton: TritonInstallation) -> Path:
-    """A copy of the backends folder with the stub for this interpreter placed in backends/python."""
+    """A copy of the backends folder with the stub for this interpreter placed in backends/python.
+
+    The launcher's server processes start together: the copy is made once under a lock, into a folder of its
+    own that is then renamed into place, so no process sees a half-made tree (another launcher that made it
+    first wins the rename)."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     tree = BUILD_DIR / f"triton-backends-py{version}"
     stub = python_stub_for_interpreter(triton)
-    target = tree / "python" / "triton_python_backend_stub"
-    marker = tree / ".source"
     source = f"{triton.home.resolve()}:{stub.stat().st_mtime_ns}"
-    if not (target.is_file() and marker.is_file() and marker.read_text() == source):
+
+    def made(folder: Path) -> bool:
+        marker = folder / ".source"
+        return (folder / "python" / "triton_python_backend_stub").is_file() and marker.is_file() \
+            and marker.read_text() == source
+
+    with _BACKEND_TREE_LOCK:
+        if made(tree):
+            return tree
+        tree.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f"{tree.name}.", dir=tree.parent)) / "tree"
+        shutil.copytree(triton.home / "backends", scratch)
+        shutil.copy2(stub, scratch / "python" / "triton_python_backend_stub")
+        (scratch / "python" / "triton_python_backend_stub").chmod(0o755)
+        (scratch / ".source").write_text(source)
         shutil.rmtree(tree, ignore_errors=True)
-        shutil.copytree(triton.home / "backends", tree)
-        shutil.copy2(stub, target)
-        target.chmod(0o755)
-        marker.write_text(source)
+        try:
+            scratch.rename(tree)
+        except OSError:
+            if not made(tree):
+                raise
+        shutil.rmtree(scratch.parent, ignore_errors=True)
     return tree
 
 
