@@ -296,3 +296,26 @@ class FakeTriton:
     """Where a Triton installation's files are, for TritonServer.command (which only names them)."""
     binary = Path("tritonserver")
     home = Path("triton")
+
+
+def test_processes_starting_together_make_the_private_backend_tree_once(tmp_path, monkeypatch):
+    """A launcher's processes start at once, on a fresh machine with no backend tree yet (seen failing on the
+    GPU host with FileExistsError): each gets the same complete tree."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fusedresnet.backend import triton_install
+
+    monkeypatch.setattr(triton_install, "BUILD_DIR", tmp_path)
+    triton = triton_install.find_triton()
+    together = threading.Barrier(8)
+
+    def start(_):
+        together.wait()
+        return triton_install.private_backend_tree(triton)
+
+    with ThreadPoolExecutor(8) as pool:
+        trees = list(pool.map(start, range(8)))
+    assert len(set(trees)) == 1 and trees[0].parent == tmp_path
+    stub = trees[0] / "python" / "triton_python_backend_stub"
+    assert stub.is_file() and os.access(stub, os.X_OK)
+    assert [p.name for p in tmp_path.iterdir()] == [trees[0].name]   # no scratch folder left behind
