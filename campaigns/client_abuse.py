@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from fusedresnet.backend.spec import INPUT_UINT8, NUM_CLASSES, OUTPUT_LOGITS
+from fusedresnet.client.resnet_client import RETRY_BACKOFF_S
 from fusedresnet.loadtest.h2load_step import parse_h2load
 from fusedresnet.loadtest.raw_grpc import MODEL_INFER, grpc_frame, infer_request
 
@@ -207,7 +208,7 @@ def valid_calls(url: str, requests: list[bytes], count: int, in_flight: int = 8)
 
 
 VALID_DEADLINE_S = 60.0          # a valid request unanswered this long after it was first sent is lost
-VALID_RETRY_BACKOFF_S = (0.05, 1.0)   # first and longest wait before a retry (doubling), as the project's clients
+VALID_RETRY_BACKOFF_S = RETRY_BACKOFF_S   # first and longest wait before a retry (doubling), as the project's clients
 # gRPC waits up to 120 s between reconnection attempts (1 s, x1.6 each): after a 10-s restart a channel would
 # stay down for seconds more with the server back; the valid clients try again every second at most
 VALID_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.max_reconnect_backoff_ms", 1000)]

@@ -66,6 +66,10 @@ GRPC_RETRY_ATTEMPTS = 5            # the first try and up to 4 retries, each on 
 GRPC_RETRY_BUFFER_BYTES = 64 << 20  # a call is retried only while its request fits gRPC's retry buffer (256 KiB
                                     # by default: less than two 224x224 images), so the buffer holds a full batch
 GRPC_MAX_MESSAGE_BYTES = 2**31 - 1  # what tritonclient sets on its own channels
+# First and longest wait before a retry (doubling; gRPC draws each wait at random below it): the retries span
+# about 1.5 s at most, time for a broken connection to be made again to a live process (GRPC_RECONNECT_MS).
+RETRY_BACKOFF_S = (0.1, 1.0)
+GRPC_RECONNECT_MS = 100             # first wait before a broken connection is made again (gRPC's default: 1 s)
 
 
 def grpc_service_config() -> str:
@@ -78,7 +82,8 @@ def grpc_service_config() -> str:
         "loadBalancingConfig": [{"round_robin": {}}],
         "methodConfig": [{
             "name": [{"service": GRPC_SERVICE}],
-            "retryPolicy": {"maxAttempts": GRPC_RETRY_ATTEMPTS, "initialBackoff": "0.05s", "maxBackoff": "1s",
+            "retryPolicy": {"maxAttempts": GRPC_RETRY_ATTEMPTS, "initialBackoff": f"{RETRY_BACKOFF_S[0]}s",
+                            "maxBackoff": f"{RETRY_BACKOFF_S[1]}s",
                             "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
         }],
     })
@@ -134,6 +139,12 @@ def grpc_channel(url: str) -> tuple[str, list[tuple]]:
         # process to the same address, and with several server processes behind one port (the launcher's
         # --processes-per-gpu) the kernel picks a process per connection, so clients spread by theirs.
         ("grpc.use_local_subchannel_pool", 1),
+        # A connection that broke (its server process died) is made again within GRPC_RECONNECT_MS, not gRPC's
+        # default 1 s or more: until then the channel fails calls at once, and the retries above (about 0.75 s
+        # in all) would be spent before a new connection could reach a live process behind the port.
+        ("grpc.initial_reconnect_backoff_ms", GRPC_RECONNECT_MS),
+        ("grpc.min_reconnect_backoff_ms", GRPC_RECONNECT_MS),
+        ("grpc.max_reconnect_backoff_ms", 10 * GRPC_RECONNECT_MS),
     ]
 
 
@@ -248,13 +259,13 @@ def check_logits_received(result, images_sent: int, in_shared_memory: bool):
 
 def http_infer_with_retries(client, model: str, inputs: list, outputs: list, headers: dict | None):
     """An HTTP inference resent, as the gRPC channels' retry policy does (grpc_service_config: up to
-    GRPC_RETRY_ATTEMPTS tries, backoff from 0.05 s doubling), when its connection broke or was refused
+    GRPC_RETRY_ATTEMPTS tries, RETRY_BACKOFF_S), when its connection broke or was refused
     before an answer came: the server process behind it died or restarts, and a new connection reaches a
     live one (several processes share the port). Inference is idempotent. An answer, an error status
     included, is never resent."""
     from geventhttpclient.response import HTTPConnectionClosed  # tritonclient.http's transport
 
-    backoff_s = 0.05
+    backoff_s = RETRY_BACKOFF_S[0]
     for attempt in range(GRPC_RETRY_ATTEMPTS):
         try:
             return client.infer(model, inputs, outputs=outputs, headers=headers)
@@ -262,7 +273,7 @@ def http_infer_with_retries(client, model: str, inputs: list, outputs: list, hea
             if attempt == GRPC_RETRY_ATTEMPTS - 1:
                 raise
             time.sleep(backoff_s)
-            backoff_s = min(2 * backoff_s, 1.0)
+            backoff_s = min(2 * backoff_s, RETRY_BACKOFF_S[1])
     raise AssertionError("unreachable")
 
 

@@ -189,7 +189,8 @@ def test_a_process_killed_under_load_costs_no_client_call_and_comes_back_on_its_
     assert new_pid not in (None, victim), launcher.output()
     assert metrics_list_models(metrics_url_of(port), list(MODELS)), launcher.output()
     failures = clients.failures()
-    assert not failures, f"{len(failures)} of {len(clients.records)} calls failed: {failures[:3]}"
+    assert not failures, f"{len(failures)} of {len(clients.records)} calls failed: " + \
+        "; ".join(f"{type(e).__name__} {getattr(e, 'status', lambda: '')()} {e}" for *_, e in failures[:3])
     during = [r for r in clients.records if killed_at < r[0] < killed_at + back_after_s]
     assert during, "no call was answered while the process was down"
     for _, _, first, logits in clients.records:
