@@ -15,6 +15,7 @@ import os
 import platform
 import shutil
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -115,6 +116,42 @@ def raw_grpc_infer(server, model: str, inputs: list[tuple[str, str, list[int]]],
             return "OK", stub.ModelInfer(request, timeout=timeout_s)
         except grpc.RpcError as error:
             return error.code().name, error.details()
+
+
+class ClientThreads:
+    """Client threads, one per protocol in `protocols`, each sending (its `_run(worker, protocol)`) until
+    stopped and recording (start, end, first image, outcome) of every request: the logits or the exception."""
+
+    def __init__(self, protocols):
+        self.protocols = protocols
+        self.records: list[tuple[float, float, int, object]] = []
+        self.lock, self.stopping = threading.Lock(), threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(i, p), daemon=True) for i, p in enumerate(protocols)]
+
+    def _run(self, worker: int, protocol: str):
+        raise NotImplementedError
+
+    def record(self, started: float, first: int, outcome):
+        with self.lock:
+            self.records.append((started, time.monotonic(), first, outcome))
+
+    def snapshot(self) -> list:
+        with self.lock:
+            return list(self.records)
+
+    def failures(self) -> list:
+        return [r for r in self.snapshot() if isinstance(r[3], Exception)]
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(timeout=CLIENT_TIMEOUT_S + 10)
+        assert not any(thread.is_alive() for thread in self.threads), "a client thread hung"
 
 
 # ---------------------------------------------------------------- Triton's own counters

@@ -33,6 +33,7 @@ from fusedresnet.campaigns.serving_sequence import repository_with_instances
 
 from robustness_helpers import (
     CLIENT_TIMEOUT_S,
+    ClientThreads,
     Launcher,
     assert_correct,
     client,
@@ -62,18 +63,14 @@ def repository(prepared_repository, tmp_path_factory) -> Path:
     return repository_with_instances(prepared_repository, 1, folder, entries=MODELS)
 
 
-class TrafficLoop:
-    """Client threads that keep sending small valid batches to one model until stopped, recording
-    (start, end, outcome) of every request; outcome is the logits or the exception."""
+class TrafficLoop(ClientThreads):
+    """Client threads that keep sending small valid batches to one model until stopped (ClientThreads)."""
 
     def __init__(self, server, model: str, images: np.ndarray, protocols=("grpc", "grpc", "http"),
                  batch: int = 2, max_seconds: float = 600.0):
         self.server, self.model, self.images, self.batch = server, model, images, batch
-        self.protocols, self.max_seconds = protocols, max_seconds
-        self.records: list[tuple[float, float, int, object]] = []
-        self.lock, self.stopping = threading.Lock(), threading.Event()
-        self.threads = [threading.Thread(target=self._run, args=(i, p), daemon=True)
-                        for i, p in enumerate(protocols)]
+        self.max_seconds = max_seconds
+        super().__init__(protocols)
 
     def _run(self, worker: int, protocol: str):
         started_loop = time.monotonic()
@@ -94,28 +91,12 @@ class TrafficLoop:
                     except Exception:
                         pass
                     triton = None
-            with self.lock:
-                self.records.append((started, time.monotonic(), first, outcome))
+            self.record(started, first, outcome)
             sent += 1
             if isinstance(outcome, Exception):
                 time.sleep(0.2)
         if triton is not None:
             triton.close()
-
-    def __enter__(self):
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join(timeout=CLIENT_TIMEOUT_S + 10)
-        assert not any(thread.is_alive() for thread in self.threads), "a client thread hung"
-
-    def snapshot(self):
-        with self.lock:
-            return list(self.records)
 
 
 def first_correct_answer_after(loop: TrafficLoop, moment: float, reference: np.ndarray):

@@ -37,6 +37,7 @@ from fusedresnet.loadtest import triton_metrics
 
 from robustness_helpers import (
     CLIENT_TIMEOUT_S,
+    ClientThreads,
     Launcher,
     assert_correct,
     infer_image,
@@ -124,15 +125,13 @@ def test_two_processes_listen_on_one_port_and_each_answers_a_share(launcher, ima
     record(results, "front_door", {"share_of_40_fresh_connections": shares})
 
 
-class ProjectClients:
+class ProjectClients(ClientThreads):
     """Threads sending valid requests as the project's client does (ResNetClient: gRPC with its channel's
-    retry policy, HTTP with its resend), each on its own connection, recording (start, end, outcome)."""
+    retry policy, HTTP with its resend), each on its own connection (ClientThreads)."""
 
     def __init__(self, launcher, images: np.ndarray, protocols=("grpc",) * 4 + ("http",) * 2):
         self.launcher, self.images = launcher, images
-        self.records: list[tuple[float, float, int, object]] = []
-        self.lock, self.stopping = threading.Lock(), threading.Event()
-        self.threads = [threading.Thread(target=self._run, args=(i, p), daemon=True) for i, p in enumerate(protocols)]
+        super().__init__(protocols)
 
     def _run(self, worker: int, protocol: str):
         url = self.launcher.grpc_url if protocol == "grpc" else self.launcher.http_url
@@ -146,24 +145,8 @@ class ProjectClients:
                     outcome = triton.infer(self.images[first:first + 2]).logits
                 except Exception as error:   # a failed call is what this test counts
                     outcome = error
-                with self.lock:
-                    self.records.append((started, time.monotonic(), first, outcome))
+                self.record(started, first, outcome)
                 sent += 1
-
-    def failures(self) -> list:
-        with self.lock:
-            return [r for r in self.records if isinstance(r[3], Exception)]
-
-    def __enter__(self):
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join(timeout=CLIENT_TIMEOUT_S + 10)
-        assert not any(thread.is_alive() for thread in self.threads), "a client thread hung"
 
 
 @pytest.mark.parametrize("signal_number, index", [(signal.SIGKILL, 0), (signal.SIGABRT, 1)], ids=["SIGKILL", "SIGABRT"])
