@@ -14,7 +14,10 @@ from fusedresnet.backend.spec import ZERO_MODEL
 from fusedresnet.campaigns import abuse_soak
 from fusedresnet.loadtest.perf_analyzer import zero_model_repository
 
-SECONDS, ABORT_AT, SAMPLE_EVERY_S = 26.0, 6.0, 2.0
+SECONDS, ABORT_AT, SAMPLE_EVERY_S = 32.0, 6.0, 2.0
+# A server's memory is judged from this long after it first answered: a restarted server's RSS rose 150 MiB over
+# its first 7 s of load on a busy CI machine, then stayed flat (2026-11-28); its loading and warm-up are not growth.
+WARM_UP_S = 6.0
 
 
 def test_a_short_soak_with_an_aborted_server_loses_no_valid_request_and_explains_itself(tmp_path):
@@ -22,7 +25,7 @@ def test_a_short_soak_with_an_aborted_server_loses_no_valid_request_and_explains
     out = tmp_path / "soak"
     status = abuse_soak.main([
         "--seconds", str(SECONDS), "--model", ZERO_MODEL, "--valid-processes", "2", "--valid-in-flight", "4",
-        "--images-per-request", "8", "--abuse", "", "--pause", "60", "--warm-up-s", "2",
+        "--images-per-request", "8", "--abuse", "", "--pause", "60", "--warm-up-s", str(WARM_UP_S),
         "--sample-every-s", str(SAMPLE_EVERY_S), "--abort-server-at", str(ABORT_AT), "--load-cores", str(cores[-1]),
         "--out", str(out),
         "--", "--model-repository", str(zero_model_repository(tmp_path / "models"))])
@@ -56,7 +59,7 @@ def test_a_short_soak_with_an_aborted_server_loses_no_valid_request_and_explains
     memory = {m["pid"]: m for m in report["memory_by_server"]}
     assert set(memory) == set(report["servers_seen"])
     judged = [m for m in memory.values() if m["span_s"]]
-    assert judged and all(m["span_s"][0] >= m["first_answered_at"] + 2 for m in judged)
+    assert judged and all(m["span_s"][0] >= m["first_answered_at"] + WARM_UP_S for m in judged)
     assert report["server_cores"] and report["load_cores"] == str(cores[-1])
     markdown = out.with_suffix(".md").read_text()
     assert "| t | valid_img_per_s |" in markdown and "answered after retry" in markdown
