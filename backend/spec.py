@@ -21,6 +21,9 @@ LABELS_FILE = Path(__file__).with_name("imagenet_classes.txt")
 MODEL_CUSTOM = "resnet18_custom"
 MODEL_CUDNN = "resnet18_cudnn"
 MODELS = (MODEL_CUSTOM, MODEL_CUDNN)   # the networks; each is served as one model entry per input
+# A model instance's load line names where its start went, after this text (campaigns/front_door.py reads it):
+# "... loaded and warmed up in 2.1 s (start phases: stub start and imports 1.20 s, CUDA context 0.31 s, ...)"
+STARTUP_PHASES_TEXT = "start phases"
 INPUT_UINT8 = "IMAGE"                  # UINT8 [224, 224, 3], HWC, RGB, not normalised
 INPUT_FP32 = "IMAGE_NORMALIZED"        # FP32 [3, 224, 224], CHW, normalised by the client
 INPUTS = (INPUT_UINT8, INPUT_FP32)     # the input kinds

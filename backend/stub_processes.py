@@ -39,8 +39,14 @@ def live_children(pid: int, name: str) -> list[psutil.Process]:
 
 
 def tritonserver_of(launcher_pid: int) -> psutil.Process | None:
-    """The tritonserver the launcher (`python -m fusedresnet.backend.serve`) runs now, if any."""
+    """The tritonserver the launcher (`python -m fusedresnet.backend.serve`) runs now, if any (the first, with
+    several processes per GPU: tritonservers_of)."""
     return next(iter(live_children(launcher_pid, SERVER_BINARY)), None)
+
+
+def tritonservers_of(launcher_pid: int) -> list[psutil.Process]:
+    """Every tritonserver the launcher runs now."""
+    return live_children(launcher_pid, SERVER_BINARY)
 
 
 def python_stubs(server_pid: int) -> dict[str, psutil.Process]:

@@ -51,6 +51,7 @@ import os
 import time
 from pathlib import Path
 
+import psutil
 import torch
 import triton_python_backend_utils as pb_utils
 
@@ -72,6 +73,7 @@ from .spec import (
     NORMALIZED_ENTRY_SUFFIX,
     OUTPUT_ENGINE,
     OUTPUT_LOGITS,
+    STARTUP_PHASES_TEXT,
     network_of,
     power_of_two_buckets,
 )
@@ -243,15 +245,22 @@ class ResNetTritonModel:
             torch.set_num_interop_threads(1)
         except RuntimeError:   # only possible before any inter-op work in this process
             pass
+        # Where a (re)start's time goes (results/front_door.md, recovery): this stub's start and imports until
+        # here, its CUDA context, the engine's build (weights, kernels, graphs) and the warm-up.
+        phases = {"stub start and imports": time.time() - psutil.Process().create_time()}
+        mark = time.perf_counter()
         if on_gpu:
             device = f"cuda:{args['model_instance_device_id']}"
             torch.cuda.set_device(device)
+            torch.cuda.init()
+            torch.empty(1, device=device)   # the context exists once memory does
         else:
             device = "cpu"
+        phases["CUDA context"] = time.perf_counter() - mark
         # The weights are in the network's entry (a *_normalized entry serves the same network).
         repository_entry = Path(args["model_repository"])
         model_dir = f"{repository_entry.parent / network_of(repository_entry.name)}/{args['model_version']}"
-        started = time.perf_counter()
+        started = mark = time.perf_counter()
         try:
             self.engine, reason = create_engine(model_dir, device, config)
         except EngineUnavailable as error:
@@ -264,11 +273,16 @@ class ResNetTritonModel:
         if on_gpu:
             self.events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
         self.timer = ExecuteTimer(self.model_name, args["model_instance_name"], device, gpu_uuid(device))
+        phases["engine"] = time.perf_counter() - mark
+        mark = time.perf_counter()
         self._warm_up()
+        phases["warm-up"] = time.perf_counter() - mark
         self.timer.discard()     # the figures describe served requests only
         pb_utils.Logger.log_info(
             f"{self.model_name}: engine {self.engine.name} on {device} ({reason}), {threads} torch thread(s); "
-            f"{self.engine.describe()}; loaded and warmed up in {time.perf_counter() - started:.1f} s")
+            f"{self.engine.describe()}; loaded and warmed up in {time.perf_counter() - started:.1f} s "
+            f"({STARTUP_PHASES_TEXT}: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in phases.items())
+            + ")")
         if on_gpu and not self.engine.name.startswith("fused-cuda") and config.engine != "torchscript":
             pb_utils.Logger.log_warn(f"{self.model_name}: serving {self.engine.name} on a GPU, not the fused "
                                      f"kernels, because the config says engine {config.engine}")

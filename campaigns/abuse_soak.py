@@ -16,8 +16,15 @@ process's first answer to the same request (relative L2 within the project's tol
 
 Abuse, in a loop until the end (`--abuse` picks the behaviours): a round of abandoned calls (256 in flight on
 one connection, closed after 1 s), a burst of 500 calls with a 5 ms deadline, an RST_STREAM storm of 1,000
-calls, then `--pause`. `--abort-server-at S` also sends SIGABRT to tritonserver S seconds in, once it serves
-(the crash the launcher must recover from).
+calls, or the abandonment storm (16 connections x 16 calls closed together after 2 s), then `--pause`; each
+cycle on the next of the `--model` models in turn. `--abort-server-at S` also sends SIGABRT to tritonserver S
+seconds in, once it serves (the crash the launcher must recover from).
+
+Several processes behind one port (`-- --processes-per-gpu N`): `--model` and `--images-per-request` may be
+lists (valid process i sends the i-th of their combinations, in turn); a sample whose ServerReady on the shared
+port went unanswered is a second of zero capacity; crashes and restarts are the launcher's lines, the longest
+recovery its own "ready again ... s after the failure was seen". The report's `front_door` block is what
+results/front_door.json keeps of it (campaigns/front_door.py --abandonment).
 
 Timeline, every `--sample-every-s`: the valid img/s of the interval (answers counted by the valid processes),
 Triton's own metrics for the model over the interval (requests succeeded/failed, images, queue and
@@ -38,8 +45,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -53,9 +62,9 @@ import numpy as np
 import psutil
 
 from fusedresnet.backend.provenance import git_commit
-from fusedresnet.backend.serve import grpc_ready
+from fusedresnet.backend.serve import READY_AGAIN_LINE, grpc_ready
 from fusedresnet.backend.spec import MODEL_CUSTOM
-from fusedresnet.backend.stub_processes import python_stubs, tritonserver_of
+from fusedresnet.backend.stub_processes import python_stubs, tritonserver_of, tritonservers_of
 from fusedresnet.campaigns import client_abuse
 from fusedresnet.campaigns.launched_server import LaunchedServer
 from fusedresnet.loadtest import triton_metrics
@@ -70,7 +79,16 @@ ABUSE = {   # behaviour -> one cycle's statuses
     "abandon": lambda url, requests: client_abuse.abandon(url, requests, 1, 256, 1.0)[0].summary()["statuses"],
     "deadlines": lambda url, requests: client_abuse.deadlines(url, requests, 500, 64, 0.005).summary()["statuses"],
     "rst-storm": lambda url, requests: client_abuse.rst_storm(url, requests, 1000).summary()["statuses"],
+    # the pattern that crashed Triton 2.51 twice in 80 s (issue 37): 16 connections x 16 single-image calls,
+    # all closed together after 2 s
+    "abandon-storm": lambda url, requests: client_abuse.abandon(url, requests, 1, 256, 2.0,
+                                                                connections=16)[0].summary()["statuses"],
 }
+# The launcher's lines that say a process failed (backend/serve.py TritonServer.supervise), and its restart line
+FAILURE_LINE = re.compile(r"^fusedresnet: (?:tritonserver\S* .*(?:exited unasked|crashed|has not answered)|"
+                          r"Python stub of .* died)", re.MULTILINE)
+RECOVERY_LINE = re.compile(re.escape(READY_AGAIN_LINE) + r".*?: ([\d.]+) s after the failure was seen")
+METRICS_PORT_ARG = re.compile(r"^--metrics-port=(\d+)$")
 SETTLE_S = 120.0          # after the soak, at most this long for a restart under way to end with a ready server
 
 
@@ -104,24 +122,31 @@ class CpuMeter:
 
 
 class Sampler(threading.Thread):
-    """Every 0.5 s: which tritonserver serves and whether its gRPC endpoint answers ServerReady (a server hung
-    in its abort handler still answers HTTP): the restart windows; every `every_s` a timeline sample."""
+    """Every 0.5 s: which tritonservers serve and whether the gRPC port answers ServerReady (a server hung in its
+    abort handler still answers HTTP): with one process, the restart windows; every `every_s` a timeline sample.
+    With several processes behind the port, their failures and restarts are the launcher's lines."""
 
     def settled(self) -> bool:
-        """Every server seen after the first became ready, and the one now serving answers."""
+        """Every restart became ready, and the port answers."""
+        if self.processes > 1:
+            output = self.server.output()
+            return (len(RECOVERY_LINE.findall(output)) >= len(FAILURE_LINE.findall(output))
+                    and grpc_ready(self.grpc_url))
         return len(self.windows) >= len(self.pids_seen) - 1 and grpc_ready(self.grpc_url)
 
-    def __init__(self, launcher: subprocess.Popen, grpc_url: str, metrics_url: str, model: str,
+    def __init__(self, server: LaunchedServer, grpc_url: str, metrics_url: str, models: list[str],
                  valid: list[subprocess.Popen], every_s: float):
         super().__init__(daemon=True)
-        self.launcher, self.grpc_url, self.metrics_url, self.model = launcher, grpc_url, metrics_url, model
+        self.server, self.launcher = server, server.process
+        self.grpc_url, self.metrics_url, self.models = grpc_url, metrics_url, models
+        self.processes = len(metrics_url.split(","))
         self.valid, self.every_s = valid, every_s
         self.samples: list[dict] = []
         self.windows: list[list[float]] = []         # [last answer of the old server, first of the new one]
         self.pids_seen: list[int] = []
         self.stop = threading.Event()
         self.cpu = CpuMeter()
-        self.previous_metrics: tuple[int, triton_metrics.MetricsSnapshot] | None = None
+        self.previous_metrics: tuple[tuple, triton_metrics.MetricsSnapshot] | None = None
 
     def run(self):
         answered_at, pid, next_sample = time.time(), None, 0.0
@@ -133,28 +158,30 @@ class Sampler(threading.Thread):
             self.stop.wait(0.5)
 
     def poll(self, answered_at: float, pid: int | None, next_sample: float) -> tuple[float, int | None, float]:
-        """One look: the serving pid, its readiness (a new ready pid closes a restart window), a sample if due."""
-        server = tritonserver_of(self.launcher.pid)
-        if server is not None and server.pid not in self.pids_seen:
-            self.pids_seen.append(server.pid)
+        """One look: the serving pids, the port's readiness (with one process, a new ready pid closes a restart
+        window), a sample if due."""
+        servers = tritonservers_of(self.launcher.pid)
+        self.pids_seen += [server.pid for server in servers if server.pid not in self.pids_seen]
+        server = servers[0] if servers else None
         ready = server is not None and grpc_ready(self.grpc_url)
-        if ready and pid is not None and server.pid != pid:
+        if ready and pid is not None and server.pid != pid and self.processes == 1:
             self.windows.append([answered_at, time.time()])
         if ready:
             answered_at, pid = time.time(), server.pid
         if time.monotonic() >= next_sample:
             next_sample = time.monotonic() + self.every_s
-            self.samples.append(self.sample(server, ready))
+            self.samples.append(self.sample(servers, ready))
         return answered_at, pid, next_sample
 
-    def sample(self, server: psutil.Process | None, ready: bool) -> dict:
-        processes = [server, *python_stubs(server.pid).values()] if server is not None else []
-        rss = 0
-        for process in processes:
-            try:
-                rss += process.memory_info().rss
-            except psutil.NoSuchProcess:
-                pass
+    def sample(self, servers: list[psutil.Process], ready: bool) -> dict:
+        processes, rss_by_pid, success_by_pid = [], {}, {}
+        for server in servers:
+            mine = [server, *python_stubs(server.pid).values()]
+            processes += mine
+            rss_by_pid[str(server.pid)] = round(sum(rss_bytes(process) for process in mine) / MIB, 1)
+            success_by_pid[str(server.pid)] = self.own_success_total(server)
+        server = servers[0] if servers else None
+        rss = sum(rss_by_pid.values()) * MIB
         valid = []
         for process in self.valid:
             try:
@@ -162,28 +189,49 @@ class Sampler(threading.Thread):
             except psutil.NoSuchProcess:
                 pass
         sample = {"t": round(time.time(), 2), "pid": server.pid if server else None, "ready": ready,
-                  "rss_mib": round(rss / MIB, 1) if server else None, "gpu_mib": gpu_memory_used_mib(),
+                  "rss_mib": round(rss / MIB, 1) if server else None, "rss_mib_by_pid": rss_by_pid,
+                  "success_by_pid": success_by_pid, "gpu_mib": gpu_memory_used_mib(),
                   "cpu_server": self.cpu.percent(processes), "cpu_valid": self.cpu.percent(valid),
                   "cpu_abuse": self.cpu.percent([psutil.Process()])}
-        sample.update(self.triton_interval(sample["pid"]) if ready else {})
+        sample.update(self.triton_interval(tuple(sorted(rss_by_pid))) if ready else {})
         return sample
 
-    def triton_interval(self, pid: int) -> dict:
-        """Triton's counts for the model since the previous sample of the same server."""
+    def own_success_total(self, server: psutil.Process) -> int | None:
+        """The requests this tritonserver answered, from its own metrics port (its command line's)."""
+        try:
+            port = next((m.group(1) for arg in server.cmdline() if (m := METRICS_PORT_ARG.match(arg))), None)
+            snapshot = triton_metrics.scrape(f"http://127.0.0.1:{port}/metrics", timeout_s=2.0) if port else None
+        except (psutil.Error, OSError):
+            return None
+        return None if snapshot is None else int(sum(snapshot.total(triton_metrics.SUCCESS, m) for m in self.models))
+
+    def triton_interval(self, pids: tuple) -> dict:
+        """Triton's counts for the models (summed; queue and compute of the first) since the previous sample of
+        the same servers."""
         try:
             now = triton_metrics.scrape(self.metrics_url)
         except OSError:
             return {}
-        previous, self.previous_metrics = self.previous_metrics, (pid, now)
-        if previous is None or previous[0] != pid:
-            return {"triton_success_total": int(now.total(triton_metrics.SUCCESS, self.model))}
-        delta = triton_metrics.model_delta(previous[1], now, self.model)
-        return {"triton_success_total": int(now.total(triton_metrics.SUCCESS, self.model)),
-                "triton_success": delta["triton_success"], "triton_failure": delta["triton_failure"],
-                "triton_img_per_s": round(delta["server_img_per_s"], 1),
-                "queue_ms": None if delta["queue_us"] is None else round(delta["queue_us"] / 1e3, 2),
-                "compute_infer_ms": None if delta["compute_infer_us"] is None
-                else round(delta["compute_infer_us"] / 1e3, 2)}
+        previous, self.previous_metrics = self.previous_metrics, (pids, now)
+        total = int(sum(now.total(triton_metrics.SUCCESS, model) for model in self.models))
+        if previous is None or previous[0] != pids:
+            return {"triton_success_total": total}
+        deltas = [triton_metrics.model_delta(previous[1], now, model) for model in self.models]
+        first = deltas[0]
+        return {"triton_success_total": total,
+                "triton_success": sum(d["triton_success"] for d in deltas),
+                "triton_failure": sum(d["triton_failure"] for d in deltas),
+                "triton_img_per_s": round(sum(d["server_img_per_s"] for d in deltas), 1),
+                "queue_ms": None if first["queue_us"] is None else round(first["queue_us"] / 1e3, 2),
+                "compute_infer_ms": None if first["compute_infer_us"] is None
+                else round(first["compute_infer_us"] / 1e3, 2)}
+
+
+def rss_bytes(process: psutil.Process) -> int:
+    try:
+        return process.memory_info().rss
+    except psutil.NoSuchProcess:
+        return 0
 
 
 def abort_server(launcher: subprocess.Popen, grpc_url: str, started: float, aborted: dict):
@@ -210,18 +258,20 @@ def add_valid_rates(samples: list[dict], valid_results: list[dict]):
 
 
 def memory_by_server(samples: list[dict], warm_up_s: float) -> list[dict]:
-    """Per tritonserver pid: its span (from `warm_up_s` after its first sample with answers) and growth in it."""
+    """Per tritonserver pid: its span (from `warm_up_s` after its first sample with answers of its own) and growth
+    in it (RSS of it and its stubs; the GPU's memory, shared by the processes on it)."""
     servers = []
-    for pid in dict.fromkeys(s["pid"] for s in samples if s["pid"] is not None):
-        mine = [s for s in samples if s["pid"] == pid]
-        answering = next((s["t"] for s in mine if s.get("triton_success_total", 0) > 0), None)
+    for key in dict.fromkeys(key for s in samples for key in s.get("rss_mib_by_pid", {})):
+        mine = [s for s in samples if key in s["rss_mib_by_pid"]]
+        answering = next((s["t"] for s in mine if (s["success_by_pid"].get(key) or 0) > 0), None)
         span = [s for s in mine if answering is not None and s["t"] >= answering + warm_up_s]
-        entry = {"pid": pid, "samples": len(mine), "first_answered_at": answering,
+        first, last = (span[0]["rss_mib_by_pid"][key], span[-1]["rss_mib_by_pid"][key]) if len(span) >= 2 else (0, 0)
+        entry = {"pid": int(key), "samples": len(mine), "first_answered_at": answering,
                  "span_s": [span[0]["t"], span[-1]["t"]] if len(span) >= 2 else None,
-                 "rss_first_last_mib": [span[0]["rss_mib"], span[-1]["rss_mib"]] if len(span) >= 2 else None}
+                 "rss_first_last_mib": [first, last] if len(span) >= 2 else None}
         if len(span) >= 2:
-            entry["rss_growth_mib"] = round(span[-1]["rss_mib"] - span[0]["rss_mib"], 1)
-            entry["rss_bound_mib"] = round(max(RSS_GROWTH_BOUND[0] / MIB, RSS_GROWTH_BOUND[1] * span[0]["rss_mib"]), 1)
+            entry["rss_growth_mib"] = round(last - first, 1)
+            entry["rss_bound_mib"] = round(max(RSS_GROWTH_BOUND[0] / MIB, RSS_GROWTH_BOUND[1] * first), 1)
             gpu = [s["gpu_mib"] for s in span if s["gpu_mib"] is not None]
             entry["gpu_growth_mib"] = round(gpu[-1] - gpu[0], 1) if len(gpu) >= 2 else None
             entry["gpu_bound_mib"] = GPU_GROWTH_BOUND_MIB
@@ -281,7 +331,10 @@ def write_markdown(report: dict, path: Path):
         for example in valid["lost_examples"] + valid["retry_examples"]:
             lines.append(f"- {example}")
     if "restarts" in report:
-        lines += ["", f"Restarts: {report['restarts']}; servers (pids) seen: {report['servers_seen']}.", "",
+        lines += ["", f"Server processes behind the port: {report.get('processes', 1)}; crashes (the launcher's "
+                  f"failure lines): {report.get('crashes')}; restarts: {report['restarts']} (each ready again after "
+                  f"{report.get('recoveries_s')} s); seconds the port answered no ServerReady: "
+                  f"{report.get('capacity_zero_s')}; servers (pids) seen: {report['servers_seen']}.", "",
                   "| server pid | samples | memory span (s of the soak) | RSS first/last (MiB) | RSS growth / bound | "
                   "GPU growth / bound (MiB) | flat |", "|---|---|---|---|---|---|---|"]
         started = report["started_at"]
@@ -300,10 +353,10 @@ def write_markdown(report: dict, path: Path):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=600.0)
-    parser.add_argument("--model", default=MODEL_CUSTOM)
+    parser.add_argument("--model", default=MODEL_CUSTOM, help="the valid models (and the abuse's), comma-separated")
     parser.add_argument("--valid-processes", type=int, default=4)
     parser.add_argument("--valid-in-flight", type=int, default=16, help="per valid process")
-    parser.add_argument("--images-per-request", type=int, default=32)
+    parser.add_argument("--images-per-request", default="32", help="of the valid requests, comma-separated")
     parser.add_argument("--deadline-s", type=float, default=client_abuse.VALID_DEADLINE_S,
                         help="a valid request unanswered this long after it was first sent is lost")
     parser.add_argument("--pause", type=float, default=10.0, help="seconds between abuse cycles")
@@ -322,6 +375,8 @@ def main(argv=None) -> int:
     parser.add_argument("launcher_args", nargs="*", help="extra launcher arguments, after --")
     args = parser.parse_args(argv)
     args.argv = argv
+    args.models = [m for m in args.model.split(",") if m]
+    args.valid_kinds = list(itertools.product(args.models, [int(n) for n in args.images_per_request.split(",")]))
     if set(args.abuse) - set(ABUSE):
         parser.error(f"--abuse: unknown {sorted(set(args.abuse) - set(ABUSE))}; known: {', '.join(ABUSE)}")
     load_cores = set(cpu_list(args.load_cores))
@@ -347,6 +402,7 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
     launcher, grpc_url = server.process, server.grpc_url
     argv = args.argv   # main's arguments, for the report's command line
     report = {"device": describe_device(), "commit": git_commit(), "seconds": args.seconds, "model": args.model,
+              "valid_kinds": [f"{model} x{images}" for model, images in args.valid_kinds],
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
               "command": "python -m fusedresnet.campaigns.abuse_soak " + " ".join(argv or sys.argv[1:]),
               "server_cores": cpu_text(server_cores), "load_cores": cpu_text(load_cores),
@@ -360,17 +416,19 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
         metrics_url = server.metrics_url     # every process's, from the launcher's ready line
         started = time.time()
         report["started_at"] = started
+        kinds = [args.valid_kinds[i % len(args.valid_kinds)] for i in range(args.valid_processes)]
         valid = [started_with_output([sys.executable, "-m", "fusedresnet.campaigns.client_abuse", "valid",
-                                      "--url", grpc_url, "--model", args.model, "--seconds", str(args.seconds),
+                                      "--url", grpc_url, "--model", kinds[i][0], "--seconds", str(args.seconds),
                                       "--in-flight", str(args.valid_in_flight), "--deadline-s", str(args.deadline_s),
-                                      "--images-per-request", str(args.images_per_request), "--seed", str(i)],
+                                      "--images-per-request", str(kinds[i][1]), "--seed", str(i)],
                                      work / f"valid{i}.json", work / f"valid{i}.err",
                                      env=dict(os.environ, **ONE_THREAD_PER_POOL))
                  for i in range(args.valid_processes)]
-        sampler = Sampler(launcher, grpc_url, metrics_url, args.model, valid, args.sample_every_s)
+        sampler = Sampler(server, grpc_url, metrics_url, args.models, valid, args.sample_every_s)
         sampler.start()
         images = np.random.default_rng(5).integers(0, 256, (8, 224, 224, 3), dtype=np.uint8)
-        requests = [client_abuse.infer_request(args.model, images[i:i + 1]) for i in range(8)]
+        requests = {model: [client_abuse.infer_request(model, images[i:i + 1]) for i in range(8)]
+                    for model in args.models}
         abuse, aborted = [], {}
         if args.abort_server_at is not None:
             abort_timer = threading.Timer(args.abort_server_at, abort_server, (launcher, grpc_url, started, aborted))
@@ -378,9 +436,10 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
             abort_timer.start()
         end = time.monotonic() + args.seconds
         while time.monotonic() < end:
-            cycle = {"t": round(time.time() - started, 1)}
+            model = args.models[len(abuse) % len(args.models)]
+            cycle = {"t": round(time.time() - started, 1), "model": model}
             for behaviour in args.abuse:
-                cycle[behaviour] = ABUSE[behaviour](grpc_url, requests)
+                cycle[behaviour] = ABUSE[behaviour](grpc_url, requests[model])
             abuse.append(cycle)
             time.sleep(max(0.0, min(args.pause, end - time.monotonic())))
         valid_results = []
@@ -404,15 +463,18 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
         sampler.join(timeout=60)
         add_valid_rates(sampler.samples, valid_results)
         answered = sum(r["statuses"].get("OK", 0) for r in valid_results)
+        answered_images = sum(r["statuses"].get("OK", 0) * images for r, (_, images) in zip(valid_results, kinds))
         per_process = [{key: r[key] for key in ("sent", "answered_first_time", "answered_after_retry", "lost",
                                                 "retries", "longest_to_answer_s", "mismatched")}
                        for r in valid_results]
         memory = memory_by_server(sampler.samples, args.warm_up_s)
-        restarts = len(sampler.pids_seen) - 1
+        restarts = len(sampler.pids_seen) - sampler.processes
+        output = server.output()
+        recoveries = [float(seconds) for seconds in RECOVERY_LINE.findall(output)]
         report.update({
             "valid": {"sent": sum(r["sent"] for r in valid_results), "answered": answered,
                       "lost": sum(r["lost"] for r in valid_results),
-                      "images_per_s": round(answered * args.images_per_request / args.seconds, 1),
+                      "images_per_s": round(answered_images / args.seconds, 1),
                       "mismatched_answers": sum(r["mismatched"] for r in valid_results),
                       "retries": sum(r["retries"] for r in valid_results),
                       "longest_to_answer_s": max(r["longest_to_answer_s"] for r in valid_results),
@@ -422,6 +484,9 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
                       "retry_examples": [f"{t - started:.1f} s: {text}" for r in valid_results
                                          for t, text in r["retry_examples"]][:5]},
             "aborted": aborted or None, "restarts": restarts, "servers_seen": sampler.pids_seen,
+            "processes": sampler.processes, "crashes": len(FAILURE_LINE.findall(output)),
+            "recoveries_s": recoveries,
+            "capacity_zero_s": round(sum(args.sample_every_s for s in sampler.samples if not s["ready"]), 1),
             "restart_windows_s": [[round(a - started, 1), round(b - started, 1)] for a, b in sampler.windows],
             "memory_by_server": memory, "warm_up_s": args.warm_up_s,
             "abuse_cycles": len(abuse), "abuse_first_cycle": abuse[0] if abuse else None, "abuse": abuse,
@@ -445,8 +510,22 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
             reasons.append(f"no server answered for {args.warm_up_s} s plus two samples: memory not judged")
         reasons += [f"server {m['pid']}: memory grew (RSS {m['rss_growth_mib']} MiB, GPU {m['gpu_growth_mib']} MiB)"
                     for m in judged if not m["flat"]]
+        if sampler.processes > 1 and report["capacity_zero_s"]:
+            reasons.append(f"the shared port answered no ServerReady for {report['capacity_zero_s']} s")
         report["failed_because"] = reasons
         report["ok"] = not reasons
+        report["front_door"] = {
+            "duration_s": args.seconds, "valid_sent": report["valid"]["sent"], "valid_failed": report["valid"]["lost"],
+            "capacity_zero_s": report["capacity_zero_s"], "crashes": report["crashes"], "restarts": restarts,
+            "max_recovery_s": max(recoveries, default=None),
+            "device": report["device"], "date": report["date"], "git_commit": report["commit"],
+            "command": report["command"], "server_cores": report["server_cores"], "load_cores": report["load_cores"],
+            "processes": sampler.processes, "valid_kinds": report["valid_kinds"],
+            "pattern": f"Valid: {args.valid_processes} processes x {args.valid_in_flight} calls in flight "
+                       f"({', '.join(report['valid_kinds'])}), each retried on UNAVAILABLE as the project's clients "
+                       f"do; abuse: {', '.join(args.abuse) or 'none'} in a loop, alternating "
+                       f"{', '.join(args.models)}; capacity sampled every {args.sample_every_s:g} s "
+                       f"(ServerReady on the shared port)."}
     finally:
         if abort_timer is not None:
             abort_timer.cancel()               # an abort time past the soak's end fires into nothing

@@ -37,7 +37,7 @@ import psutil
 
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.serve import READY_AGAIN_LINE, metrics_list_models
-from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, ZERO_MODEL
+from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, STARTUP_PHASES_TEXT, ZERO_MODEL
 from fusedresnet.campaigns.launched_server import LaunchedServer
 from fusedresnet.loadtest.grpc_flood import run_step
 from fusedresnet.loadtest.h2load_step import run_h2load_step
@@ -52,6 +52,19 @@ SERIES = (("h2load", 1, "none", 512), ("h2load", 32, "none", 64), ("grpc_flood",
 H2LOAD_CONNECTIONS, H2LOAD_THREADS = 64, 8
 TARGETS = {"grpc32_vs_cudnn": 2.0, "grpc32_vs_n1": 1.8, "grpc1_vs_n1": 1.8, "cuda_shm_img_per_s": 95_000}
 READY_TIMEOUT_S = 300
+RECOVERY_TARGET_S = 5.0
+ABANDONMENT_FIELDS = ("duration_s", "valid_sent", "valid_failed", "capacity_zero_s", "crashes", "restarts",
+                      "max_recovery_s")
+
+
+def abandonment_markdown(abandonment: dict) -> str:
+    """The soak's summary (campaigns/abuse_soak.py's `front_door` block) as the report shows it."""
+    return (f"{abandonment['device']}, {abandonment['date']}, code {abandonment['git_commit']}; "
+            f"`{abandonment['command']}`; server on cores {abandonment['server_cores']}, valid clients and the "
+            f"abandoning ones on {abandonment['load_cores']}.\n\n"
+            + "| " + " | ".join(ABANDONMENT_FIELDS) + " |\n|" + "---:|" * len(ABANDONMENT_FIELDS) + "\n| "
+            + " | ".join(str(abandonment[key]) for key in ABANDONMENT_FIELDS) + " |\n\n"
+            + abandonment.get("pattern", ""))
 
 
 class Layout(LaunchedServer):
@@ -147,7 +160,13 @@ def model_load_times(log_file: Path) -> dict:
              for m, line in rows if int(m.group(4)) == newest]
     first = times[0][0]
     events = {}
+    phases: dict[str, dict[str, float]] = {}   # model -> phase -> its slowest instance's seconds
     for seconds, line in times:
+        instance = re.search(r'"(\w+): engine .*\(' + STARTUP_PHASES_TEXT + r": ([^)]*)\)", line)
+        if instance:
+            mine = phases.setdefault(instance.group(1), {})
+            for name, value in re.findall(r"([A-Za-z][\w -]*?) ([\d.]+) s", instance.group(2)):
+                mine[name.strip()] = max(mine.get(name.strip(), 0.0), float(value))
         loaded = re.search(r"successfully loaded '([^']+)'", line)
         if loaded:
             events[loaded.group(1)] = round(seconds - first, 2)
@@ -155,6 +174,8 @@ def model_load_times(log_file: Path) -> dict:
             events["grpc_started"] = round(seconds - first, 2)
         elif "Started Metrics Service" in line:
             events["metrics_started"] = round(seconds - first, 2)
+    if phases:
+        events["start_phases"] = phases
     return events
 
 
@@ -213,7 +234,17 @@ def markdown(results: dict) -> str:
               "| processes/GPU | MPS | ready again s | models loaded (s from the process's first log line) |",
               "|---|---|---:|---|"]
     lines += [f"| {r['processes_per_gpu']} | {'on' if r['mps'] else 'off'} | {r['ready_again_s']} | "
-              f"{', '.join(f'{k} {v}' for k, v in r.get('model_loads', {}).items())} |" for r in results["recoveries"]]
+              f"{', '.join(f'{k} {v}' for k, v in r.get('model_loads', {}).items() if k != 'start_phases')} |"
+              for r in results["recoveries"]]
+    lines += ["", f"Where each restarted model's start went (its slowest instance, s; target: ready again within "
+              f"{RECOVERY_TARGET_S:.0f} s of the crash):", ""]
+    for r in results["recoveries"]:
+        for model, phases in r.get("model_loads", {}).get("start_phases", {}).items():
+            lines.append(f"- {r['processes_per_gpu']}/GPU, MPS {'on' if r['mps'] else 'off'}, {model}: "
+                         + ", ".join(f"{name} {value:.2f}" for name, value in phases.items()))
+    abandonment = results.get("abandonment")
+    if abandonment:
+        lines += ["", "## Abandonment soak", "", abandonment_markdown(abandonment)]
     lines.append("")
     return "\n".join(lines)
 
@@ -224,15 +255,24 @@ def main(argv=None) -> int:
     parser.add_argument("--server-cores", required=True)
     parser.add_argument("--generator-cores", required=True)
     parser.add_argument("--gpu", default="0", help="the GPU of the servers ('': no --gpus, as on a host without one)")
-    parser.add_argument("--processes", default="1,2,4")
+    parser.add_argument("--processes", default="1,2,4",
+                        help="the layouts' processes per GPU ('': only add --abandonment to the report in --out)")
     parser.add_argument("--mps", default="off", help="off, on, or off,on")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--warmup-s", type=float, default=1.5)
     parser.add_argument("--generator-processes", type=int, default=12)
     parser.add_argument("--models", default=",".join(MODELS_MEASURED), help="the models driven, comma-separated")
+    parser.add_argument("--abandonment", type=Path,
+                        help="an abandonment soak's report (campaigns/abuse_soak.py --out, .json) to include")
     parser.add_argument("--series", default=",".join(":".join(map(str, item)) for item in SERIES),
                         help="generator:images:shared-memory:in-flight of each step, comma-separated")
     args = parser.parse_args(argv)
+    if not args.processes:       # no layouts: add the soak's summary to the report already in --out
+        results = json.loads(args.out.read_text())
+        results["abandonment"] = json.loads(args.abandonment.read_text()).get("front_door")
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        args.out.with_suffix(".md").write_text(markdown(results))
+        return 0
     server_cores, generator_cores = cpu_list(args.server_cores), cpu_list(args.generator_cores)
     series = [(generator, int(images), memory, int(in_flight)) for generator, images, memory, in_flight in
               (item.split(":") for item in args.series.split(","))]
@@ -248,6 +288,8 @@ def main(argv=None) -> int:
 
     def write():
         results["targets"] = targets(results["layouts"])
+        if args.abandonment and args.abandonment.is_file():
+            results["abandonment"] = json.loads(args.abandonment.read_text()).get("front_door")
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1, default=lambda value: value.item()) + "\n")
         args.out.with_suffix(".md").write_text(markdown(results))

@@ -65,3 +65,37 @@ def test_a_short_soak_with_an_aborted_server_loses_no_valid_request_and_explains
     assert "| t | valid_img_per_s |" in markdown and "answered after retry" in markdown
     assert status == (0 if report["ok"] else 1)
     assert report["ok"], report["failed_because"]
+
+
+def test_a_soak_of_two_processes_behind_one_port_keeps_capacity_through_a_crash(tmp_path):
+    """The front-door soak (results/front_door.json `abandonment`) in short: two processes share the port, one is
+    aborted; valid single-image and batched clients lose nothing, the port never stops answering, and the report
+    counts the crash, the restart and its recovery from the launcher's own lines."""
+    cores = sorted(os.sched_getaffinity(0))
+    out = tmp_path / "soak2"
+    status = abuse_soak.main([
+        "--seconds", "24", "--model", ZERO_MODEL, "--valid-processes", "2", "--valid-in-flight", "4",
+        "--images-per-request", "1,8", "--abuse", "", "--pause", "60", "--warm-up-s", str(WARM_UP_S),
+        "--sample-every-s", "1", "--abort-server-at", str(ABORT_AT), "--load-cores", str(cores[-1]),
+        "--out", str(out),
+        "--", "--processes-per-gpu", "2", "--model-repository", str(zero_model_repository(tmp_path / "models"))])
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["processes"] == 2 and report["valid_kinds"] == [f"{ZERO_MODEL} x1", f"{ZERO_MODEL} x8"]
+    assert report["aborted"] and report["crashes"] >= 1 and report["restarts"] >= 1
+    assert len(report["servers_seen"]) == 2 + report["restarts"]
+    assert len(report["recoveries_s"]) == report["restarts"] and all(s > 0 for s in report["recoveries_s"])
+    assert report["capacity_zero_s"] == 0, [s for s in report["timeline"] if not s["ready"]]
+    valid = report["valid"]
+    assert valid["lost"] == 0 and valid["mismatched_answers"] == 0 and valid["answered"] == valid["sent"] > 0, valid
+    # both kinds of valid client answered: 1 and 8 images per request
+    assert [p["sent"] > 0 for p in valid["per_process"]] == [True, True]
+    summary = report["front_door"]
+    assert {key: summary[key] for key in ("valid_sent", "valid_failed", "capacity_zero_s", "crashes", "restarts")} \
+        == {"valid_sent": valid["sent"], "valid_failed": 0, "capacity_zero_s": 0, "crashes": report["crashes"],
+            "restarts": report["restarts"]}
+    assert summary["max_recovery_s"] == max(report["recoveries_s"]) and summary["duration_s"] == 24
+    # each process's memory from its own metrics: the one that was not aborted served and was judged
+    memory = {m["pid"]: m for m in report["memory_by_server"]}
+    assert set(memory) == set(report["servers_seen"])
+    assert any(m["span_s"] and m["pid"] != report["aborted"]["pid"] for m in memory.values())
+    assert status == (0 if report["ok"] else 1) and report["ok"], report["failed_because"]
