@@ -4,10 +4,20 @@ change before it sends it (a configuration refused at load has crashed Triton 2.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, fields
 
 from .spec import AB_MODES, MODEL_CUDNN, MODEL_CUSTOM
+
+STICKY_BUCKETS = 10_000     # candidate_percent resolves to 0.01 %
+
+
+def sticky_share(key: str) -> float:
+    """Where `key` falls in 0..100 (percent), the same in every process: the arm of a sticky split (a key below
+    candidate_percent goes to the candidate)."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % STICKY_BUCKETS * 100.0 / STICKY_BUCKETS
 
 
 class ConfigError(ValueError):

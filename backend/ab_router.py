@@ -13,37 +13,50 @@ bad value fails the load with a message naming the parameter):
 | `shadow_max_in_flight` | >= 1, shadow batches awaited at once     | 4                |
 | `disagreement_records` | >= 0, disagreeing requests kept          | 100              |
 
-- shadow: every batch goes to both arms, each as ONE batched BLS call (`async_exec`), sent together. The client
-  gets the primary's answer as soon as the primary answers: the router never waits for the candidate. The
-  candidate's answer is awaited in the background, at most `shadow_timeout_ms` from the batch's start (also
-  its queue timeout in the candidate's scheduler), and compared with the primary's: per request top-1
-  agreement (images), top-5 overlap and the relative L2 of the logits. A late, failed or skipped shadow copy
-  (more than `shadow_max_in_flight` batches awaited already) is counted, never the client's concern.
+- shadow: every batch goes to the primary as ONE batched BLS call; each request is answered (its response sent)
+  the moment the primary's answer is there. Then the same batch goes to the candidate as one call, unless
+  `shadow_max_in_flight` of this instance's batches are at the candidate already (counted as skipped). Its
+  answer is compared with the primary's: per request top-1 agreement (images), top-5 overlap and the relative L2
+  of the logits. `shadow_timeout_ms` is the candidate call's deadline from its start (also its queue timeout in
+  the candidate's scheduler): a call still unanswered then is counted as a timeout (by the metrics thread, at
+  most METRICS_FLUSH_S after the deadline) and its late answer is not compared; a failed one is counted too.
+  The candidate's call leaves after the client's answer, so its compute never shares the hardware with the
+  primary's call of the same batch, and nothing about it can delay or fail the client's answer.
 - split: each request goes to one arm, `candidate_percent` of them to the candidate; sticky: a request's
-  `ab_key` parameter (a client's name), else its Triton request id, hashed, picks the arm, so the same key
-  always lands on the same arm (on every instance and after restarts); without either, chance does. Each
-  arm gets one batched call of its requests, both sent together.
+  `ab_key` parameter (a client's name), else its Triton request id, hashed (`ab_config.sticky_share`), picks the
+  arm, so the same key always lands on the same arm (on every instance and after restarts); without either,
+  chance does. Each arm gets one batched call of its requests, both sent at once; each request is answered when
+  its own arm answers.
 - primary: every request to the primary only.
+
+How a batch flows. `execute` does not wait for the arms: it hands the batch to one of this instance's worker
+threads and returns at once (no responses: each request's response goes out through its response sender,
+which Python backend 24.06+ allows a non-decoupled model, exactly one final response per request), so Triton
+gives the instance its next batch while earlier ones are still at the arms. One instance thus keeps up to
+ROUTES_IN_FLIGHT batches at the arms (plus `shadow_max_in_flight` at the candidate), and batches stay as small
+as the traffic makes them: a batch of one request passes the request's own input tensor to the arm and the arm's
+output tensors straight back in its response (no copy in the router; a batch of several is concatenated once).
+A worker that fails unexpectedly answers each of its requests not yet answered with an error: no request is
+left without an answer.
 
 The ENGINE output passes the answering arm's through, so a client sees which engine answered.
 
-Metrics (names in spec.py, labels model and model_instance) are added up here and written to Triton's metrics
-endpoint at most every METRICS_FLUSH_S, from a timer on the stub's event loop (so the last ones arrive also
-when traffic stops): each metric update is a message from the stub to the server, too dear per request.
-Histograms are exposed as Prometheus exposes them, cumulative `_bucket{le=...}` counters with `_sum` and
-`_count`, so `histogram_quantile` reads them. Disagreeing requests (request id, both arms' top-5 per image)
-are kept, the last `disagreement_records`, in AB_DISAGREEMENTS_DIR/<model instance>-server<pid>.json (rewritten
-with the metrics) and logged, at most a line a second.
+Metrics (names in spec.py, labels model and model_instance) are added up here (a lock, a few additions per
+batch) and written to Triton's metrics endpoint every METRICS_FLUSH_S by a thread of their own: each metric
+update is a message from the stub to the server, too dear per request. Histograms are exposed as Prometheus
+exposes them, cumulative `_bucket{le=...}` counters with `_sum` and `_count`, so `histogram_quantile` reads
+them. Disagreeing requests (request id, both arms' top-5 per image) are kept, the last `disagreement_records`,
+in AB_DISAGREEMENTS_DIR/<model instance>-server<pid>.json (rewritten with the metrics) and logged, at most a line
+a second.
 
 Tensors cross the boundary through DLPack only (as_numpy is wrong with NumPy 2 in this Triton build).
 """
 
 from __future__ import annotations
 
-import asyncio
+import bisect
 import collections
 import concurrent.futures
-import hashlib
 import json
 import math
 import os
@@ -54,7 +67,7 @@ import time
 import torch
 import triton_python_backend_utils as pb_utils
 
-from .ab_config import ConfigError, parse_router_config
+from .ab_config import ConfigError, parse_router_config, sticky_share
 from .spec import (
     AB_ARMS,
     AB_COMPARED_METRIC,
@@ -81,13 +94,10 @@ TOP5_OVERLAP_BUCKETS = (0, 1, 2, 3, 4, 4.5, 5)   # mean shared classes of the re
 REL_L2_BUCKETS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
 TOP_K = 5
 LOG_EVERY_S = 1.0           # at most one log line a second about disagreements
-STICKY_BUCKETS = 10_000     # candidate_percent resolves to 0.01 %
-
-
-def sticky_share(key: str) -> float:
-    """Where `key` falls in 0..100 (percent), the same in every process: the arm of a sticky split."""
-    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % STICKY_BUCKETS * 100.0 / STICKY_BUCKETS
+# Batches one router instance has at its arms at once, beyond the shadow calls. Each call at an arm holds one of
+# the instance's Python-backend threads (32 by default, shared with the responses it sends): 16 + the shadow
+# calls leave room. Beyond, a batch waits for a worker (it is not refused); the arms' queues bound the load.
+ROUTES_IN_FLIGHT = 16
 
 
 def request_key(request) -> str | None:
@@ -122,69 +132,100 @@ def call_now(request) -> tuple:
     return response, response.error().message() if response.has_error() else None
 
 
-async def outcome_of(call) -> tuple:
-    """Await a BLS call (async_exec): (response, error message or None); a failed call never raises."""
-    try:
-        response = await call
-    except asyncio.CancelledError:
-        raise
-    except Exception as raised:
-        return None, str(raised)
-    return response, response.error().message() if response.has_error() else None
+class Counter:
+    """One counter series: what was added since the last flush."""
+    __slots__ = ("metric", "pending")
+
+    def __init__(self, metric):
+        self.metric, self.pending = metric, 0.0
+
+
+class Histogram:
+    """One histogram series: per-bucket counts since the last flush (made cumulative when written)."""
+    __slots__ = ("bounds", "bucket_metrics", "sum_metric", "count_metric", "counts", "sum", "count")
+
+    def __init__(self, bounds: tuple, bucket_metrics: list, sum_metric, count_metric):
+        self.bounds, self.bucket_metrics = bounds, bucket_metrics
+        self.sum_metric, self.count_metric = sum_metric, count_metric
+        self.counts, self.sum, self.count = [0] * (len(bounds) + 1), 0.0, 0
+
+    def observe(self, value: float, count: int = 1):
+        """`count` observations of `value` (a batch's latency, once for each of its requests); under the lock."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += count    # the first bucket with value <= le
+        self.sum += value * count
+        self.count += count
 
 
 class PendingMetrics:
-    """Counters and histograms added up in the stub, written to Triton's endpoint by `flush`."""
+    """Counters and histograms added up in the stub (under `lock`), written to Triton's endpoint by `flush`."""
 
     def __init__(self, base_labels: dict):
         self.base_labels = base_labels
+        self.lock = threading.Lock()
         self.families: dict[str, object] = {}
-        self.metrics: dict[tuple, object] = {}
-        self.pending: dict[tuple, float] = collections.defaultdict(float)
-        self.buckets: dict[str, tuple] = {}
+        self.metrics: list = []
+        self.counters: list[Counter] = []
+        self.histograms: list[Histogram] = []
 
-    def counter(self, name: str, description: str, **labels):
-        """Declare a counter series (it shows, at 0, before anything is counted)."""
+    def _metric(self, name: str, description: str, labels: dict):
         if name not in self.families:
             self.families[name] = pb_utils.MetricFamily(name=name, description=description,
                                                         kind=pb_utils.MetricFamily.COUNTER)
-        key = (name, tuple(sorted(labels.items())))
-        if key not in self.metrics:
-            self.metrics[key] = self.families[name].Metric(labels={**self.base_labels, **labels})
-        return key
+        metric = self.families[name].Metric(labels={**self.base_labels, **labels})
+        self.metrics.append(metric)
+        return metric
 
-    def histogram(self, name: str, description: str, buckets: tuple, **labels):
-        self.buckets[name] = buckets
-        for bound in (*buckets, math.inf):
-            self.counter(f"{name}_bucket", f"{description} (cumulative count per upper bound le)",
-                         le=_bound_text(bound), **labels)
-        self.counter(f"{name}_sum", f"{description} (sum)", **labels)
-        self.counter(f"{name}_count", f"{description} (count)", **labels)
+    def counter(self, name: str, description: str, **labels) -> Counter:
+        """A counter series (it shows, at 0, before anything is counted)."""
+        series = Counter(self._metric(name, description, labels))
+        self.counters.append(series)
+        return series
 
-    def add(self, name: str, amount: float = 1.0, **labels):
-        self.pending[(name, tuple(sorted(labels.items())))] += amount
-
-    def observe(self, name: str, value: float, count: int = 1, **labels):
-        """`count` observations of `value` (a batch's latency, once for each of its requests)."""
-        for bound in (*self.buckets[name], math.inf):
-            if value <= bound:
-                self.add(f"{name}_bucket", count, le=_bound_text(bound), **labels)
-        self.add(f"{name}_sum", value * count, **labels)
-        self.add(f"{name}_count", count, **labels)
+    def histogram(self, name: str, description: str, buckets: tuple, **labels) -> Histogram:
+        buckets_metrics = [self._metric(f"{name}_bucket", f"{description} (cumulative count per upper bound le)",
+                                        {"le": _bound_text(bound), **labels}) for bound in (*buckets, math.inf)]
+        series = Histogram(tuple(buckets), buckets_metrics, self._metric(f"{name}_sum", f"{description} (sum)", labels),
+                           self._metric(f"{name}_count", f"{description} (count)", labels))
+        self.histograms.append(series)
+        return series
 
     def flush(self):
-        pending, self.pending = self.pending, collections.defaultdict(float)
-        for key, amount in pending.items():
+        increments = []
+        with self.lock:
+            for series in self.counters:
+                if series.pending:
+                    increments.append((series.metric, series.pending))
+                    series.pending = 0.0
+            for series in self.histograms:
+                if series.count:
+                    cumulative = 0
+                    for metric, count in zip(series.bucket_metrics, series.counts):
+                        cumulative += count
+                        if cumulative:
+                            increments.append((metric, cumulative))
+                    increments += [(series.sum_metric, series.sum), (series.count_metric, series.count)]
+                    series.counts, series.sum, series.count = [0] * len(series.counts), 0.0, 0
+        for metric, amount in increments:   # messages to the server: outside the lock
             if amount:
-                self.metrics[key].increment(amount)
+                metric.increment(amount)
 
     def close(self):
         self.metrics.clear()     # metrics before their families (the backend requires that order)
+        self.counters.clear()
+        self.histograms.clear()
         self.families.clear()
 
 
 def _bound_text(bound: float) -> str:
     return "+Inf" if bound == math.inf else f"{bound:g}"
+
+
+class ShadowCall:
+    """A batch's call at the candidate: its deadline, and whether it was settled (answered or counted late)."""
+    __slots__ = ("deadline", "requests", "settled")
+
+    def __init__(self, deadline: float, requests: int):
+        self.deadline, self.requests, self.settled = deadline, requests, False
 
 
 class ABRouterModel:
@@ -205,12 +246,14 @@ class ABRouterModel:
         except ConfigError as error:
             raise pb_utils.TritonModelException(f"{self.model_name}: {error}") from error
         torch.set_num_threads(1)
+        self.mode = self.config.mode
         self.arm_models = {"primary": self.config.primary, "candidate": self.config.candidate}
+        self.shadow_timeout_s = self.config.shadow_timeout_ms / 1e3
         self.random = random.Random()
-        self.shadows_in_flight = 0
-        self.lock = threading.Lock()          # the metrics: the event loop's timer and finalize
-        self.flush_timer = None
-        self.executor_set = False
+        self.shadow_lock = threading.Lock()       # the shadow calls in flight
+        self.shadow_calls: set[ShadowCall] = set()
+        self.record_lock = threading.Lock()       # the disagreement record and its log lines
+        self.flush_lock = threading.Lock()        # the metrics thread and finalize
         self.disagreements = collections.deque(maxlen=self.config.disagreement_records)
         self.disagreements_changed = False
         self.last_log = 0.0
@@ -219,79 +262,60 @@ class ABRouterModel:
         # names its instances alike).
         self.record_file = AB_DISAGREEMENTS_DIR / f"{self.instance_name}-server{os.getppid()}.json"
         self._declare_metrics()
+        self.workers = concurrent.futures.ThreadPoolExecutor(
+            max_workers=ROUTES_IN_FLIGHT + (self.config.shadow_max_in_flight if self.mode == "shadow" else 0),
+            thread_name_prefix="ab-route")
+        self.stopping = threading.Event()
+        self.flusher = threading.Thread(target=self._flush_loop, name="ab-metrics", daemon=True)
+        self.flusher.start()
         pb_utils.Logger.log_info(
-            f"{self.model_name}: A/B router, mode {self.config.mode}, primary {self.config.primary}, candidate "
+            f"{self.model_name}: A/B router, mode {self.mode}, primary {self.config.primary}, candidate "
             f"{self.config.candidate}" + (f", {self.config.candidate_percent:g} % to the candidate"
-                                          if self.config.mode == "split" else "")
-            + (f", shadow answers awaited up to {self.config.shadow_timeout_ms:g} ms in the background"
-               if self.config.mode == "shadow" else ""))
+                                          if self.mode == "split" else "")
+            + (f", the candidate called once the client has its answer, its deadline "
+               f"{self.config.shadow_timeout_ms:g} ms" if self.mode == "shadow" else ""))
 
     def _declare_metrics(self):
-        mode = self.config.mode
-        self.metrics = PendingMetrics({"model": self.model_name, "model_instance": self.instance_name})
-        m = self.metrics
+        mode = self.mode
+        self.metrics = m = PendingMetrics({"model": self.model_name, "model_instance": self.instance_name})
         arms = ("primary",) if mode == "primary" else AB_ARMS
+        self.requests_sent, self.failures, self.latency = {}, {}, {}
         for arm in arms:
-            m.counter(AB_REQUESTS_METRIC, "Requests the A/B router sent to each arm", mode=mode, arm=arm)
-            m.counter(AB_FAILURES_METRIC, "Requests an arm answered with an error (for the router)",
-                      mode=mode, arm=arm)
-            m.histogram(AB_LATENCY_METRIC, "Seconds each arm took to answer the router's batched call, per request",
-                        LATENCY_BUCKETS_S, mode=mode, arm=arm)
+            self.requests_sent[arm] = m.counter(AB_REQUESTS_METRIC, "Requests the A/B router sent to each arm",
+                                                mode=mode, arm=arm)
+            self.failures[arm] = m.counter(AB_FAILURES_METRIC, "Requests an arm answered with an error (for the "
+                                           "router)", mode=mode, arm=arm)
+            self.latency[arm] = m.histogram(AB_LATENCY_METRIC, "Seconds each arm took to answer the router's "
+                                            "batched call, per request", LATENCY_BUCKETS_S, mode=mode, arm=arm)
         if mode == "shadow":
-            m.counter(AB_TIMEOUTS_METRIC, "Shadow requests the candidate did not answer within shadow_timeout_ms")
-            m.counter(AB_SKIPPED_METRIC, "Shadow requests not sent: shadow_max_in_flight batches awaited already")
-            m.counter(AB_COMPARED_METRIC, "Requests answered by both arms and compared")
-            m.counter(AB_DISAGREEING_METRIC, "Compared requests with an image whose top-1 class differs")
-            m.counter(AB_IMAGES_METRIC, "Images compared")
-            m.counter(AB_TOP1_AGREE_METRIC, "Compared images whose top-1 class is the same in both arms")
-            m.histogram(AB_TOP5_OVERLAP_METRIC, "Top-5 classes both arms share, mean over a request's images",
-                        TOP5_OVERLAP_BUCKETS)
-            m.histogram(AB_REL_L2_METRIC, "Relative L2 distance of the candidate's logits to the primary's, "
-                        "per request", REL_L2_BUCKETS)
+            self.timeouts = m.counter(AB_TIMEOUTS_METRIC, "Shadow requests the candidate did not answer within "
+                                      "shadow_timeout_ms")
+            self.skipped = m.counter(AB_SKIPPED_METRIC, "Shadow requests not sent: shadow_max_in_flight batches "
+                                     "awaited already")
+            self.compared = m.counter(AB_COMPARED_METRIC, "Requests answered by both arms and compared")
+            self.disagreeing = m.counter(AB_DISAGREEING_METRIC, "Compared requests with an image whose top-1 class "
+                                         "differs")
+            self.images = m.counter(AB_IMAGES_METRIC, "Images compared")
+            self.top1_agree = m.counter(AB_TOP1_AGREE_METRIC, "Compared images whose top-1 class is the same in "
+                                        "both arms")
+            self.top5_overlap = m.histogram(AB_TOP5_OVERLAP_METRIC, "Top-5 classes both arms share, mean over a "
+                                            "request's images", TOP5_OVERLAP_BUCKETS)
+            self.rel_l2 = m.histogram(AB_REL_L2_METRIC, "Relative L2 distance of the candidate's logits to the "
+                                      "primary's, per request", REL_L2_BUCKETS)
 
     # ------------------------------------------------------------ requests
 
-    async def execute(self, requests):
-        loop = asyncio.get_running_loop()
-        if not self.executor_set:
-            # async_exec runs each call in the loop's default executor: room for the awaited shadow calls and
-            # both arms of a split, so a slow candidate never holds up a primary's call.
-            loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(
-                max_workers=self.config.shadow_max_in_flight + 2, thread_name_prefix="ab-router"))
-            self.executor_set = True
+    def execute(self, requests):
+        """Hand the batch to a worker and return: its requests are answered through their response senders."""
         started = time.perf_counter()
         images = [pb_utils.get_input_tensor_by_name(request, INPUT_UINT8) for request in requests]
-        mode = self.config.mode
-        if mode == "split":
-            groups = self._split(requests)
+        if self.mode == "split":
+            for arm, indices in self._split(requests).items():
+                if indices:
+                    self.workers.submit(self._route, arm, requests, images, indices, started)
         else:
-            groups = {"primary": list(range(len(requests)))}
-        # The candidate's call leaves first, in the executor (async_exec); the primary's runs here, on the event
-        # loop's thread (exec): no hand-over to another thread on the client's path.
-        shadow = None
-        if mode == "shadow":
-            if self.shadows_in_flight < self.config.shadow_max_in_flight:
-                shadow = asyncio.ensure_future(self._request(
-                    "candidate", images, groups["primary"], timeout_ms=self.config.shadow_timeout_ms).async_exec())
-            else:
-                self.metrics.add(AB_SKIPPED_METRIC, len(requests))
-        canary = None
-        if groups.get("candidate"):
-            canary = asyncio.ensure_future(self._request("candidate", images, groups["candidate"]).async_exec())
-        responses = [None] * len(requests)
-        primary = None
-        if groups["primary"]:
-            outcome = call_now(self._request("primary", images, groups["primary"]))
-            primary = self._answer("primary", outcome, started, requests, groups["primary"], responses)
-        if canary is not None:
-            self._answer("candidate", await outcome_of(canary), started, requests, groups["candidate"], responses)
-        if shadow is not None:
-            primary = None if primary is None else primary.clone()   # a view of the arm's output: kept beyond it
-            self.shadows_in_flight += 1
-            task = loop.create_task(self._await_shadow(shadow, started, primary, requests))
-            task.add_done_callback(lambda _: self._shadow_done())
-        self._schedule_flush(loop)
-        return responses
+            self.workers.submit(self._route, "primary", requests, images, list(range(len(requests))), started)
+        return None
 
     def _split(self, requests) -> dict[str, list[int]]:
         groups = {"primary": [], "candidate": []}
@@ -301,143 +325,204 @@ class ABRouterModel:
             groups["candidate" if share < self.config.candidate_percent else "primary"].append(index)
         return groups
 
-    def _request(self, arm: str, images: list, indices: list[int], timeout_ms: float | None = None):
-        """The BLS request of the requests `indices` as one batch to `arm`."""
+    def _route(self, arm: str, requests, images: list, indices: list[int], started: float):
+        """On a worker: the requests `indices` to `arm` as one call, each answered; then (shadow) the candidate."""
+        answered = set()
+        try:
+            batch = self._batch(images, indices)
+            outcome = call_now(self._request(arm, batch, len(indices)))
+            logits = self._answer(arm, outcome, started, requests, images, indices, answered)
+            if self.mode == "shadow" and logits is not None:
+                self._shadow(batch, logits, [requests[i] for i in indices], [images[i] for i in indices])
+        except BaseException as error:   # never leave a request without its answer
+            for index in indices:
+                if index not in answered:
+                    self._send(requests[index], pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                        f"{self.model_name}: the router failed: {error}")))
+            pb_utils.Logger.log_error(f"{self.model_name}: routing to {arm} failed: {error!r}")
+
+    @staticmethod
+    def _batch(images: list, indices: list[int]):
+        """The input of one call: a request's own tensor, or the requests' tensors concatenated once."""
         if len(indices) == 1:
-            batch = images[indices[0]]
-        else:
-            tensors = [torch.from_dlpack(images[i].to_dlpack()) for i in indices]
-            batch = pb_utils.Tensor.from_dlpack(INPUT_UINT8, torch.cat(tensors))
-        self.metrics.add(AB_REQUESTS_METRIC, len(indices), mode=self.config.mode, arm=arm)
+            return images[indices[0]]
+        return pb_utils.Tensor.from_dlpack(INPUT_UINT8, torch.cat([torch.from_dlpack(images[i].to_dlpack())
+                                                                   for i in indices]))
+
+    def _request(self, arm: str, batch, requests: int, timeout_ms: float | None = None):
+        """The BLS request of one batch to `arm`."""
+        with self.metrics.lock:
+            self.requests_sent[arm].pending += requests
         return pb_utils.InferenceRequest(
             model_name=self.arm_models[arm], inputs=[batch], requested_output_names=[OUTPUT_LOGITS, OUTPUT_ENGINE],
             timeout=int(timeout_ms * 1000) if timeout_ms else 0)
 
-    def _answer(self, arm: str, outcome: tuple, started: float, requests, indices: list[int], responses: list):
-        """Give each of an answering arm's requests its rows (or its error); the logits, or None on failure."""
-        mode = self.config.mode
+    @staticmethod
+    def _send(request, response):
+        try:
+            request.get_response_sender().send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as error:   # the request was cancelled or answered already: nothing more to do for it
+            pb_utils.Logger.log_warn(f"A/B router: response to request {request.request_id()!r} not sent: {error}")
+
+    def _answer(self, arm: str, outcome: tuple, started: float, requests, images: list, indices: list[int],
+                answered: set):
+        """Send each of an arm's requests its rows (or its error); the logits (a copy), or None on failure."""
         response, error = outcome
-        self.metrics.observe(AB_LATENCY_METRIC, time.perf_counter() - started, len(indices), mode=mode, arm=arm)
+        with self.metrics.lock:
+            self.latency[arm].observe(time.perf_counter() - started, len(indices))
+            if error is not None:
+                self.failures[arm].pending += len(indices)
         if error is not None:
-            self.metrics.add(AB_FAILURES_METRIC, len(indices), mode=mode, arm=arm)
             for index in indices:
-                responses[index] = pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                    f"{self.model_name}: {self.arm_models[arm]} failed: {error}"))
+                self._send(requests[index], pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    f"{self.model_name}: {self.arm_models[arm]} failed: {error}")))
+                answered.add(index)
             return None
         logits = pb_utils.get_output_tensor_by_name(response, OUTPUT_LOGITS)
         engine = pb_utils.get_output_tensor_by_name(response, OUTPUT_ENGINE)
-        if len(indices) == 1:   # the arm's tensors as they came
-            responses[indices[0]] = self._respond(requests[indices[0]], logits, engine)
-            return torch.from_dlpack(logits.to_dlpack())
+        # shadow: kept for the comparison, which comes after the response went out
+        kept = torch.from_dlpack(logits.to_dlpack()).clone() if self.mode == "shadow" else None
+        if len(indices) == 1:   # the arm's tensors as they came (the sender keeps the outputs the client asked for)
+            self._send(requests[indices[0]], pb_utils.InferenceResponse(
+                output_tensors=[logits] if engine is None else [logits, engine]))
+            answered.add(indices[0])
+            return kept
         all_logits = torch.from_dlpack(logits.to_dlpack())
         all_engine = torch.from_dlpack(engine.to_dlpack()) if engine is not None else None
         start = 0
         for index in indices:
-            rows = pb_utils.get_input_tensor_by_name(requests[index], INPUT_UINT8).shape()[0]
-            responses[index] = self._respond(
-                requests[index], pb_utils.Tensor.from_dlpack(OUTPUT_LOGITS, all_logits[start:start + rows]),
-                None if all_engine is None else pb_utils.Tensor.from_dlpack(OUTPUT_ENGINE,
-                                                                            all_engine[start:start + rows]))
+            rows = images[index].shape()[0]
+            outputs = [pb_utils.Tensor.from_dlpack(OUTPUT_LOGITS, all_logits[start:start + rows])]
+            if all_engine is not None:
+                outputs.append(pb_utils.Tensor.from_dlpack(OUTPUT_ENGINE, all_engine[start:start + rows]))
+            self._send(requests[index], pb_utils.InferenceResponse(output_tensors=outputs))
+            answered.add(index)
             start += rows
-        return all_logits
+        return kept
 
-    @staticmethod
-    def _respond(request, logits, engine):
-        outputs = [logits]
-        if engine is not None and OUTPUT_ENGINE in request.requested_output_names():
-            outputs.append(engine)
-        return pb_utils.InferenceResponse(output_tensors=outputs)
+    # ------------------------------------------------------------ shadow: the candidate after the answer
 
-    # ------------------------------------------------------------ shadow comparison, in the background
-
-    def _shadow_done(self):
-        self.shadows_in_flight -= 1
-
-    async def _await_shadow(self, call, started: float, primary: torch.Tensor | None, requests):
+    def _shadow(self, batch, primary: torch.Tensor, requests: list, images: list):
         count = len(requests)
-        remaining = self.config.shadow_timeout_ms / 1e3 - (time.perf_counter() - started)
-        try:
-            response, error = await asyncio.wait_for(outcome_of(asyncio.shield(call)), timeout=max(remaining, 0.0))
-        except asyncio.TimeoutError:
-            response, error = None, "timeout"
-        if error is not None:
-            # Triton's own queue timeout (the call's timeout) reads "Request timeout expired".
-            timed_out = error == "timeout" or "timeout" in error.lower()
-            self.metrics.add(AB_TIMEOUTS_METRIC if timed_out else AB_FAILURES_METRIC, count,
-                             **({} if timed_out else {"mode": "shadow", "arm": "candidate"}))
-            self._schedule_flush(asyncio.get_running_loop())
-            if timed_out:   # the call goes on in its thread: it still counts as in flight until it ends
-                await asyncio.wait([call])
+        with self.shadow_lock:
+            if len(self.shadow_calls) >= self.config.shadow_max_in_flight:
+                call = None
+            else:
+                call = ShadowCall(time.perf_counter() + self.shadow_timeout_s, count)
+                self.shadow_calls.add(call)
+        if call is None:
+            with self.metrics.lock:
+                self.skipped.pending += count
             return
-        self.metrics.observe(AB_LATENCY_METRIC, time.perf_counter() - started, count, mode="shadow", arm="candidate")
-        if primary is not None:
-            candidate = torch.from_dlpack(pb_utils.get_output_tensor_by_name(response, OUTPUT_LOGITS).to_dlpack())
-            self._compare(primary, candidate, requests)
-        self._schedule_flush(asyncio.get_running_loop())
+        try:
+            started = time.perf_counter()
+            response, error = call_now(self._request("candidate", batch, count,
+                                                     timeout_ms=self.config.shadow_timeout_ms))
+            elapsed = time.perf_counter() - started
+        finally:
+            with self.shadow_lock:
+                counted_late, call.settled = call.settled, True
+                self.shadow_calls.discard(call)
+        if counted_late:            # the metrics thread counted it at its deadline
+            return
+        # Triton's own queue timeout (the call's timeout) reads "Request timeout expired".
+        late = elapsed > self.shadow_timeout_s or (error is not None and "timeout" in error.lower())
+        with self.metrics.lock:
+            if late:
+                self.timeouts.pending += count
+            elif error is not None:
+                self.failures["candidate"].pending += count
+            else:
+                self.latency["candidate"].observe(elapsed, count)
+        if late or error is not None:
+            return
+        candidate = torch.from_dlpack(pb_utils.get_output_tensor_by_name(response, OUTPUT_LOGITS).to_dlpack())
+        self._compare(primary, candidate, requests, images)
 
-    def _compare(self, primary: torch.Tensor, candidate: torch.Tensor, requests):
+    def _expire_shadows(self):
+        """Count as timeouts the candidate calls past their deadline (their answers will not be compared)."""
+        now = time.perf_counter()
+        late = 0
+        with self.shadow_lock:
+            for call in self.shadow_calls:
+                if not call.settled and now > call.deadline:
+                    call.settled = True
+                    late += call.requests
+        if late:
+            with self.metrics.lock:
+                self.timeouts.pending += late
+
+    def _compare(self, primary: torch.Tensor, candidate: torch.Tensor, requests: list, images: list):
         start = 0
-        for request in requests:
-            rows = pb_utils.get_input_tensor_by_name(request, INPUT_UINT8).shape()[0]
-            result = compare(primary[start:start + rows], candidate[start:start + rows])
+        results = []
+        for request, image in zip(requests, images):
+            rows = image.shape()[0]
+            results.append((request, compare(primary[start:start + rows], candidate[start:start + rows])))
             start += rows
-            m = self.metrics
-            m.add(AB_COMPARED_METRIC)
-            m.add(AB_IMAGES_METRIC, result["images"])
-            m.add(AB_TOP1_AGREE_METRIC, result["top1_agree"])
-            m.observe(AB_TOP5_OVERLAP_METRIC, result["top5_overlap"])
-            m.observe(AB_REL_L2_METRIC, result["rel_l2"])
+        with self.metrics.lock:
+            for _, result in results:
+                self.compared.pending += 1
+                self.images.pending += result["images"]
+                self.top1_agree.pending += result["top1_agree"]
+                self.top5_overlap.observe(result["top5_overlap"])
+                self.rel_l2.observe(result["rel_l2"])
+                if result["disagreeing"]:
+                    self.disagreeing.pending += 1
+        for request, result in results:
             if result["disagreeing"]:
-                m.add(AB_DISAGREEING_METRIC)
                 self._record(request.request_id(), result)
 
     def _record(self, request_id: str, result: dict):
         record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "request_id": request_id,
                   "primary": self.config.primary, "candidate": self.config.candidate,
                   "images": result["images"], "rel_l2": result["rel_l2"], "disagreeing": result["disagreeing"]}
-        if self.config.disagreement_records:
-            self.disagreements.append(record)
-            self.disagreements_changed = True
-        now = time.monotonic()
-        if now - self.last_log >= LOG_EVERY_S:
-            first = result["disagreeing"][0]
-            pb_utils.Logger.log_warn(
-                f"{self.model_name}: top-1 differs on request {request_id!r} image {first['image']}: "
-                f"{self.config.primary} top-5 {first['primary_top5']}, {self.config.candidate} top-5 "
-                f"{first['candidate_top5']}" + (f" ({self.suppressed_logs} more such requests since the last line)"
-                                                if self.suppressed_logs else ""))
-            self.last_log, self.suppressed_logs = now, 0
-        else:
-            self.suppressed_logs += 1
+        with self.record_lock:
+            if self.config.disagreement_records:
+                self.disagreements.append(record)
+                self.disagreements_changed = True
+            now = time.monotonic()
+            if now - self.last_log < LOG_EVERY_S:
+                self.suppressed_logs += 1
+                return
+            suppressed, self.last_log, self.suppressed_logs = self.suppressed_logs, now, 0
+        first = result["disagreeing"][0]
+        pb_utils.Logger.log_warn(
+            f"{self.model_name}: top-1 differs on request {request_id!r} image {first['image']}: "
+            f"{self.config.primary} top-5 {first['primary_top5']}, {self.config.candidate} top-5 "
+            f"{first['candidate_top5']}" + (f" ({suppressed} more such requests since the last line)"
+                                            if suppressed else ""))
 
-    # ------------------------------------------------------------ metrics and the record, now and then
+    # ------------------------------------------------------------ metrics and the record, every METRICS_FLUSH_S
 
-    def _schedule_flush(self, loop):
-        if self.flush_timer is None:
-            self.flush_timer = loop.call_later(METRICS_FLUSH_S, self._flush)
+    def _flush_loop(self):
+        while not self.stopping.wait(METRICS_FLUSH_S):
+            self._flush()
 
     def _flush(self):
-        self.flush_timer = None
-        with self.lock:
+        with self.flush_lock:
             try:
+                if self.mode == "shadow":
+                    self._expire_shadows()
                 self.metrics.flush()
                 self._write_record()
             except Exception as error:  # serving goes on; the figures miss this flush
                 pb_utils.Logger.log_warn(f"{self.model_name}: A/B metrics not written: {error}")
 
     def _write_record(self):
-        if not self.disagreements_changed:
-            return
-        self.disagreements_changed = False
+        with self.record_lock:
+            if not self.disagreements_changed:
+                return
+            self.disagreements_changed = False
+            records = list(self.disagreements)
         self.record_file.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.record_file.with_name(f".{self.record_file.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(list(self.disagreements), indent=1) + "\n")
+        temporary.write_text(json.dumps(records, indent=1) + "\n")
         os.replace(temporary, self.record_file)
 
     def finalize(self):
-        if self.flush_timer is not None:
-            self.flush_timer.cancel()
+        self.workers.shutdown(wait=True)    # every batch handed over is answered (and its shadow settled)
+        self.stopping.set()
+        self.flusher.join()
         self._flush()
-        with self.lock:
+        with self.flush_lock:
             self.metrics.close()
-
