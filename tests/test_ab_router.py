@@ -8,7 +8,10 @@ On a server of its own (model control mode explicit, so the router's config is c
 as docs/AB_LIVE.md says), with small test arms written here (`arm`: deterministic logits of the image and the
 engine name its config gives; one arm reverses the class order, one sleeps, one fails):
 - a 10 % split lands within a binomial bound and is sticky per request id and per `ab_key`;
-- a slow candidate neither fails nor delays the client's answer, and its lateness is counted as a timeout;
+- a router instance does not wait for its arms: with one instance, a request to a fast arm is answered while
+  an earlier one waits at a slow arm;
+- a slow candidate neither fails nor delays the client's answer, and its lateness is counted as a timeout at its
+  deadline, before its late answer comes;
 - a failing candidate does not fail the request, and is counted;
 - disagreeing requests are recorded (request id, both top-5) and counted;
 - bad parameters are refused with the parameter named: by client.ab_mode before it sends them (the configuration
@@ -19,12 +22,14 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from fusedresnet.backend.ab_config import sticky_share
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import (
@@ -245,6 +250,34 @@ def test_split_sends_its_share_to_the_candidate_within_a_binomial_bound_and_stic
     assert metric(url, AB_REQUESTS_METRIC, mode="split", arm="candidate") - before_candidate == to_candidate + again
 
 
+def test_a_router_instance_answers_a_fast_arms_request_while_another_waits_at_a_slow_arm(ab_server, admin_token,
+                                                                                          varied_images):
+    # The test server's router has one instance; half the keys go to the slow primary, half to the fast candidate.
+    reload_router(ab_server, admin_token, mode="split", primary="arm_slow", candidate="arm_a", candidate_percent="50")
+    slow_key = next(f"key-{i}" for i in range(1000) if sticky_share(f"key-{i}") >= 50)
+    fast_key = next(f"key-{i}" for i in range(1000) if sticky_share(f"key-{i}") < 50)
+    answers = {}
+
+    def slow_request():
+        with grpcclient.InferenceServerClient(ab_server.grpc_url) as client:
+            started = time.monotonic()
+            answers["slow"] = infer(client, AB_ROUTER_MODEL, varied_images[:1], parameters={
+                AB_STICKY_PARAMETER: slow_key})[1], time.monotonic() - started
+
+    with grpcclient.InferenceServerClient(ab_server.grpc_url) as client:
+        infer(client, AB_ROUTER_MODEL, varied_images[:1], parameters={AB_STICKY_PARAMETER: fast_key})  # warm
+        slow = threading.Thread(target=slow_request)
+        slow.start()
+        time.sleep(0.3)    # the slow request is at the slow arm
+        started = time.monotonic()
+        engine = infer(client, AB_ROUTER_MODEL, varied_images[1:2], parameters={AB_STICKY_PARAMETER: fast_key})[1]
+        elapsed = time.monotonic() - started
+    slow.join()
+    assert engine == "engine-a" and answers["slow"][0] == "engine-slow"
+    assert answers["slow"][1] >= SLOW_ARM_SLEEP_S * 0.9
+    assert elapsed < SLOW_ARM_SLEEP_S / 4, f"the fast arm's request waited for the slow arm's: {elapsed:.2f} s"
+
+
 def test_slow_candidate_neither_fails_nor_delays_the_answer_and_counts_a_timeout(ab_server, admin_token,
                                                                                    varied_images):
     reload_router(ab_server, admin_token, mode="shadow", primary="arm_a", candidate="arm_slow",
@@ -260,6 +293,9 @@ def test_slow_candidate_neither_fails_nor_delays_the_answer_and_counts_a_timeout
     np.testing.assert_array_equal(logits, expected)
     assert elapsed < SLOW_ARM_SLEEP_S / 2, f"the answer waited for the slow candidate: {elapsed:.2f} s"
     assert wait_for_increase(url, AB_TIMEOUTS_METRIC, before_timeouts, 1) == 1
+    # Counted at the deadline (300 ms after the call left, seen within a flush), not when the late answer came.
+    counted_after = time.monotonic() - started
+    assert counted_after < SLOW_ARM_SLEEP_S, f"the timeout was counted {counted_after:.2f} s after the request"
     time.sleep(SLOW_ARM_SLEEP_S)   # the slow answer arrives after all: too late to be compared
     assert metric(url, AB_COMPARED_METRIC) == before_compared
 
