@@ -98,6 +98,8 @@ LOG_EVERY_S = 1.0           # at most one log line a second about disagreements
 # the instance's Python-backend threads (32 by default, shared with the responses it sends): 16 + the shadow
 # calls leave room. Beyond, a batch waits for a worker (it is not refused); the arms' queues bound the load.
 ROUTES_IN_FLIGHT = 16
+# An instance with no batch at the arms for this long, given a batch of one request, serves it inline (see execute).
+INLINE_IDLE_S = 0.1
 
 
 def request_key(request) -> str | None:
@@ -262,6 +264,9 @@ class ABRouterModel:
         # names its instances alike).
         self.record_file = AB_DISAGREEMENTS_DIR / f"{self.instance_name}-server{os.getppid()}.json"
         self._declare_metrics()
+        self.route_lock = threading.Lock()        # the batches the workers have at the arms
+        self.routes_in_flight = 0
+        self.inline_from = 0.0                    # perf_counter time from which a batch may be served inline
         self.workers = concurrent.futures.ThreadPoolExecutor(
             max_workers=ROUTES_IN_FLIGHT + (self.config.shadow_max_in_flight if self.mode == "shadow" else 0),
             thread_name_prefix="ab-route")
@@ -306,15 +311,35 @@ class ABRouterModel:
     # ------------------------------------------------------------ requests
 
     def execute(self, requests):
-        """Hand the batch to a worker and return: its requests are answered through their response senders."""
+        """Serve a batch: inline when the instance is idle, else handed to a worker (answers sent from there).
+
+        Inline (a batch of one request for the primary, no batch of this instance at the arms, none for
+        INLINE_IDLE_S, no batch of several requests for as long): the primary is called on this thread and the
+        response returned, the cheapest path for a lone request, but the instance waits for the primary (as it
+        would for a direct call; a split's canary request never waits so: a slow candidate holds no instance).
+        Otherwise (requests queued for this instance: the load is beyond what inline serves) a worker calls the
+        arm and sends the responses, and execute returns at once, so Triton gives the instance its next batch
+        meanwhile; the instance stays so while it has batches at the arms and INLINE_IDLE_S after."""
         started = time.perf_counter()
         images = [pb_utils.get_input_tensor_by_name(request, INPUT_UINT8) for request in requests]
         if self.mode == "split":
-            for arm, indices in self._split(requests).items():
-                if indices:
-                    self.workers.submit(self._route, arm, requests, images, indices, started)
+            groups = {arm: indices for arm, indices in self._split(requests).items() if indices}
         else:
-            self.workers.submit(self._route, "primary", requests, images, list(range(len(requests))), started)
+            groups = {"primary": list(range(len(requests)))}
+        with self.route_lock:
+            if len(requests) > 1:
+                self.inline_from = max(self.inline_from, started + INLINE_IDLE_S)
+            inline = (len(requests) == 1 and "candidate" not in groups and self.routes_in_flight == 0
+                      and started >= self.inline_from)
+            if not inline:
+                self.routes_in_flight += len(groups)
+        if inline:
+            responses = [None]
+            (arm, indices), = groups.items()
+            self._route(arm, requests, images, indices, started, responses)
+            return responses
+        for arm, indices in groups.items():
+            self.workers.submit(self._route, arm, requests, images, indices, started)
         return None
 
     def _split(self, requests) -> dict[str, list[int]]:
@@ -325,21 +350,40 @@ class ABRouterModel:
             groups["candidate" if share < self.config.candidate_percent else "primary"].append(index)
         return groups
 
-    def _route(self, arm: str, requests, images: list, indices: list[int], started: float):
-        """On a worker: the requests `indices` to `arm` as one call, each answered; then (shadow) the candidate."""
+    def _route(self, arm: str, requests, images: list, indices: list[int], started: float, responses=None):
+        """The requests `indices` to `arm` as one call, each answered; then (shadow) the candidate. On a worker
+        each response is sent; inline (`responses`, the list execute returns) they are put there and the
+        candidate's call goes to a worker."""
         answered = set()
+
+        def deliver(index: int, response):
+            if responses is None:
+                self._send(requests[index], response)
+            else:
+                responses[index] = response
+            answered.add(index)
+
         try:
             batch = self._batch(images, indices)
             outcome = call_now(self._request(arm, batch, len(indices)))
-            logits = self._answer(arm, outcome, started, requests, images, indices, answered)
+            logits = self._answer(arm, outcome, started, images, indices, deliver)
             if self.mode == "shadow" and logits is not None:
-                self._shadow(batch, logits, [requests[i] for i in indices], [images[i] for i in indices])
+                shadow = (batch, logits, [requests[i] for i in indices], [images[i] for i in indices])
+                if responses is None:
+                    self._shadow(*shadow)
+                else:
+                    self.workers.submit(self._shadow_logged, *shadow)
         except BaseException as error:   # never leave a request without its answer
             for index in indices:
                 if index not in answered:
-                    self._send(requests[index], pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    deliver(index, pb_utils.InferenceResponse(error=pb_utils.TritonError(
                         f"{self.model_name}: the router failed: {error}")))
             pb_utils.Logger.log_error(f"{self.model_name}: routing to {arm} failed: {error!r}")
+        finally:
+            if responses is None:
+                with self.route_lock:
+                    self.routes_in_flight -= 1
+                    self.inline_from = max(self.inline_from, time.perf_counter() + INLINE_IDLE_S)
 
     @staticmethod
     def _batch(images: list, indices: list[int]):
@@ -364,9 +408,8 @@ class ABRouterModel:
         except Exception as error:   # the request was cancelled or answered already: nothing more to do for it
             pb_utils.Logger.log_warn(f"A/B router: response to request {request.request_id()!r} not sent: {error}")
 
-    def _answer(self, arm: str, outcome: tuple, started: float, requests, images: list, indices: list[int],
-                answered: set):
-        """Send each of an arm's requests its rows (or its error); the logits (a copy), or None on failure."""
+    def _answer(self, arm: str, outcome: tuple, started: float, images: list, indices: list[int], deliver):
+        """Deliver each of an arm's requests its rows (or its error); the logits (shadow: a copy), or None."""
         response, error = outcome
         with self.metrics.lock:
             self.latency[arm].observe(time.perf_counter() - started, len(indices))
@@ -374,18 +417,16 @@ class ABRouterModel:
                 self.failures[arm].pending += len(indices)
         if error is not None:
             for index in indices:
-                self._send(requests[index], pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                deliver(index, pb_utils.InferenceResponse(error=pb_utils.TritonError(
                     f"{self.model_name}: {self.arm_models[arm]} failed: {error}")))
-                answered.add(index)
             return None
         logits = pb_utils.get_output_tensor_by_name(response, OUTPUT_LOGITS)
         engine = pb_utils.get_output_tensor_by_name(response, OUTPUT_ENGINE)
         # shadow: kept for the comparison, which comes after the response went out
         kept = torch.from_dlpack(logits.to_dlpack()).clone() if self.mode == "shadow" else None
         if len(indices) == 1:   # the arm's tensors as they came (the sender keeps the outputs the client asked for)
-            self._send(requests[indices[0]], pb_utils.InferenceResponse(
+            deliver(indices[0], pb_utils.InferenceResponse(
                 output_tensors=[logits] if engine is None else [logits, engine]))
-            answered.add(indices[0])
             return kept
         all_logits = torch.from_dlpack(logits.to_dlpack())
         all_engine = torch.from_dlpack(engine.to_dlpack()) if engine is not None else None
@@ -395,12 +436,17 @@ class ABRouterModel:
             outputs = [pb_utils.Tensor.from_dlpack(OUTPUT_LOGITS, all_logits[start:start + rows])]
             if all_engine is not None:
                 outputs.append(pb_utils.Tensor.from_dlpack(OUTPUT_ENGINE, all_engine[start:start + rows]))
-            self._send(requests[index], pb_utils.InferenceResponse(output_tensors=outputs))
-            answered.add(index)
+            deliver(index, pb_utils.InferenceResponse(output_tensors=outputs))
             start += rows
         return kept
 
     # ------------------------------------------------------------ shadow: the candidate after the answer
+
+    def _shadow_logged(self, *shadow):
+        try:
+            self._shadow(*shadow)
+        except Exception as error:   # the client has its answer; the comparison of this batch is lost
+            pb_utils.Logger.log_error(f"{self.model_name}: the shadow comparison failed: {error!r}")
 
     def _shadow(self, batch, primary: torch.Tensor, requests: list, images: list):
         count = len(requests)

@@ -28,7 +28,6 @@ from fusedresnet.loadtest import grpc_flood
 from fusedresnet.loadtest.perf_analyzer import add_zero_model
 
 CANDIDATE = "zero_candidate"
-CASES = ((1, 1), (32, 16))      # (images per request, requests in flight)
 
 
 def set_router_parameters(text: str, **parameters) -> str:
@@ -63,11 +62,13 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", default="shadow,split,primary")
     parser.add_argument("--warmup-s", type=float, default=1.0)
     parser.add_argument("--measure-s", type=float, default=5.0)
+    parser.add_argument("--cases", default="1@1,32@16", help="images@in-flight, comma-separated")
     parser.add_argument("--processes", type=int, default=1, help="grpc_flood processes")
     parser.add_argument("--router-instances", type=int, help="override the router's instance count")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--log-dir", type=Path, help="keep the servers' logs here")
     args = parser.parse_args(argv)
+    cases = [tuple(int(n) for n in case.split("@")) for case in args.cases.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="ab_proxy_") as scratch:
         log_dir = args.log_dir or Path(scratch)
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
             server = TritonServer(repository, "127.0.0.1", http_port, grpc_port, metrics_port,
                                   log_file=log_dir / f"ab_proxy_{mode}.log")
             with server:
-                for index, (images, in_flight) in enumerate(CASES):
+                for index, (images, in_flight) in enumerate(cases):
                     steps = {}
                     for target in (("direct", "router") if index % 2 == 0 else ("router", "direct")):
                         steps[target] = grpc_flood.run_step(
