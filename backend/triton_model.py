@@ -252,7 +252,6 @@ class ResNetTritonModel:
         if on_gpu:
             device = f"cuda:{args['model_instance_device_id']}"
             torch.cuda.set_device(device)
-            torch.cuda.init()
             torch.empty(1, device=device)   # the context exists once memory does
         else:
             device = "cpu"

@@ -66,7 +66,7 @@ from fusedresnet.backend.serve import READY_AGAIN_LINE, grpc_ready
 from fusedresnet.backend.spec import MODEL_CUSTOM
 from fusedresnet.backend.stub_processes import python_stubs, tritonserver_of, tritonservers_of
 from fusedresnet.campaigns import client_abuse
-from fusedresnet.campaigns.launched_server import LaunchedServer
+from fusedresnet.campaigns.launched_server import LaunchedServer, metrics_url_of
 from fusedresnet.loadtest import triton_metrics
 from fusedresnet.loadtest.measurements import cpu_list, cpu_text, gpu_memory_used_mib
 from fusedresnet.loadtest.perf_analyzer import default_load_cores
@@ -88,7 +88,6 @@ ABUSE = {   # behaviour -> one cycle's statuses
 FAILURE_LINE = re.compile(r"^fusedresnet: (?:tritonserver\S* .*(?:exited unasked|crashed|has not answered)|"
                           r"Python stub of .* died)", re.MULTILINE)
 RECOVERY_LINE = re.compile(re.escape(READY_AGAIN_LINE) + r".*?: ([\d.]+) s after the failure was seen")
-METRICS_PORT_ARG = re.compile(r"^--metrics-port=(\d+)$")
 SETTLE_S = 120.0          # after the soak, at most this long for a restart under way to end with a ready server
 
 
@@ -134,12 +133,11 @@ class Sampler(threading.Thread):
                     and grpc_ready(self.grpc_url))
         return len(self.windows) >= len(self.pids_seen) - 1 and grpc_ready(self.grpc_url)
 
-    def __init__(self, server: LaunchedServer, grpc_url: str, metrics_url: str, models: list[str],
-                 valid: list[subprocess.Popen], every_s: float):
+    def __init__(self, server: LaunchedServer, models: list[str], valid: list[subprocess.Popen], every_s: float):
         super().__init__(daemon=True)
         self.server, self.launcher = server, server.process
-        self.grpc_url, self.metrics_url, self.models = grpc_url, metrics_url, models
-        self.processes = len(metrics_url.split(","))
+        self.grpc_url, self.models = server.grpc_url, models
+        self.processes = len(server.metrics_ports)     # from the launcher's ready line
         self.valid, self.every_s = valid, every_s
         self.samples: list[dict] = []
         self.windows: list[list[float]] = []         # [last answer of the old server, first of the new one]
@@ -174,12 +172,16 @@ class Sampler(threading.Thread):
         return answered_at, pid, next_sample
 
     def sample(self, servers: list[psutil.Process], ready: bool) -> dict:
-        processes, rss_by_pid, success_by_pid = [], {}, {}
+        processes, rss_by_pid, success_by_pid, snapshots = [], {}, {}, []
+        metrics_ports = {pid: port for port, pid in self.server.server_pids().items()}
         for server in servers:
             mine = [server, *python_stubs(server.pid).values()]
             processes += mine
             rss_by_pid[str(server.pid)] = round(sum(rss_bytes(process) for process in mine) / MIB, 1)
-            success_by_pid[str(server.pid)] = self.own_success_total(server)
+            snapshot = own_metrics(metrics_ports.get(server.pid))    # None while it loads
+            snapshots.append(snapshot)
+            success_by_pid[str(server.pid)] = None if snapshot is None else int(
+                sum(snapshot.total(triton_metrics.SUCCESS, model) for model in self.models))
         server = servers[0] if servers else None
         rss = sum(rss_by_pid.values()) * MIB
         valid = []
@@ -193,25 +195,14 @@ class Sampler(threading.Thread):
                   "success_by_pid": success_by_pid, "gpu_mib": gpu_memory_used_mib(),
                   "cpu_server": self.cpu.percent(processes), "cpu_valid": self.cpu.percent(valid),
                   "cpu_abuse": self.cpu.percent([psutil.Process()])}
-        sample.update(self.triton_interval(tuple(sorted(rss_by_pid))) if ready else {})
+        if ready and snapshots and None not in snapshots:   # every process's counts, summed
+            now = triton_metrics.MetricsSnapshot(time.time(), [row for snap in snapshots for row in snap.samples])
+            sample.update(self.triton_interval(tuple(sorted(rss_by_pid)), now))
         return sample
 
-    def own_success_total(self, server: psutil.Process) -> int | None:
-        """The requests this tritonserver answered, from its own metrics port (its command line's)."""
-        try:
-            port = next((m.group(1) for arg in server.cmdline() if (m := METRICS_PORT_ARG.match(arg))), None)
-            snapshot = triton_metrics.scrape(f"http://127.0.0.1:{port}/metrics", timeout_s=2.0) if port else None
-        except (psutil.Error, OSError):
-            return None
-        return None if snapshot is None else int(sum(snapshot.total(triton_metrics.SUCCESS, m) for m in self.models))
-
-    def triton_interval(self, pids: tuple) -> dict:
+    def triton_interval(self, pids: tuple, now: triton_metrics.MetricsSnapshot) -> dict:
         """Triton's counts for the models (summed; queue and compute of the first) since the previous sample of
         the same servers."""
-        try:
-            now = triton_metrics.scrape(self.metrics_url)
-        except OSError:
-            return {}
         previous, self.previous_metrics = self.previous_metrics, (pids, now)
         total = int(sum(now.total(triton_metrics.SUCCESS, model) for model in self.models))
         if previous is None or previous[0] != pids:
@@ -225,6 +216,14 @@ class Sampler(threading.Thread):
                 "queue_ms": None if first["queue_us"] is None else round(first["queue_us"] / 1e3, 2),
                 "compute_infer_ms": None if first["compute_infer_us"] is None
                 else round(first["compute_infer_us"] / 1e3, 2)}
+
+
+def own_metrics(port: int | None) -> triton_metrics.MetricsSnapshot | None:
+    """One tritonserver's metrics, from its own port; None when it does not answer (yet)."""
+    try:
+        return None if port is None else triton_metrics.scrape(metrics_url_of(port), timeout_s=2.0)
+    except OSError:
+        return None
 
 
 def rss_bytes(process: psutil.Process) -> int:
@@ -413,7 +412,6 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
             server.wait_ready(600)
         except RuntimeError as error:
             raise SystemExit(f"the launcher's server was not ready:\n{error}") from None
-        metrics_url = server.metrics_url     # every process's, from the launcher's ready line
         started = time.time()
         report["started_at"] = started
         kinds = [args.valid_kinds[i % len(args.valid_kinds)] for i in range(args.valid_processes)]
@@ -424,7 +422,7 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
                                      work / f"valid{i}.json", work / f"valid{i}.err",
                                      env=dict(os.environ, **ONE_THREAD_PER_POOL))
                  for i in range(args.valid_processes)]
-        sampler = Sampler(server, grpc_url, metrics_url, args.models, valid, args.sample_every_s)
+        sampler = Sampler(server, args.models, valid, args.sample_every_s)
         sampler.start()
         images = np.random.default_rng(5).integers(0, 256, (8, 224, 224, 3), dtype=np.uint8)
         requests = {model: [client_abuse.infer_request(model, images[i:i + 1]) for i in range(8)]

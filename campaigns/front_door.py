@@ -249,6 +249,15 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def write_report(results: dict, args):
+    """`--out` (.json and .md), with the abandonment soak's summary when `--abandonment` names a report."""
+    if args.abandonment and args.abandonment.is_file():
+        results["abandonment"] = json.loads(args.abandonment.read_text()).get("front_door")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1, default=lambda value: value.item()) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(results))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("build/front_door.json"))
@@ -269,9 +278,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not args.processes:       # no layouts: add the soak's summary to the report already in --out
         results = json.loads(args.out.read_text())
-        results["abandonment"] = json.loads(args.abandonment.read_text()).get("front_door")
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
-        args.out.with_suffix(".md").write_text(markdown(results))
+        write_report(results, args)
         return 0
     server_cores, generator_cores = cpu_list(args.server_cores), cpu_list(args.generator_cores)
     series = [(generator, int(images), memory, int(in_flight)) for generator, images, memory, in_flight in
@@ -288,11 +295,7 @@ def main(argv=None) -> int:
 
     def write():
         results["targets"] = targets(results["layouts"])
-        if args.abandonment and args.abandonment.is_file():
-            results["abandonment"] = json.loads(args.abandonment.read_text()).get("front_door")
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=1, default=lambda value: value.item()) + "\n")
-        args.out.with_suffix(".md").write_text(markdown(results))
+        write_report(results, args)
 
     status = 0
     for mps in [m == "on" for m in args.mps.split(",")]:

@@ -27,13 +27,21 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from fusedresnet.backend.network import http_ready
-from fusedresnet.backend.serve import EXIT_SERVER_DIED, READY_AGAIN_LINE, ServerGroup, metrics_list_models
+from fusedresnet.backend.serve import (
+    CRASH_LOOP_S,
+    EXIT_SERVER_DIED,
+    MAX_RESTARTS,
+    READY_AGAIN_LINE,
+    ServerGroup,
+    metrics_list_models,
+)
 from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, MODELS
 from fusedresnet.backend.triton_install import ServerError
 from fusedresnet.campaigns import client_abuse
 from fusedresnet.campaigns.serving_sequence import repository_with_instances
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.loadtest import triton_metrics
+from fusedresnet.loadtest.perf_analyzer import zero_model_repository
 
 from robustness_helpers import (
     CLIENT_TIMEOUT_S,
@@ -258,6 +266,37 @@ def test_no_restart_stops_every_process_and_exits_4_when_one_crashes(prepared_re
     assert "crashed: 'Signal (6) received.'" in output and "stopping Triton (--no-restart)" in output, output
     for pid in pids.values():
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_launcher_outlasts_crashes_that_come_apart_and_gives_up_only_in_a_crash_loop(tmp_path, admin_token):
+    """Crashes that come at random (Triton 2.51 under abandoned calls) must not use up a restart budget: a process
+    that served CRASH_LOOP_S before it failed starts the count afresh. Only MAX_RESTARTS + 1 failures in a row, each
+    right after the process became ready, are a crash loop, and the launcher then exits 4. Before 2026-11-28 the
+    launcher gave up at the 4th failure within 10 minutes, whatever came between them."""
+    repository = zero_model_repository(tmp_path / "models")
+    launcher = Launcher(tmp_path, admin_token, extra_args=["--model-repository", str(repository)])
+
+    def kill_the_server(restarts_before: int):
+        """SIGKILL the tritonserver as soon as the launcher has it ready after `restarts_before` restarts."""
+        assert wait_until(lambda: launcher.output().count(READY_AGAIN_LINE) == restarts_before, RESTART_BOUND_S), \
+            launcher.output()
+        os.kill(launcher.server_pid(), signal.SIGKILL)
+
+    with launcher:
+        kill_the_server(0)
+        kill_the_server(1)          # two quick failures in a row
+        assert wait_until(lambda: launcher.output().count(READY_AGAIN_LINE) == 2, RESTART_BOUND_S)
+        time.sleep(CRASH_LOOP_S + 1)
+        kill_the_server(2)          # it served: the count starts afresh
+        for restarts in range(3, 3 + MAX_RESTARTS):
+            kill_the_server(restarts)   # MAX_RESTARTS quick failures in a row: restarted still
+        assert wait_until(lambda: launcher.output().count(READY_AGAIN_LINE) == 3 + MAX_RESTARTS, RESTART_BOUND_S)
+        assert launcher.process.poll() is None, launcher.output()   # 6 failures within 10 minutes, still serving
+        os.kill(launcher.server_pid(), signal.SIGKILL)             # one more quick failure: a crash loop
+        launcher.process.wait(timeout=RESTART_BOUND_S)
+    output = launcher.output()
+    assert launcher.process.returncode == EXIT_SERVER_DIED, output
+    assert f"a crash loop: {MAX_RESTARTS + 1} failures in a row" in output, output
 
 
 def test_processes_per_gpu_plans_one_gpu_per_process_on_shared_ports_and_consecutive_metrics_ports():
