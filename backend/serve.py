@@ -46,10 +46,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import queue
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -77,6 +79,7 @@ from .spec import (
     MODELS,
     PACKAGE_ROOT,
     RESTRICTED_APIS,
+    model_config,
 )
 from .stub_processes import python_stubs
 from .triton_install import ServerError, TritonInstallation, find_triton, host_gpus, private_backend_tree
@@ -609,6 +612,32 @@ class ServerGroup:
         self.stop()
 
 
+INSTANCES_PER = ("process", "gpu")   # --instances: what a model's configured instance count is per
+
+
+def repository_with_instances_per_gpu(repository: Path, processes: int, folder: Path) -> Path:
+    """`repository` in `folder` with each model's instance count divided among a GPU's `processes` (rounded up),
+    so that the configured count is the GPU's and each process starts a share of the stubs: a restarted process
+    then imports and makes CUDA contexts for fewer of them (results/front_door.md, recovery). The configs are
+    rewritten; everything else (model.py, weights, labels, the prepared stamp) is linked."""
+    from google.protobuf import text_format
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for item in Path(repository).iterdir():
+        if not (item / "config.pbtxt").is_file():
+            (folder / item.name).symlink_to(item.resolve())
+            continue
+        (folder / item.name).mkdir()
+        for child in item.iterdir():
+            if child.name != "config.pbtxt":
+                (folder / item.name / child.name).symlink_to(child.resolve())
+        config = model_config(item.name, repository)
+        for group in config.instance_group:
+            group.count = max(1, math.ceil(group.count / processes))
+        (folder / item.name / "config.pbtxt").write_text(text_format.MessageToString(config))
+    return folder
+
+
 def gpu_list(text: str) -> str:
     """argparse type of --gpus: comma-separated device indices or GPU UUIDs, as CUDA_VISIBLE_DEVICES takes them."""
     items = [item.strip() for item in text.split(",")]
@@ -640,6 +669,9 @@ def main(argv=None):
                         help=f"tritonserver processes on each GPU, all on the same gRPC and HTTP ports (default "
                              f"{DEFAULT_PROCESSES_PER_GPU} with a GPU, 1 without one: that many on the CPU)")
     parser.add_argument("--model-repository", type=Path, default=MODEL_REPOSITORY)
+    parser.add_argument("--instances", choices=INSTANCES_PER, default="process",
+                        help="what each model's configured instance count is per: each process (default), or each "
+                             "GPU, divided among its processes (rounded up; fewer stubs for a restart to start)")
     parser.add_argument("--admin-token-file", type=Path,
                         help=f"file holding the admin token (default: ${ADMIN_TOKEN_ENV}, else {DEFAULT_TOKEN_FILE})")
     parser.add_argument("--ready-timeout", type=float, default=DEFAULT_READY_TIMEOUT_S)
@@ -661,9 +693,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     use_gpu = bool(host_gpus())
     per_gpu = args.processes_per_gpu or (DEFAULT_PROCESSES_PER_GPU if use_gpu else 1)
+    repository = args.model_repository
+    if args.instances == "gpu" and per_gpu > 1:
+        repository = repository_with_instances_per_gpu(repository, per_gpu,
+                                                       BUILD_DIR / f"model-repository-{args.http_port}")
     try:
         group = ServerGroup.plan(per_gpu, args.gpus if use_gpu else None, use_gpu, args.metrics_port,
-                                 log_file=args.log_file, model_repository=args.model_repository, host=args.host,
+                                 log_file=args.log_file, model_repository=repository, host=args.host,
                                  http_port=args.http_port, grpc_port=args.grpc_port,
                                  admin_token=read_or_create_token(args.admin_token_file),
                                  exit_timeout_s=args.exit_timeout, extra_args=args.triton_args)

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import sys
 import tempfile
 import time
@@ -53,6 +54,9 @@ H2LOAD_CONNECTIONS, H2LOAD_THREADS = 64, 8
 TARGETS = {"grpc32_vs_cudnn": 2.0, "grpc32_vs_n1": 1.8, "grpc1_vs_n1": 1.8, "cuda_shm_img_per_s": 95_000}
 READY_TIMEOUT_S = 300
 RECOVERY_TARGET_S = 5.0
+STEP_TABLE_HEADER = ("| processes/GPU | MPS | model | images/request | shared memory | generator | img/s | p50 ms | "
+                     "p99 ms | generator CPU % | server CPU % | mean batch |",
+                     "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|")
 ABANDONMENT_FIELDS = ("duration_s", "valid_sent", "valid_failed", "capacity_zero_s", "crashes", "restarts",
                       "max_recovery_s")
 
@@ -70,10 +74,11 @@ def abandonment_markdown(abandonment: dict) -> str:
 class Layout(LaunchedServer):
     """One launcher, ready: `processes` per GPU on `gpu`, with or without MPS, on `server_cores`."""
 
-    def __init__(self, processes: int, mps: bool, gpu: str, repository: Path, server_cores: list[int], work: Path):
+    def __init__(self, processes: int, mps: bool, gpu: str, repository: Path, server_cores: list[int], work: Path,
+                 launcher_args: list[str] = ()):
         super().__init__(work / f"launcher-n{processes}{'-mps' if mps else ''}.out", repository=repository,
                          admin_token=secrets.token_urlsafe(24), processes=processes, gpus=gpu or None,
-                         args=["--mps"] if mps else [], cores=server_cores)
+                         args=[*(["--mps"] if mps else []), *launcher_args], cores=server_cores)
         self.processes, self.mps = processes, mps
         self.start(READY_TIMEOUT_S)
 
@@ -209,8 +214,9 @@ def markdown(results: dict) -> str:
              f"GPU {results['gpu']}, load generators (h2load for plain gRPC, grpc_flood for CUDA shared memory) on "
              f"cores {results['generator_cores']}, a stand-in for remote clients.",
              "Command: `" + results["command"] + "`.", "",
-             "| processes/GPU | MPS | model | images/request | shared memory | generator | img/s | p50 ms | p99 ms | "
-             "generator CPU % | server CPU % | mean batch |", "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+             *([f"Launcher options of every layout: `{results['launcher_args']}`.", ""]
+               if results.get("launcher_args") else []),
+             *STEP_TABLE_HEADER]
 
     def row(r):
         generator = f"{r['load_generator']}{' x2' if r.get('generator_scale', 1) > 1 else ''}"
@@ -221,7 +227,7 @@ def markdown(results: dict) -> str:
     lines += [row(r) for r in results["layouts"]]
     lines += ["", "The generator check: custom's first series again from twice the generator (connections and "
               "threads); no more img/s than the row above means the generator was not the limit.", "",
-              lines[4], lines[5], *(row(r) for r in results["generator_checks"])]
+              *STEP_TABLE_HEADER, *(row(r) for r in results["generator_checks"])]
     lines += ["", "Targets for custom (" + ", ".join(f"{k} >= {v}" for k, v in TARGETS.items()) + "):", "",
               "| processes/GPU | MPS | " + " | ".join(TARGETS) + " |", "|---|---|" + "---|" * len(TARGETS)]
     for check in results["targets"]:
@@ -271,6 +277,7 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup-s", type=float, default=1.5)
     parser.add_argument("--generator-processes", type=int, default=12)
     parser.add_argument("--models", default=",".join(MODELS_MEASURED), help="the models driven, comma-separated")
+    parser.add_argument("--launcher-args", default="", help="more launcher options, e.g. '--instances gpu'")
     parser.add_argument("--abandonment", type=Path,
                         help="an abandonment soak's report (campaigns/abuse_soak.py --out, .json) to include")
     parser.add_argument("--series", default=",".join(":".join(map(str, item)) for item in SERIES),
@@ -290,8 +297,8 @@ def main(argv=None) -> int:
         timespec="seconds"), "git_commit": git_commit(), "gpu": args.gpu,
         "server_cores": cpu_text(server_cores), "generator_cores": cpu_text(generator_cores),
         "command": "python -m fusedresnet.campaigns.front_door " + " ".join(argv or sys.argv[1:]),
-        "layouts": [], "generator_checks": [], "recoveries": [], "crashed_steps": [], "targets": [], "ready_s": {},
-        "work": str(work)}
+        "launcher_args": args.launcher_args, "layouts": [], "generator_checks": [], "recoveries": [],
+        "crashed_steps": [], "targets": [], "ready_s": {}, "work": str(work)}
 
     def write():
         results["targets"] = targets(results["layouts"])
@@ -300,7 +307,7 @@ def main(argv=None) -> int:
     status = 0
     for mps in [m == "on" for m in args.mps.split(",")]:
         for processes in (int(p) for p in args.processes.split(",")):
-            layout = Layout(processes, mps, args.gpu, repository, server_cores, work)
+            layout = Layout(processes, mps, args.gpu, repository, server_cores, work, shlex.split(args.launcher_args))
             results["ready_s"][f"n{processes}{'-mps' if mps else ''}"] = round(layout.ready_s, 1)
             print(f"== {processes} process(es) per GPU, MPS {'on' if mps else 'off'}: ready in {layout.ready_s:.1f} s",
                   flush=True)

@@ -35,7 +35,8 @@ from fusedresnet.backend.serve import (
     ServerGroup,
     metrics_list_models,
 )
-from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, MODELS
+from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, MODELS, model_config
+from fusedresnet.backend.stub_processes import python_stubs
 from fusedresnet.backend.triton_install import ServerError
 from fusedresnet.campaigns import client_abuse
 from fusedresnet.campaigns.serving_sequence import repository_with_instances
@@ -297,6 +298,27 @@ def test_the_launcher_outlasts_crashes_that_come_apart_and_gives_up_only_in_a_cr
     output = launcher.output()
     assert launcher.process.returncode == EXIT_SERVER_DIED, output
     assert f"a crash loop: {MAX_RESTARTS + 1} failures in a row" in output, output
+
+
+def test_instances_per_gpu_divides_each_models_instances_among_the_processes(prepared_repository, tmp_path,
+                                                                            admin_token, images, reference):
+    """--instances gpu: a model configured with 3 instances gets 2 in each of 2 processes (rounded up), where
+    --instances process (the default) would start 3 in each; both processes still answer correctly."""
+    repository = repository_with_instances(prepared_repository, 3, tmp_path / "model_repository", entries=MODELS)
+    launcher = Launcher(tmp_path, admin_token, processes=PROCESSES,
+                        extra_args=["--instances", "gpu", "--model-repository", str(repository)])
+    with launcher:
+        pids = launcher.server_pids()
+        assert len(pids) == PROCESSES, launcher.output()
+        for pid in pids.values():
+            instances = sorted(python_stubs(pid))
+            assert instances == sorted(f"{model}_0_{i}" for model in MODELS for i in range(2)), instances
+        for _ in range(2 * PROCESSES):   # fresh connections: the kernel spreads them over the processes
+            with fresh_connection_client(launcher) as client:
+                for model in MODELS:
+                    assert_correct(infer_image(client, "grpc", model, images[:2]), reference[:2])
+    # the configured repository is left as it was: the division is the launcher's own copy
+    assert all(group.count == 3 for model in MODELS for group in model_config(model, repository).instance_group)
 
 
 def test_processes_per_gpu_plans_one_gpu_per_process_on_shared_ports_and_consecutive_metrics_ports():
