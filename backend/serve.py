@@ -23,6 +23,9 @@ token of `admin_token`, and supervises each of them and its Python-backend stubs
   1 without one;
 - every GPU the host has, unless `--gpus` names some (CUDA_VISIBLE_DEVICES of each process: one
   GPU per process);
+- on a GPU, under a private CUDA MPS daemon (backend/cuda_mps.py) where the driver's
+  nvidia-cuda-mps-control is found (`--mps auto`, the default: the layout measured best, docs/SERVING.md;
+  without the daemon the launcher says so and serves without it); `--mps off`, `--mps on` (required);
 - `--pinned-memory-pool-byte-size=0` when the host has no GPU (without it this
   Triton build returns empty outputs on CPU-only hosts);
 - waits for readiness with a timeout; on failure it says why and shows the
@@ -605,6 +608,25 @@ class ServerGroup:
         for thread in threads:
             thread.join()
 
+    def use_mps(self, choice: str, folder: Path, resources: contextlib.ExitStack):
+        """Put the processes under a private CUDA MPS daemon (its pipes under `folder`, stopped when `resources`
+        closes) as --mps `choice` says: on (ServerError where it cannot run), auto (on a GPU host, where the daemon
+        starts; else a line says why not), off."""
+        use_gpu = self.first.use_gpu
+        if choice == "off" or (choice == "auto" and not use_gpu):
+            return
+        if not use_gpu:
+            raise ServerError("--mps: no GPU on this host (CUDA MPS shares a GPU among processes)")
+        try:
+            environment = resources.enter_context(private_mps(folder))
+        except MpsError as error:
+            if choice == "on":
+                raise ServerError(f"--mps: {error}") from error
+            print(f"fusedresnet: CUDA MPS off (--mps auto): {error}", file=sys.stderr, flush=True)
+            return
+        for server in self.servers:
+            server.mps_environment = environment
+
     def __enter__(self):
         return self.start()
 
@@ -653,11 +675,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+MPS_CHOICES = ("auto", "on", "off")
+
+
 def _raise_keyboard_interrupt(*_):
     raise KeyboardInterrupt
 
 
-def main(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default=DEFAULT_HOST,
                         help="address to listen on (default 127.0.0.1; 0.0.0.0 exposes the service)")
@@ -685,12 +710,18 @@ def main(argv=None):
     parser.add_argument("--gpus", type=gpu_list,
                         help="GPUs to serve on, e.g. 0 or 0,1 (default: all); each GPU gets --processes-per-gpu "
                              "processes, each with the models' configured instance counts")
-    parser.add_argument("--mps", action="store_true",
+    parser.add_argument("--mps", nargs="?", choices=MPS_CHOICES, const="on", default="auto",
                         help="run the server's processes under a private CUDA MPS daemon (the model instances' "
-                             "kernels share the GPU instead of time-slicing it; measured +50%% over CUDA shared "
-                             "memory on the H100, docs/SERVING.md); refused without a GPU or nvidia-cuda-mps-control")
+                             "kernels share the GPU instead of time-slicing it: 2 processes per GPU serve 1.9-2.0x one "
+                             "over gRPC under MPS, 1.2-1.6x without, docs/SERVING.md). auto (default): on a GPU host "
+                             "where nvidia-cuda-mps-control is found, else off, said in one line; on (or --mps alone): "
+                             "refused without a GPU or the daemon; off")
     parser.add_argument("triton_args", nargs="*", help="extra tritonserver flags, after --")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     use_gpu = bool(host_gpus())
     per_gpu = args.processes_per_gpu or (DEFAULT_PROCESSES_PER_GPU if use_gpu else 1)
     repository = args.model_repository
@@ -713,18 +744,11 @@ def main(argv=None):
     # also when started with SIGINT ignored (a background job of a non-interactive shell): SIGINT stops it
     signal.signal(signal.SIGINT, signal.default_int_handler)
     with contextlib.ExitStack() as resources:
-        if args.mps:
-            if not use_gpu:
-                print("fusedresnet: --mps: no GPU on this host (CUDA MPS shares a GPU among processes)",
-                      file=sys.stderr)
-                return 1
-            try:
-                mps = resources.enter_context(private_mps(BUILD_DIR / f"cuda-mps-{args.http_port}"))
-            except MpsError as error:
-                print(f"fusedresnet: --mps: {error}", file=sys.stderr)
-                return 1
-            for server in group.servers:
-                server.mps_environment = mps
+        try:
+            group.use_mps(args.mps, BUILD_DIR / f"cuda-mps-{args.http_port}", resources)
+        except ServerError as error:
+            print(f"fusedresnet: {error}", file=sys.stderr)
+            return 1
         return _serve(group, args)
 
 

@@ -52,6 +52,11 @@ import time
 from pathlib import Path
 
 import psutil
+
+from . import cuda_context
+
+cuda_context.start()    # the CUDA context is made while torch imports (backend/cuda_context.py)
+
 import torch
 import triton_python_backend_utils as pb_utils
 
@@ -251,10 +256,11 @@ class ResNetTritonModel:
         mark = time.perf_counter()
         if on_gpu:
             device = f"cuda:{args['model_instance_device_id']}"
+            early_context = cuda_context.wait()
             torch.cuda.set_device(device)
             torch.empty(1, device=device)   # the context exists once memory does
         else:
-            device = "cpu"
+            device, early_context = "cpu", "none on the CPU"
         phases["CUDA context"] = time.perf_counter() - mark
         # The weights are in the network's entry (a *_normalized entry serves the same network).
         repository_entry = Path(args["model_repository"])
@@ -281,7 +287,7 @@ class ResNetTritonModel:
             f"{self.model_name}: engine {self.engine.name} on {device} ({reason}), {threads} torch thread(s); "
             f"{self.engine.describe()}; loaded and warmed up in {time.perf_counter() - started:.1f} s "
             f"({STARTUP_PHASES_TEXT}: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in phases.items())
-            + ")")
+            + f"; CUDA context {early_context})")
         if on_gpu and not self.engine.name.startswith("fused-cuda") and config.engine != "torchscript":
             pb_utils.Logger.log_warn(f"{self.model_name}: serving {self.engine.name} on a GPU, not the fused "
                                      f"kernels, because the config says engine {config.engine}")

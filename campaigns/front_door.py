@@ -78,7 +78,7 @@ class Layout(LaunchedServer):
                  launcher_args: list[str] = ()):
         super().__init__(work / f"launcher-n{processes}{'-mps' if mps else ''}.out", repository=repository,
                          admin_token=secrets.token_urlsafe(24), processes=processes, gpus=gpu or None,
-                         args=[*(["--mps"] if mps else []), *launcher_args], cores=server_cores)
+                         args=["--mps", "on" if mps else "off", *launcher_args], cores=server_cores)
         self.processes, self.mps = processes, mps
         self.start(READY_TIMEOUT_S)
 

@@ -5,14 +5,17 @@
 perf_analyzer is the `perf-analyzer` wheel's binary (`perf_analyzer/bin/perf_analyzer` in the package;
 manylinux_2_38, so it runs on the GPU host, not on a Debian 12 machine). One run here:
 
-1. starts the server as shipped (127.0.0.1, admin APIs behind a token) on a copy of the model repository
+1. starts the server as shipped (the launcher's layout: its default processes per GPU on the same ports, under
+   CUDA MPS where the driver has it; 127.0.0.1, admin APIs behind a token) on a copy of the model repository
    that also holds the zero-answer model (`loadtest/zero_model/1/model.py`, named ZERO_MODEL: the shipped
    contract and batching, no network: the ceiling of the Python backend on this host);
 2. pins the server to the cores not in --load-cores and itself, perf_analyzer and grpc_flood to --load-cores,
-   and reports the server's CPU use (psutil, the tritonserver process and its stubs) for every step;
+   and reports the server's CPU use (psutil, the tritonserver processes and their stubs) for every step;
 3. runs perf_analyzer for every model over SERIES (gRPC, HTTP, system and CUDA shared memory; 1 and 32 images
-   per request), one run per level; each run's CSV (`-f`) is kept, parsed into a step record shaped as the
-   sweep's (loadtest/step.py), with Triton's metrics read before and after;
+   per request), one run per level (plain gRPC over one connection per worker, SPREAD_ENVIRONMENT, so the
+   calls reach every server process; each step keeps each process's share); each run's CSV (`-f`) is kept,
+   parsed into a step record shaped as the sweep's (loadtest/step.py), with Triton's metrics read before and
+   after;
 4. runs grpc_flood on the gRPC levels of CROSS_CHECK, the same traffic, for the cross-check;
 5. tells the serving story in the form of Triton's Conceptual Guide Part 2 (STORY): from as shipped to the
    best configuration, each step one change (client or server config), one perf_analyzer command and its output;
@@ -46,7 +49,6 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from fusedresnet.backend.cuda_mps import private_mps
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.spec import (
     ADMIN_TOKEN_ENV,
@@ -165,10 +167,26 @@ def command(binary: Path, model: str, protocol: str, url: str, images_per_reques
         # Asynchronous calls from perf_analyzer's thread pool (its default synchronous mode starts a thread per
         # request in flight, 64 threads on the 4 load cores).
         args.append("--async")
+        if run_environment(protocol, shared_memory):
+            args += ["--max-threads", str(min(concurrency, SPREAD_THREADS))]
     if shared_memory != "none":
         # Regions for every output: LOGITS of the whole request (ENGINE is far smaller).
         args += ["--shared-memory", shared_memory, "--output-shared-memory-size", str(max(logits_bytes, 102400))]
     return args
+
+
+# Several server processes share the port and the kernel hands each new connection to one of them, so a load
+# generator reaches them all only over several connections. perf_analyzer's gRPC clients share one channel (one
+# connection) among up to 6 of them unless this says 1: then each of its workers opens its own. Its shared-memory
+# runs keep the shared channel: perf_analyzer registers its regions over one connection, with one process, and
+# every call naming them must reach that process.
+SPREAD_ENVIRONMENT = {"TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT": "1"}
+SPREAD_THREADS = 16      # --max-threads of the spread runs: that many workers, each with its own connection
+
+
+def run_environment(protocol: str, shared_memory: str) -> dict[str, str]:
+    """The variables a perf_analyzer run gets beside this process's own (SPREAD_ENVIRONMENT for plain gRPC)."""
+    return dict(SPREAD_ENVIRONMENT) if protocol == "grpc" and shared_memory == "none" else {}
 
 
 def shown(args: list[str], token: str) -> str:
@@ -186,12 +204,16 @@ def default_load_cores() -> str:
     return cpu_text(cores[-count:])
 
 
-def server_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) of the server process and all its children (the stubs); 0 once it ended."""
-    try:
-        return tree_cpu_seconds(psutil.Process(pid))[0]
-    except psutil.NoSuchProcess:
-        return 0.0
+def server_cpu_seconds(group) -> float:
+    """CPU seconds (user + system) of the server's processes (a ServerGroup's tritonservers) and all their
+    children (the stubs); a process that has ended counts 0."""
+    total = 0.0
+    for server in group.servers:
+        try:
+            total += tree_cpu_seconds(psutil.Process(server.process.pid))[0]
+        except (psutil.NoSuchProcess, AttributeError):
+            pass
+    return total
 
 
 # ------------------------------------------------------------------------------------------- repository
@@ -250,30 +272,31 @@ def build_repository(folder: Path, entries=MODEL_ENTRIES, zero: bool = True, ins
 
 
 @contextlib.contextmanager
-def cuda_mps(folder: Path):
-    """CUDA MPS for the processes started inside (the server's stubs share the GPU instead of time-slicing it):
-    backend/cuda_mps.py's private daemon, its environment set in this process's while the block runs, so the
-    load generators' CUDA shared-memory regions are made under the same daemon as the server's stubs."""
-    with private_mps(folder) as env, unittest.mock.patch.dict(os.environ, env):
-        yield
-
-
-@contextlib.contextmanager
 def pinned_server(repository: Path, token: str, server_cores: set[int], load_cores: set[int], log_file: Path):
-    """The server as shipped, on free loopback ports, its processes on `server_cores`; this process (and the
-    load generators it starts) on `load_cores` while it runs."""
-    from fusedresnet.backend.network import free_ports
-    from fusedresnet.backend.serve import TritonServer
-    http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonServer(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                          admin_token=token, log_file=log_file)
-    os.sched_setaffinity(0, server_cores)      # inherited by tritonserver and the stubs it starts at load
-    try:
-        with server:
-            os.sched_setaffinity(0, load_cores)
-            yield server
-    finally:
-        os.sched_setaffinity(0, server_cores | load_cores)
+    """The server as shipped, on free loopback ports: the launcher's layout (backend/serve.py: its default
+    processes per GPU on the same gRPC and HTTP ports, under a private CUDA MPS daemon where the driver has one,
+    --mps auto), its processes on `server_cores`; this process and the load generators it starts on `load_cores`
+    while it runs, under the same MPS daemon as the server (their CUDA shared-memory regions are made there)."""
+    from fusedresnet.backend.network import free_port_run, free_ports
+    from fusedresnet.backend.serve import DEFAULT_PROCESSES_PER_GPU, ServerGroup
+    from fusedresnet.backend.triton_install import host_gpus
+    gpus = len(host_gpus())
+    processes = DEFAULT_PROCESSES_PER_GPU if gpus else 1
+    http_port, grpc_port = free_ports(2)
+    metrics_port = free_port_run(processes * max(gpus, 1))
+    while {http_port, grpc_port} & set(range(metrics_port, metrics_port + processes * max(gpus, 1))):
+        metrics_port = free_port_run(processes * max(gpus, 1))
+    group = ServerGroup.plan(processes, None, bool(gpus), metrics_port, log_file=log_file,
+                             model_repository=repository, http_port=http_port, grpc_port=grpc_port, admin_token=token)
+    with contextlib.ExitStack() as resources:
+        group.use_mps("auto", BUILD_DIR / "perf_analyzer_mps", resources)
+        os.sched_setaffinity(0, server_cores)      # inherited by tritonserver and the stubs it starts at load
+        try:
+            with group, unittest.mock.patch.dict(os.environ, group.first.mps_environment or {}):
+                os.sched_setaffinity(0, load_cores)
+                yield group
+        finally:
+            os.sched_setaffinity(0, server_cores | load_cores)
 
 
 # ------------------------------------------------------------------------------------------------ steps
@@ -299,25 +322,32 @@ def perf_analyzer_step(run: Run, server, model: str, series: Series, concurrency
     url = server.grpc_url if series.protocol == "grpc" else server.http_url
     args = command(run.binary, model, series.protocol, url, series.images_per_request, concurrency,
                    series.shared_memory, run.token, csv_path)
-    before = triton_metrics.scrape(server.metrics_url)
-    cpu_before, started = server_cpu_seconds(server.process.pid), time.monotonic()
+    environment = run_environment(series.protocol, series.shared_memory)
+    process_urls = server.metrics_url.split(",")
+    before = [triton_metrics.scrape(url) for url in process_urls]
+    cpu_before, started = server_cpu_seconds(server), time.monotonic()
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     try:
-        completed = subprocess.run(args, capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
+        completed = subprocess.run(args, capture_output=True, text=True, timeout=STEP_TIMEOUT_S,
+                                   env={**os.environ, **environment})
         output, returncode = completed.stdout + completed.stderr, completed.returncode
     except subprocess.TimeoutExpired as expired:
         output, returncode = f"{expired.stdout or ''}{expired.stderr or ''}\ntimed out after {STEP_TIMEOUT_S} s", 124
     elapsed = time.monotonic() - started
-    server_cpu = (server_cpu_seconds(server.process.pid) - cpu_before) / elapsed * 100
-    after = triton_metrics.scrape(server.metrics_url)
+    server_cpu = (server_cpu_seconds(server) - cpu_before) / elapsed * 100
+    after = [triton_metrics.scrape(url) for url in process_urls]
     (csv_dir / f"{name}.log").write_text(output.replace(run.token, f"${ADMIN_TOKEN_ENV}"))
     entry = served_model(model, series.input_format)
-    delta = triton_metrics.model_delta(before, after, entry)
+    per_process = [triton_metrics.model_delta(b, a, entry) for b, a in zip(before, after)]
+    delta = triton_metrics.model_delta(triton_metrics.combined(before), triton_metrics.combined(after), entry)
     record = {
         "index": len(run.records), "model": model, "protocol": series.protocol, "input_format": series.input_format,
         "users": concurrency, "concurrency": concurrency, "images_per_request": series.images_per_request,
         "shared_memory": series.shared_memory, "load_generator": PERF_ANALYZER, "processes_asked": None,
-        "started_at": started_at, "wall_s": round(elapsed, 2), "command": shown(args, run.token),
+        "started_at": started_at, "wall_s": round(elapsed, 2),
+        "command": " ".join([*(f"{k}={v}" for k, v in environment.items()), shown(args, run.token)]),
+        # each server process's answered requests: over several connections the calls spread over the processes
+        "process_requests": [d["triton_success"] + d["triton_failure"] for d in per_process],
         "perf_analyzer_csv": f"perf_analyzer_csv/{csv_path.name}", "exit_code": returncode,
         "output_tail": "\n".join(output.replace(run.token, "***").strip().splitlines()[-25:]),
         "load_cores": cpu_text(run.load_cores), "server_cpu_percent": round(server_cpu, 1),
@@ -356,11 +386,12 @@ def flood_step(run: Run, server, model: str, series: Series, concurrency: int) -
     pool = run.out / "image_pool.npy"
     if not pool.is_file():
         save_image_pool(build_image_pool(DEFAULT_POOL_SIZE), pool)
-    cpu_before, started = server_cpu_seconds(server.process.pid), time.monotonic()
+    cpu_before, started = server_cpu_seconds(server), time.monotonic()
     record = grpc_flood.run_step(model, server.grpc_url, server.metrics_url, concurrency, series.images_per_request,
                                  series.processes or 4, 1.0, 4.0, series.input_format, image_pool=pool,
-                                 shared_memory=series.shared_memory, admin_token=run.token)
-    server_cpu = (server_cpu_seconds(server.process.pid) - cpu_before) / (time.monotonic() - started) * 100
+                                 shared_memory=series.shared_memory, admin_token=run.token,
+                                 server_processes=len(server.servers))
+    server_cpu = (server_cpu_seconds(server) - cpu_before) / (time.monotonic() - started) * 100
     record.update({"index": len(run.records), "processes_asked": series.processes,
                    "server_cpu_percent": round(server_cpu, 1),
                    "load_cores": cpu_text(run.load_cores)})
@@ -398,22 +429,22 @@ def cross_check(records: list[dict]) -> list[dict]:
     return pairs
 
 
-# Server settings of the story and of the latency probe: name -> (CUDA MPS, instance count; None: as shipped).
-SERVER_SETTINGS = {"mps": (True, None), "mps8": (True, 8), "instances1": (False, 1)}
+# Server settings of the story and of the latency probe: name -> every entry's instance count (the rest as shipped).
+SERVER_SETTINGS = {"instances8": 8, "instances1": 1}
 
 # The serving story (Conceptual Guide Part 2): each step one change from the one before, custom model only.
 # (title, what changes, series, concurrency, server setting: None = the shipped server of the series steps)
 STORY = (
-    ("as shipped", "none: the shipped config, plain gRPC, one image per request", "grpc/1@64", 64, None),
+    ("as shipped", "none: the shipped launcher (2 server processes per GPU on one port, under CUDA MPS where the "
+     "driver has it) and config, plain gRPC, one image per request", "grpc/1@64", 64, None),
     ("+ 32 images per request", "client: -b 32 (the dynamic batcher gathers 4 requests into a batch of 128)",
      "grpc/32@32", 32, None),
-    ("+ CUDA shared memory", "client: --shared-memory cuda (input and LOGITS never cross the wire)",
+    ("+ CUDA shared memory", "client: --shared-memory cuda (input and LOGITS never cross the wire; perf_analyzer "
+     "registers its regions with the one process its connection reaches, so all its calls go there)",
      "grpc/32/cuda@32", 32, None),
-    ("+ CUDA MPS", "server: nvidia-cuda-mps-control -d before tritonserver starts (the 4 stub processes share "
-     "the GPU instead of time-slicing it)", "grpc/32/cuda@32", 32, "mps"),
-    ("+ 8 instances", "config: instance_group count 8 (under MPS)", "grpc/32/cuda@32", 32, "mps8"),
+    ("+ 8 instances", "config: instance_group count 8", "grpc/32/cuda@32", 32, "instances8"),
     ("+ 64 requests in flight", "client: --concurrency-range 64:64 (16 batches of 128 in flight: every one of the "
-     "8 instances has the next batch queued while it answers one)", "grpc/32/cuda@64", 64, "mps8"),
+     "8 instances has the next batch queued while it answers one)", "grpc/32/cuda@64", 64, "instances8"),
 )
 # One request in flight on a server with one instance per model, custom and zero model: what the rotation of
 # successive requests over the 4 stub processes costs at one request in flight.
@@ -484,6 +515,8 @@ def main(argv=None) -> int:
     engines, story_servers = {}, {}
     repository = build_repository(BUILD_DIR / "perf_analyzer_repository")
     with pinned_server(repository, run.token, server_cores, load_cores, args.out / "server.log") as server:
+        layout = (f"{len(server.servers)} tritonserver process(es) on the same ports, CUDA MPS "
+                  + ("on" if server.first.mps_environment else "off"))
         from fusedresnet.client.resnet_client import ResNetClient
         for model in (MODEL_CUSTOM, MODEL_CUDNN):
             with ResNetClient(model, "grpc", server.grpc_url) as client:
@@ -519,7 +552,7 @@ def main(argv=None) -> int:
         text, level, setting, probe_models = LATENCY_PROBE
         plan.setdefault(setting, []).extend((None, text, level, model) for model in probe_models)
         for setting, steps in plan.items():
-            mps, instances = SERVER_SETTINGS[setting]
+            instances = SERVER_SETTINGS[setting]
             probing = any(index is None for index, *_ in steps)
             folder = build_repository(BUILD_DIR / f"perf_analyzer_story_{setting}", entries=(MODEL_CUSTOM,),
                                       zero=probing, instances=instances)
@@ -529,8 +562,7 @@ def main(argv=None) -> int:
             if not runnable:
                 continue
             try:
-                with (cuda_mps(BUILD_DIR / "perf_analyzer_mps") if mps else contextlib.nullcontext()), \
-                        pinned_server(folder, run.token, server_cores, load_cores,
+                with pinned_server(folder, run.token, server_cores, load_cores,
                                       args.out / f"server_story_{setting}.log") as server:
                     for index, s, level, model in runnable:
                         record = perf_analyzer_step(run, server, model, s, level, note=f"story-{setting}")
@@ -546,7 +578,8 @@ def main(argv=None) -> int:
         "device": describe_device(), "date": started.isoformat(timespec="seconds"), "git_commit": git_commit(),
         "command": "python -m fusedresnet.loadtest.perf_analyzer " + " ".join(argv or sys.argv[1:]),
         "engines": engines, "steps": merged + run.records, "skipped": skipped,
-        "settings": {"server": f"as shipped (127.0.0.1, admin token), its processes on cores {sorted(server_cores)}",
+        "settings": {"server": f"as shipped (127.0.0.1, admin token; {layout}), its processes on cores "
+                               f"{sorted(server_cores)}",
                      "load_cores": sorted(load_cores),
                      "requests_per_step": "perf_analyzer --request-count: max(3000, 1000 x in flight / sqrt(images))",
                      "series": [dataclasses.asdict(s) for s in series],

@@ -114,6 +114,12 @@ def scrape(metrics_url: str, timeout_s: float = 5.0) -> MetricsSnapshot:
     return MetricsSnapshot(time.time(), samples)
 
 
+def combined(snapshots: list[MetricsSnapshot]) -> MetricsSnapshot:
+    """Several servers' snapshots (one each, taken one after another) as one: their samples together, taken at
+    the first one's time."""
+    return MetricsSnapshot(snapshots[0].taken_at, [sample for snapshot in snapshots for sample in snapshot.samples])
+
+
 def requests_seen(snapshot: MetricsSnapshot, model: str) -> float:
     """Requests Triton has finished for `model`, successfully or not."""
     return snapshot.total(SUCCESS, model) + snapshot.total(FAILURE, model)

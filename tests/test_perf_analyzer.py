@@ -93,13 +93,15 @@ def test_repository_holds_the_entries_asked_and_the_zero_model_with_the_shipped_
 
 
 def test_zero_model_answers_zero_logits_on_the_real_server(prepared_repository, tmp_path, admin_token):
-    from fusedresnet.backend.network import free_ports
-    from fusedresnet.backend.serve import TritonServer
+    import os
+
     from fusedresnet.client.resnet_client import ResNetClient
     folder = perf_analyzer.build_repository(tmp_path / "repo", entries=(), instances=1)
-    http_port, grpc_port, metrics_port = free_ports(3)
-    with TritonServer(folder, "127.0.0.1", http_port, grpc_port, metrics_port, admin_token=admin_token,
-                      log_file=tmp_path / "server.log") as server:
+    cores = set(os.sched_getaffinity(0))
+    # the shipped launcher's layout (one process on a host without a GPU), as every perf_analyzer step uses it
+    with perf_analyzer.pinned_server(folder, admin_token, cores, cores, tmp_path / "server.log") as server:
+        cpu_before = perf_analyzer.server_cpu_seconds(server)
+        assert len(server.servers) == 1 and server.first.mps_environment is None
         for protocol in ("grpc", "http"):
             url = server.grpc_url if protocol == "grpc" else server.http_url
             with ResNetClient(ZERO_MODEL, protocol, url) as client:
@@ -113,6 +115,27 @@ def test_zero_model_answers_zero_logits_on_the_real_server(prepared_repository, 
             tensor.set_data_from_numpy(np.zeros((1, 3, 224, 224), np.float32))
             with grpcclient.InferenceServerClient(server.grpc_url) as raw:
                 raw.infer(ZERO_MODEL, [tensor])
+        with ResNetClient(ZERO_MODEL, "grpc", server.grpc_url) as client:
+            for _ in range(200):
+                client.infer(images)
+        # the server's processes and their stubs counted (the counters tick in 10 ms: 200 calls move them)
+        assert perf_analyzer.server_cpu_seconds(server) > cpu_before
+    assert os.sched_getaffinity(0) == cores
+
+
+def test_plain_grpc_runs_spread_over_connections_and_shared_memory_runs_keep_one(tmp_path):
+    def run(protocol, shm, in_flight):
+        args = perf_analyzer.command(tmp_path / "pa", MODEL_CUSTOM, protocol, "127.0.0.1:8001", 1, in_flight, shm,
+                                     "t", tmp_path / "x.csv")
+        return perf_analyzer.run_environment(protocol, shm), args
+    environment, args = run("grpc", "none", 64)
+    assert environment == {"TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT": "1"}
+    assert args[args.index("--max-threads") + 1] == "16"
+    environment, args = run("grpc", "none", 8)
+    assert args[args.index("--max-threads") + 1] == "8"
+    for protocol, shm in (("grpc", "cuda"), ("grpc", "system"), ("http", "none")):
+        environment, args = run(protocol, shm, 64)
+        assert environment == {} and "--max-threads" not in args
 
 
 def step(model, generator, images, shm, users, img_per_s, p50, p99):
