@@ -17,9 +17,11 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
+QUIT_TIMEOUT_S = 30
 
 
 class MpsError(RuntimeError):
@@ -53,5 +55,11 @@ def private_mps(folder: Path):
     try:
         yield env
     finally:
-        subprocess.run([control], input="quit\n", env={**os.environ, **env}, capture_output=True, text=True,
-                       timeout=60, check=False)
+        try:
+            subprocess.run([control], input="quit\n", env={**os.environ, **env}, capture_output=True, text=True,
+                           timeout=QUIT_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            # The daemon quits once its clients are gone: a process still holding a CUDA context under it (a load
+            # generator of this process, say) keeps it up; it ends with that process. Nothing here to fail for.
+            print(f"fusedresnet: CUDA MPS: the daemon of {folder} did not quit in {QUIT_TIMEOUT_S} s (a client still "
+                  "holds a CUDA context under it); it quits when that client exits", file=sys.stderr, flush=True)

@@ -43,7 +43,6 @@ import signal
 import subprocess
 import sys
 import time
-import unittest.mock
 from pathlib import Path
 
 import numpy as np
@@ -169,6 +168,8 @@ def command(binary: Path, model: str, protocol: str, url: str, images_per_reques
         args.append("--async")
         if run_environment(protocol, shared_memory):
             args += ["--max-threads", str(min(concurrency, SPREAD_THREADS))]
+        elif shared_memory != "none":
+            args += ["--max-threads", str(ONE_CONNECTION_THREADS)]
     if shared_memory != "none":
         # Regions for every output: LOGITS of the whole request (ENGINE is far smaller).
         args += ["--shared-memory", shared_memory, "--output-shared-memory-size", str(max(logits_bytes, 102400))]
@@ -182,6 +183,10 @@ def command(binary: Path, model: str, protocol: str, url: str, images_per_reques
 # every call naming them must reach that process.
 SPREAD_ENVIRONMENT = {"TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT": "1"}
 SPREAD_THREADS = 16      # --max-threads of the spread runs: that many workers, each with its own connection
+# --max-threads of the shared-memory runs: its default (16 workers) opens a channel per 6 clients, so calls left
+# over connections to processes that never saw the regions (H100, 2026-11-28: "Unable to find shared memory
+# region"); 4 workers and its own control client share one channel.
+ONE_CONNECTION_THREADS = 4
 
 
 def run_environment(protocol: str, shared_memory: str) -> dict[str, str]:
@@ -276,7 +281,7 @@ def pinned_server(repository: Path, token: str, server_cores: set[int], load_cor
     """The server as shipped, on free loopback ports: the launcher's layout (backend/serve.py: its default
     processes per GPU on the same gRPC and HTTP ports, under a private CUDA MPS daemon where the driver has one,
     --mps auto), its processes on `server_cores`; this process and the load generators it starts on `load_cores`
-    while it runs, under the same MPS daemon as the server (their CUDA shared-memory regions are made there)."""
+    while it runs (perf_analyzer runs under the server's MPS daemon: run_environment)."""
     from fusedresnet.backend.network import free_port_run, free_ports
     from fusedresnet.backend.serve import DEFAULT_PROCESSES_PER_GPU, ServerGroup
     from fusedresnet.backend.triton_install import host_gpus
@@ -292,7 +297,7 @@ def pinned_server(repository: Path, token: str, server_cores: set[int], load_cor
         group.use_mps("auto", BUILD_DIR / "perf_analyzer_mps", resources)
         os.sched_setaffinity(0, server_cores)      # inherited by tritonserver and the stubs it starts at load
         try:
-            with group, unittest.mock.patch.dict(os.environ, group.first.mps_environment or {}):
+            with group:
                 os.sched_setaffinity(0, load_cores)
                 yield group
         finally:
@@ -329,7 +334,7 @@ def perf_analyzer_step(run: Run, server, model: str, series: Series, concurrency
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     try:
         completed = subprocess.run(args, capture_output=True, text=True, timeout=STEP_TIMEOUT_S,
-                                   env={**os.environ, **environment})
+                                   env={**os.environ, **(server.first.mps_environment or {}), **environment})
         output, returncode = completed.stdout + completed.stderr, completed.returncode
     except subprocess.TimeoutExpired as expired:
         output, returncode = f"{expired.stdout or ''}{expired.stderr or ''}\ntimed out after {STEP_TIMEOUT_S} s", 124

@@ -133,9 +133,11 @@ def test_plain_grpc_runs_spread_over_connections_and_shared_memory_runs_keep_one
     assert args[args.index("--max-threads") + 1] == "16"
     environment, args = run("grpc", "none", 8)
     assert args[args.index("--max-threads") + 1] == "8"
-    for protocol, shm in (("grpc", "cuda"), ("grpc", "system"), ("http", "none")):
-        environment, args = run(protocol, shm, 64)
-        assert environment == {} and "--max-threads" not in args
+    for shm in ("cuda", "system"):      # one channel: the regions' process gets every call
+        environment, args = run("grpc", shm, 64)
+        assert environment == {} and args[args.index("--max-threads") + 1] == "4"
+    environment, args = run("http", "none", 64)
+    assert environment == {} and "--max-threads" not in args
 
 
 def step(model, generator, images, shm, users, img_per_s, p50, p99):
