@@ -166,10 +166,8 @@ def command(binary: Path, model: str, protocol: str, url: str, images_per_reques
         # Asynchronous calls from perf_analyzer's thread pool (its default synchronous mode starts a thread per
         # request in flight, 64 threads on the 4 load cores).
         args.append("--async")
-        if run_environment(protocol, shared_memory):
+        if run_environment(protocol, shared_memory) == SPREAD_ENVIRONMENT:
             args += ["--max-threads", str(min(concurrency, SPREAD_THREADS))]
-        elif shared_memory != "none":
-            args += ["--max-threads", str(ONE_CONNECTION_THREADS)]
     if shared_memory != "none":
         # Regions for every output: LOGITS of the whole request (ENGINE is far smaller).
         args += ["--shared-memory", shared_memory, "--output-shared-memory-size", str(max(logits_bytes, 102400))]
@@ -177,21 +175,22 @@ def command(binary: Path, model: str, protocol: str, url: str, images_per_reques
 
 
 # Several server processes share the port and the kernel hands each new connection to one of them, so a load
-# generator reaches them all only over several connections. perf_analyzer's gRPC clients share one channel (one
-# connection) among up to 6 of them unless this says 1: then each of its workers opens its own. Its shared-memory
-# runs keep the shared channel: perf_analyzer registers its regions over one connection, with one process, and
-# every call naming them must reach that process.
+# generator reaches them all only over several connections. perf_analyzer's gRPC clients share a channel (one
+# connection) among up to 6 of them; SPREAD_ENVIRONMENT gives each of its workers its own. Its shared-memory runs
+# need the opposite: perf_analyzer registers its regions over one connection, with one process, and every call
+# naming them must reach that process, so all its clients share one channel (ONE_CHANNEL_ENVIRONMENT; with the
+# default its 16 workers opened 3 and their calls failed, "Unable to find shared memory region", H100 2026-11-28).
 SPREAD_ENVIRONMENT = {"TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT": "1"}
+ONE_CHANNEL_ENVIRONMENT = {"TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT": "1024"}
 SPREAD_THREADS = 16      # --max-threads of the spread runs: that many workers, each with its own connection
-# --max-threads of the shared-memory runs: its default (16 workers) opens a channel per 6 clients, so calls left
-# over connections to processes that never saw the regions (H100, 2026-11-28: "Unable to find shared memory
-# region"); 4 workers and its own control client share one channel.
-ONE_CONNECTION_THREADS = 4
 
 
 def run_environment(protocol: str, shared_memory: str) -> dict[str, str]:
-    """The variables a perf_analyzer run gets beside this process's own (SPREAD_ENVIRONMENT for plain gRPC)."""
-    return dict(SPREAD_ENVIRONMENT) if protocol == "grpc" and shared_memory == "none" else {}
+    """The variables a perf_analyzer run gets beside this process's own: over gRPC, spread over connections, or
+    on one channel for shared memory."""
+    if protocol != "grpc":
+        return {}
+    return dict(SPREAD_ENVIRONMENT if shared_memory == "none" else ONE_CHANNEL_ENVIRONMENT)
 
 
 def shown(args: list[str], token: str) -> str:

@@ -589,7 +589,7 @@ def write_csv(steps: list[dict], path: Path):
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         for step in steps:
-            writer.writerow({k: "; ".join(v) if isinstance(v, list) else v for k, v in step.items()})
+            writer.writerow({k: "; ".join(map(str, v)) if isinstance(v, list) else v for k, v in step.items()})
 
 
 def write_report(results: dict, out_dir: Path, name: str) -> list[Path]:
