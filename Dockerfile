@@ -47,9 +47,12 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # FUSEDRESNET_HOME: the model repository and build/ (admin token, the launcher's backend tree).
 # TRITON_HOME: the launcher copies $TRITON_HOME/backends at start; this tree holds only the
 # Python backend (symlinks into /opt/tritonserver), not the image's gigabytes of other backends.
+# NVIDIA_DRIVER_CAPABILITIES: `utility` makes the container toolkit mount nvidia-cuda-mps-control, so the
+# launcher's processes run under CUDA MPS (--mps auto; without it they serve without MPS, said in one line).
 ENV FUSEDRESNET_HOME=/opt/fusedresnet \
     TRITON_HOME=/opt/fusedresnet/triton \
     CUPY_CACHE_DIR=/var/cache/fusedresnet/cupy \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     PYTHONUNBUFFERED=1
 WORKDIR /opt/fusedresnet
 COPY --from=source /opt/fusedresnet ./

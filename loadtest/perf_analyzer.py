@@ -166,7 +166,7 @@ def command(binary: Path, model: str, protocol: str, url: str, images_per_reques
         # Asynchronous calls from perf_analyzer's thread pool (its default synchronous mode starts a thread per
         # request in flight, 64 threads on the 4 load cores).
         args.append("--async")
-        if run_environment(protocol, shared_memory) == SPREAD_ENVIRONMENT:
+        if run_environment(protocol, shared_memory, concurrency) == SPREAD_ENVIRONMENT:
             args += ["--max-threads", str(min(concurrency, SPREAD_THREADS))]
     if shared_memory != "none":
         # Regions for every output: LOGITS of the whole request (ENGINE is far smaller).
@@ -185,12 +185,15 @@ ONE_CHANNEL_ENVIRONMENT = {"TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT": "1024"}
 SPREAD_THREADS = 16      # --max-threads of the spread runs: that many workers, each with its own connection
 
 
-def run_environment(protocol: str, shared_memory: str) -> dict[str, str]:
-    """The variables a perf_analyzer run gets beside this process's own: over gRPC, spread over connections, or
-    on one channel for shared memory."""
+def run_environment(protocol: str, shared_memory: str, concurrency: int) -> dict[str, str]:
+    """The variables a perf_analyzer run gets beside this process's own: over gRPC, spread over connections when
+    several requests are in flight, else on one channel (shared memory; and one request in flight: spread, its
+    warm-up and its measurement reached different processes and its statistics client a third, which failed the
+    run, "failed to find the requested model version", H100 2026-11-28)."""
     if protocol != "grpc":
         return {}
-    return dict(SPREAD_ENVIRONMENT if shared_memory == "none" else ONE_CHANNEL_ENVIRONMENT)
+    spread = shared_memory == "none" and concurrency > 1
+    return dict(SPREAD_ENVIRONMENT if spread else ONE_CHANNEL_ENVIRONMENT)
 
 
 def shown(args: list[str], token: str) -> str:
@@ -280,7 +283,7 @@ def pinned_server(repository: Path, token: str, server_cores: set[int], load_cor
     """The server as shipped, on free loopback ports: the launcher's layout (backend/serve.py: its default
     processes per GPU on the same gRPC and HTTP ports, under a private CUDA MPS daemon where the driver has one,
     --mps auto), its processes on `server_cores`; this process and the load generators it starts on `load_cores`
-    while it runs (perf_analyzer runs under the server's MPS daemon: run_environment)."""
+    while it runs (perf_analyzer_step runs perf_analyzer under the server's MPS daemon)."""
     from fusedresnet.backend.network import free_port_run, free_ports
     from fusedresnet.backend.serve import DEFAULT_PROCESSES_PER_GPU, ServerGroup
     from fusedresnet.backend.triton_install import host_gpus
@@ -326,7 +329,7 @@ def perf_analyzer_step(run: Run, server, model: str, series: Series, concurrency
     url = server.grpc_url if series.protocol == "grpc" else server.http_url
     args = command(run.binary, model, series.protocol, url, series.images_per_request, concurrency,
                    series.shared_memory, run.token, csv_path)
-    environment = run_environment(series.protocol, series.shared_memory)
+    environment = run_environment(series.protocol, series.shared_memory, concurrency)
     process_urls = server.metrics_url.split(",")
     before = [triton_metrics.scrape(url) for url in process_urls]
     cpu_before, started = server_cpu_seconds(server), time.monotonic()

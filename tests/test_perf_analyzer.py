@@ -127,12 +127,14 @@ def test_plain_grpc_runs_spread_over_connections_and_shared_memory_runs_keep_one
     def run(protocol, shm, in_flight):
         args = perf_analyzer.command(tmp_path / "pa", MODEL_CUSTOM, protocol, "127.0.0.1:8001", 1, in_flight, shm,
                                      "t", tmp_path / "x.csv")
-        return perf_analyzer.run_environment(protocol, shm), args
+        return perf_analyzer.run_environment(protocol, shm, in_flight), args
     environment, args = run("grpc", "none", 64)
     assert environment == {"TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT": "1"}
     assert args[args.index("--max-threads") + 1] == "16"
     environment, args = run("grpc", "none", 8)
     assert args[args.index("--max-threads") + 1] == "8"
+    environment, args = run("grpc", "none", 1)     # one in flight: one connection, its statistics beside it
+    assert environment == {"TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT": "1024"} and "--max-threads" not in args
     for shm in ("cuda", "system"):      # one channel: the regions' process gets every call
         environment, args = run("grpc", shm, 64)
         assert environment == {"TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT": "1024"} and "--max-threads" not in args
