@@ -49,12 +49,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import queue
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -70,6 +68,7 @@ from .admin_token import DEFAULT_TOKEN_FILE, read_or_create_token
 from .cuda_mps import MpsError, private_mps
 from .network import http_ready, port_is_free
 from .prepared_stamp import STAMP_FILE
+from .repository_copy import copy_repository, with_instances_divided
 from .spec import (
     ADMIN_TOKEN_ENV,
     ADMIN_TOKEN_HEADER,
@@ -82,7 +81,6 @@ from .spec import (
     MODELS,
     PACKAGE_ROOT,
     RESTRICTED_APIS,
-    model_config,
 )
 from .stub_processes import python_stubs
 from .triton_install import ServerError, TritonInstallation, find_triton, host_gpus, private_backend_tree
@@ -637,29 +635,6 @@ class ServerGroup:
 INSTANCES_PER = ("process", "gpu")   # --instances: what a model's configured instance count is per
 
 
-def repository_with_instances_per_gpu(repository: Path, processes: int, folder: Path) -> Path:
-    """`repository` in `folder` with each model's instance count divided among a GPU's `processes` (rounded up),
-    so that the configured count is the GPU's and each process starts a share of the stubs: a restarted process
-    then imports and makes CUDA contexts for fewer of them (results/front_door.md, recovery). The configs are
-    rewritten; everything else (model.py, weights, labels, the prepared stamp) is linked."""
-    from google.protobuf import text_format
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    for item in Path(repository).iterdir():
-        if not (item / "config.pbtxt").is_file():
-            (folder / item.name).symlink_to(item.resolve())
-            continue
-        (folder / item.name).mkdir()
-        for child in item.iterdir():
-            if child.name != "config.pbtxt":
-                (folder / item.name / child.name).symlink_to(child.resolve())
-        config = model_config(item.name, repository)
-        for group in config.instance_group:
-            group.count = max(1, math.ceil(group.count / processes))
-        (folder / item.name / "config.pbtxt").write_text(text_format.MessageToString(config))
-    return folder
-
-
 def gpu_list(text: str) -> str:
     """argparse type of --gpus: comma-separated device indices or GPU UUIDs, as CUDA_VISIBLE_DEVICES takes them."""
     items = [item.strip() for item in text.split(",")]
@@ -726,8 +701,10 @@ def main(argv=None):
     per_gpu = args.processes_per_gpu or (DEFAULT_PROCESSES_PER_GPU if use_gpu else 1)
     repository = args.model_repository
     if args.instances == "gpu" and per_gpu > 1:
-        repository = repository_with_instances_per_gpu(repository, per_gpu,
-                                                       BUILD_DIR / f"model-repository-{args.http_port}")
+        # the configured count is the GPU's: each process starts its share of the stubs, so a restarted process
+        # imports and makes CUDA contexts for fewer of them (results/recovery.md)
+        repository = copy_repository(repository, BUILD_DIR / f"model-repository-{args.http_port}",
+                                     edit=with_instances_divided(per_gpu))
     try:
         group = ServerGroup.plan(per_gpu, args.gpus if use_gpu else None, use_gpu, args.metrics_port,
                                  log_file=args.log_file, model_repository=repository, host=args.host,

@@ -38,18 +38,14 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from google.protobuf import text_format
-
-from fusedresnet.backend.prepared_stamp import STAMP_FILE
+from fusedresnet.backend.repository_copy import both, copy_repository, with_instances
 from fusedresnet.backend.serve import READY_LINE
 from fusedresnet.backend.spec import (
     AB_ROUTER_MODEL,
     MODEL_ENTRIES,
     MODEL_REPOSITORY,
     MODELS,
-    SERVED_ENTRIES,
     model_config,
-    network_of,
 )
 from fusedresnet.campaigns.launched_server import LaunchedServer
 from fusedresnet.loadtest import grpc_flood
@@ -89,30 +85,15 @@ def sequence(count: int) -> list[Configuration]:
 
 def repository_with_instances(source: Path, instances: int, destination: Path, queue_delay_us: int | None = None,
                               entries: tuple[str, ...] = MODEL_ENTRIES):
-    """A copy of `source`'s model folders (configs, model.py) with `instances` per model (and the
-    networks' dynamic batchers' queue delay, when given); the prepared files (weights, labels, stamp) are
-    links to the prepared repository of this tree. `entries` keeps only those model entries; a
-    `*_normalized` entry needs its network's entry beside it (it loads that model.py and weights)."""
-    for entry in entries:
-        network = network_of(entry)
-        if network not in entries:
-            raise ValueError(f"{entry} needs {network} in the repository: it loads that entry's model.py")
-    prepared = ("*.pt", "labels.txt", STAMP_FILE)
-    shutil.copytree(source, destination, ignore=shutil.ignore_patterns(*prepared, "__pycache__"))
-    for entry in set(SERVED_ENTRIES) - set(entries):
-        shutil.rmtree(destination / entry, ignore_errors=True)
-    for pattern in ("*/*/*.pt", "*/labels.txt", STAMP_FILE):
-        for path in MODEL_REPOSITORY.glob(pattern):
-            if (destination / path.relative_to(MODEL_REPOSITORY)).parent.exists():
-                (destination / path.relative_to(MODEL_REPOSITORY)).symlink_to(path.resolve())
-    for model in (entry for entry in (*MODELS, AB_ROUTER_MODEL) if entry in entries):
-        config = model_config(model, source)
-        for group in config.instance_group:
-            group.count = instances
-        if queue_delay_us is not None and model in MODELS:   # the A/B router waits for nothing of its own
+    """`source`'s model entries (`entries` of them) in `destination` with `instances` per network entry and the
+    A/B router (and the networks' dynamic batchers' queue delay, when given); the prepared files (weights, labels,
+    stamp) linked from the prepared repository of this tree (backend/repository_copy.py)."""
+    def queue_delay(name, config):
+        if queue_delay_us is not None and name in MODELS:   # the A/B router waits for nothing of its own
             config.dynamic_batching.max_queue_delay_microseconds = queue_delay_us
-        (destination / model / "config.pbtxt").write_text(text_format.MessageToString(config))
-    return destination
+
+    return copy_repository(source, destination, entries=entries, prepared=MODEL_REPOSITORY,
+                           edit=both(with_instances(instances, (*MODELS, AB_ROUTER_MODEL)), queue_delay))
 
 
 def shipped_environment(tree: Path, scratch: Path) -> dict:

@@ -49,6 +49,7 @@ import numpy as np
 import psutil
 
 from fusedresnet.backend.provenance import git_commit
+from fusedresnet.backend.repository_copy import copy_repository, with_instances
 from fusedresnet.backend.spec import (
     ADMIN_TOKEN_ENV,
     ADMIN_TOKEN_HEADER,
@@ -252,29 +253,18 @@ def zero_model_repository(folder: Path) -> Path:
 
 
 def build_repository(folder: Path, entries=MODEL_ENTRIES, zero: bool = True, instances: int | None = None) -> Path:
-    """A copy of the prepared model repository with only `entries` (and the zero model), hard-linked where it can
-    be; `instances` overrides the instance count of every entry (a config change of the serving story)."""
+    """The prepared model repository with only `entries` (and the zero model) in `folder`, linked
+    (backend/repository_copy.py); `instances` sets the instance count of every entry (a config change of the
+    serving story)."""
     from google.protobuf import text_format
-    shutil.rmtree(folder, ignore_errors=True)
-
-    def link_or_copy(source, target):
-        try:
-            os.link(source, target)
-        except OSError:
-            shutil.copy2(source, target)
-
-    shutil.copytree(MODEL_REPOSITORY, folder, copy_function=link_or_copy,
-                    ignore=lambda directory, names: [n for n in names if Path(directory) == MODEL_REPOSITORY
-                                                     and (Path(directory) / n).is_dir() and n not in entries])
+    edit = with_instances(instances) if instances else None
+    copy_repository(MODEL_REPOSITORY, folder, entries=entries, edit=edit)
     if zero:
         add_zero_model(folder)
-    if instances:
-        for config_file in folder.glob("*/config.pbtxt"):
-            config = model_config(config_file.parent.name, folder)
-            for group in config.instance_group:
-                group.count = instances
-            config_file.unlink()     # a hard link: replace, do not write through
-            config_file.write_text(text_format.MessageToString(config))
+        if edit is not None:
+            config = model_config(ZERO_MODEL, folder)
+            edit(ZERO_MODEL, config)
+            (folder / ZERO_MODEL / "config.pbtxt").write_text(text_format.MessageToString(config))
     return folder
 
 
