@@ -99,3 +99,20 @@ def test_a_soak_of_two_processes_behind_one_port_keeps_capacity_through_a_crash(
     assert set(memory) == set(report["servers_seen"])
     assert any(m["span_s"] and m["pid"] != report["aborted"]["pid"] for m in memory.values())
     assert status == (0 if report["ok"] else 1) and report["ok"], report["failed_because"]
+
+
+def test_memory_is_judged_on_the_servers_own_memory_after_its_warm_up():
+    """A server judged on its own memory (anonymous pages and its shared-memory regions, counted once): a steady
+    rise of 25 MiB a sample is growth, a 150 MiB rise of RSS alone (library pages, regions counted twice) is not,
+    and the samples before its warm-up ended are not judged. Judged on RSS, as before, both verdicts flip."""
+    def samples(own, rss):
+        return [{"t": 100.0 + 2 * i, "own_mib_by_pid": {"7": o}, "rss_mib_by_pid": {"7": r},
+                 "success_by_pid": {"7": None if i == 0 else 10 * i}, "gpu_mib": None}
+                for i, (o, r) in enumerate(zip(own, rss))]
+    loading = [50.0, 600.0]                       # the first two samples: loading, then its first answers
+    leaking = abuse_soak.memory_by_server(samples(loading + [700 + 25 * i for i in range(9)], [1200.0] * 11), 4.0)[0]
+    assert leaking["own_growth_mib"] == 175 and not leaking["flat"]   # 725 at t 106 to 900 at t 120
+    assert leaking["span_s"] == [106.0, 120.0]     # from 4 s after the first answer (t 102)
+    rss_rising = [300.0, 900.0] + [1200 + 150 * i / 8 for i in range(9)]
+    paging_in = abuse_soak.memory_by_server(samples(loading + [700.0] * 9, rss_rising), 4.0)[0]
+    assert paging_in["rss_growth_mib"] > 128 and paging_in["own_growth_mib"] == 0 and paging_in["flat"]
