@@ -41,6 +41,16 @@ def free_port_run(count: int, host: str = DEFAULT_HOST) -> int:
             return first
 
 
+def server_ports(metrics_ports: int, host: str = DEFAULT_HOST) -> tuple[int, int, int]:
+    """Free (HTTP, gRPC, first metrics) ports for a server of `metrics_ports` processes: the metrics ports a run
+    of consecutive ones, none of them the HTTP or gRPC port."""
+    http_port, grpc_port = free_ports(2, host)
+    metrics_port = free_port_run(metrics_ports, host)
+    while {http_port, grpc_port} & set(range(metrics_port, metrics_port + metrics_ports)):
+        metrics_port = free_port_run(metrics_ports, host)
+    return http_port, grpc_port, metrics_port
+
+
 def http_ready(http_url: str) -> bool:
     """Whether the Triton server at host:port answers its readiness probe."""
     try:

@@ -86,7 +86,8 @@ def copy_repository(source: Path, folder: Path, *, entries: Iterable[str] | None
     from google.protobuf import text_format
     source, folder = Path(source), Path(folder)
     all_entries = sorted(item.name for item in source.iterdir() if (item / "config.pbtxt").is_file())
-    kept = all_entries if entries is None else [name for name in all_entries if name in set(entries)]
+    wanted = None if entries is None else set(entries)
+    kept = [name for name in all_entries if wanted is None or name in wanted]
     for name in kept:
         network = network_of(name)
         if network != name and network not in kept:

@@ -214,7 +214,7 @@ class TritonServer:
             # Both configs are complete; without auto-complete the Python backend starts no short-lived
             # stubs at load, so every stub of the server is a model instance to supervise.
             "--disable-auto-complete-config",
-            f"--backend-config=python,shm-region-prefix-name={self.shm_region_prefix}",
+            f"--backend-config=python,{SHM_PREFIX_OPTION}={self.shm_region_prefix}",
             "--strict-readiness=true",
             f"--exit-timeout-secs={self.exit_timeout_s}",
             f"--http-address={self.host}", f"--http-port={self.http_port}",
@@ -487,7 +487,7 @@ class TritonServer:
     @property
     def shm_regions(self) -> list[str]:
         """The shared-memory regions of this server's stubs that exist now."""
-        return sorted(path.name for path in Path("/dev/shm").glob(f"{self.shm_region_prefix}*"))
+        return [path.name for path in shm_region_paths(self.shm_region_prefix)]
 
     def _remove_shm_regions(self):
         """A killed Triton leaves its stubs' shared-memory regions in /dev/shm (a clean exit removes them)."""
@@ -651,6 +651,18 @@ def positive_int(text: str) -> int:
 
 
 MPS_CHOICES = ("auto", "on", "off")
+SHM_PREFIX_OPTION = "shm-region-prefix-name"   # the Python backend's option: the prefix of its stubs' regions
+
+
+def shm_region_paths(prefix: str) -> list[Path]:
+    """The shared-memory regions (files of /dev/shm) whose names start with `prefix`."""
+    return sorted(Path("/dev/shm").glob(f"{prefix}*"))
+
+
+def shm_prefix_of(command: list[str]) -> str | None:
+    """The Python backend's region prefix in a tritonserver command line (TritonServer.command sets it)."""
+    return next((arg.split(f"{SHM_PREFIX_OPTION}=", 1)[1] for arg in command if f"{SHM_PREFIX_OPTION}=" in arg),
+                None)
 
 
 def _raise_keyboard_interrupt(*_):

@@ -64,7 +64,7 @@ import numpy as np
 import psutil
 
 from fusedresnet.backend.provenance import git_commit
-from fusedresnet.backend.serve import READY_AGAIN_LINE, grpc_ready
+from fusedresnet.backend.serve import READY_AGAIN_LINE, grpc_ready, shm_prefix_of, shm_region_paths
 from fusedresnet.backend.spec import MODEL_CUSTOM
 from fusedresnet.backend.stub_processes import python_stubs, tritonserver_of, tritonservers_of
 from fusedresnet.campaigns import client_abuse
@@ -179,9 +179,10 @@ class Sampler(threading.Thread):
         for server in servers:
             mine = [server, *python_stubs(server.pid).values()]
             processes += mine
-            rss_by_pid[str(server.pid)] = round(sum(rss_bytes(process) for process in mine) / MIB, 1)
-            own_by_pid[str(server.pid)] = round((sum(private_bytes(process) for process in mine)
-                                                 + shm_region_bytes(server)) / MIB, 1)
+            memory = [memory_bytes(process) for process in mine]
+            rss_by_pid[str(server.pid)] = round(sum(rss for rss, _ in memory) / MIB, 1)
+            own_by_pid[str(server.pid)] = round((sum(private for _, private in memory) + shm_region_bytes(server))
+                                                / MIB, 1)
             snapshot = own_metrics(metrics_ports.get(server.pid))    # None while it loads
             snapshots.append(snapshot)
             success_by_pid[str(server.pid)] = None if snapshot is None else int(
@@ -231,39 +232,29 @@ def own_metrics(port: int | None) -> triton_metrics.MetricsSnapshot | None:
         return None
 
 
-def private_bytes(process: psutil.Process) -> int:
-    """Resident memory of the process's own (anonymous) pages: RSS less its resident shared pages (files and
-    shared memory, among them the Python backend's regions, which the server and its stubs both map)."""
+def memory_bytes(process: psutil.Process) -> tuple[int, int]:
+    """(RSS, its own anonymous pages: RSS less the resident shared pages, files and shared memory, among them the
+    Python backend's regions, which the server and its stubs both map); (0, 0) once it ended."""
     try:
         info = process.memory_info()
     except psutil.NoSuchProcess:
-        return 0
-    return info.rss - info.shared
+        return 0, 0
+    return info.rss, info.rss - info.shared
 
 
 def shm_region_bytes(server: psutil.Process) -> int:
-    """The size of the server's Python-backend shared-memory regions (/dev/shm files of its region prefix)."""
+    """The size of the server's Python-backend shared-memory regions."""
     try:
-        prefix = next((arg.split("shm-region-prefix-name=", 1)[1] for arg in server.cmdline()
-                       if "shm-region-prefix-name=" in arg), None)
+        prefix = shm_prefix_of(server.cmdline())
     except psutil.NoSuchProcess:
         return 0
-    if not prefix:
-        return 0
     total = 0
-    for path in Path("/dev/shm").glob(f"{prefix}*"):
+    for path in shm_region_paths(prefix) if prefix else []:
         try:
             total += path.stat().st_size
         except OSError:
             pass
     return total
-
-
-def rss_bytes(process: psutil.Process) -> int:
-    try:
-        return process.memory_info().rss
-    except psutil.NoSuchProcess:
-        return 0
 
 
 def abort_server(launcher: subprocess.Popen, grpc_url: str, started: float, aborted: dict):

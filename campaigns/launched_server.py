@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from fusedresnet.backend.network import free_port_run, free_ports, http_ready
+from fusedresnet.backend.network import http_ready, server_ports
 from fusedresnet.backend.serve import READY_LINE
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV
 from fusedresnet.backend.stub_processes import SERVER_BINARY, live_children, python_stubs, tritonserver_of
@@ -58,11 +58,8 @@ class LaunchedServer:
         self.gpus, self.env, self.cwd, self.ready_line = gpus, dict(env or {}), cwd, ready_line
         self.cores = sorted(cores) if cores is not None else None
         self.stop_timeout_s = stop_timeout_s if exit_timeout_s is None else exit_timeout_s + 30
-        self.http_port, self.grpc_port = free_ports(2)
         reserved = (processes or 1) * (len(gpus.split(",")) if gpus else 1)
-        self.metrics_port = free_port_run(reserved)
-        while {self.http_port, self.grpc_port} & set(range(self.metrics_port, self.metrics_port + reserved)):
-            self.metrics_port = free_port_run(reserved)
+        self.http_port, self.grpc_port, self.metrics_port = server_ports(reserved)
         self.metrics_ports = [self.metrics_port + i for i in range(reserved)]
         self.repository, self.processes, self.args = repository, processes, list(args)
         self.process: subprocess.Popen | None = None

@@ -274,15 +274,12 @@ def pinned_server(repository: Path, token: str, server_cores: set[int], load_cor
     processes per GPU on the same gRPC and HTTP ports, under a private CUDA MPS daemon where the driver has one,
     --mps auto), its processes on `server_cores`; this process and the load generators it starts on `load_cores`
     while it runs (perf_analyzer_step runs perf_analyzer under the server's MPS daemon)."""
-    from fusedresnet.backend.network import free_port_run, free_ports
+    from fusedresnet.backend.network import server_ports
     from fusedresnet.backend.serve import DEFAULT_PROCESSES_PER_GPU, ServerGroup
     from fusedresnet.backend.triton_install import host_gpus
     gpus = len(host_gpus())
     processes = DEFAULT_PROCESSES_PER_GPU if gpus else 1
-    http_port, grpc_port = free_ports(2)
-    metrics_port = free_port_run(processes * max(gpus, 1))
-    while {http_port, grpc_port} & set(range(metrics_port, metrics_port + processes * max(gpus, 1))):
-        metrics_port = free_port_run(processes * max(gpus, 1))
+    http_port, grpc_port, metrics_port = server_ports(processes * max(gpus, 1))
     group = ServerGroup.plan(processes, None, bool(gpus), metrics_port, log_file=log_file,
                              model_repository=repository, http_port=http_port, grpc_port=grpc_port, admin_token=token)
     with contextlib.ExitStack() as resources:
