@@ -30,7 +30,10 @@ PYTEST_ARGS ?=
 
 .PHONY: setup prepare serve demo lint test loadtest clean
 
+# The A/B router is a Triton C++ backend: built once per source into build/ab_router_backend/ (g++, libb2-dev,
+# rapidjson-dev on Debian/Ubuntu; backend/ab_router_build.py says what is missing).
 setup: $(INSTALLED) $(STAMP)
+	$(PY) -m fusedresnet.backend.ab_router_build
 
 $(INSTALLED): pyproject.toml
 ifeq ($(strip $(VENV)),)

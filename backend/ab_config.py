@@ -1,6 +1,10 @@
-"""The A/B router's config parameters, parsed once into a validated `RouterConfig` (backend/ab_router.py,
-docs/AB_LIVE.md). Pure Python: the router reads its config through it at load, and `client.ab_mode` checks a
-change before it sends it (a configuration refused at load has crashed Triton 2.51, docs/AB_LIVE.md)."""
+"""The A/B router's config parameters, parsed once into a validated `RouterConfig` (docs/AB_LIVE.md).
+
+The router itself is a C++ backend (backend/ab_router_backend/ab_router.cc): it checks its parameters at load by
+the same rules, and takes the parameters' names and defaults, and STICKY_BUCKETS, from here (through the header
+backend/ab_router_build.py writes). `client.ab_mode` checks a change with `parse_router_config` before it sends it
+(a configuration refused at load has crashed Triton 2.51, docs/AB_LIVE.md); tests/test_ab_router.py holds both
+checks to the same bad parameters, and `sticky_share` to the router's split."""
 
 from __future__ import annotations
 

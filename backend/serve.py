@@ -70,6 +70,8 @@ from .network import http_ready, port_is_free
 from .prepared_stamp import STAMP_FILE
 from .repository_copy import copy_repository, with_instances_divided
 from .spec import (
+    AB_DISAGREEMENTS_DIR,
+    AB_ROUTER_BACKEND,
     ADMIN_TOKEN_ENV,
     ADMIN_TOKEN_HEADER,
     BUILD_DIR,
@@ -215,6 +217,7 @@ class TritonServer:
             # stubs at load, so every stub of the server is a model instance to supervise.
             "--disable-auto-complete-config",
             f"--backend-config=python,{SHM_PREFIX_OPTION}={self.shm_region_prefix}",
+            f"--backend-config={AB_ROUTER_BACKEND},disagreements-dir={AB_DISAGREEMENTS_DIR}",
             "--strict-readiness=true",
             f"--exit-timeout-secs={self.exit_timeout_s}",
             f"--http-address={self.host}", f"--http-port={self.http_port}",

@@ -57,9 +57,11 @@ def entry_input(entry: str) -> str:
 
 
 MODEL_ENTRIES = tuple(served_model(network, name) for network in MODELS for name in INPUTS)  # all served entries
-# The A/B router (backend/ab_router.py, docs/AB_LIVE.md): one more entry with the IMAGE contract that sends live
-# traffic to both networks' entries (shadow) or splits it between them (split), or to one (primary).
+# The A/B router (docs/AB_LIVE.md): one more entry with the IMAGE contract that sends live traffic to both networks'
+# entries (shadow) or splits it between them (split), or to one (primary). It is a Triton C++ backend of its own
+# (backend/ab_router_backend/, built by backend/ab_router_build.py, which hands it these facts as a header).
 AB_ROUTER_MODEL = "resnet18_ab"
+AB_ROUTER_BACKEND = "fusedresnet_ab"   # its config's `backend:`; <backends>/fusedresnet_ab/libtriton_fusedresnet_ab.so
 SERVED_ENTRIES = (*MODEL_ENTRIES, AB_ROUTER_MODEL)   # every entry of model_repository/
 AB_MODES = ("shadow", "split", "primary")
 # A request parameter that names the client: a split sends every request with the same value to the same arm
@@ -82,6 +84,11 @@ AB_REL_L2_METRIC = "fusedresnet_ab_logits_rel_l2"               # histogram per 
 AB_HISTOGRAM_METRICS = (AB_LATENCY_METRIC, AB_TOP5_OVERLAP_METRIC, AB_REL_L2_METRIC)
 HISTOGRAM_SERIES = ("bucket", "sum", "count")   # <histogram>_bucket, _sum, _count
 AB_ARMS = ("primary", "candidate")
+AB_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+AB_TOP5_OVERLAP_BUCKETS = (0, 1, 2, 3, 4, 4.5, 5)   # mean shared classes of a request's images (4.5: one image off)
+AB_REL_L2_BUCKETS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
+AB_TOP_K = 5                       # the compared top-k (top-5 overlap, the record's top-5)
+AB_LOG_EVERY_S = 1.0               # at most one log line a second about disagreements
 OUTPUT_LOGITS = "LOGITS"               # FP32 [1000]
 # Normalised pixels lie within about -2.2..2.7. Far larger finite values (0..255 floats sent by
 # mistake, or 1e30) would come back as meaningless or non-finite logits (fp16 engines overflow

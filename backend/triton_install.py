@@ -2,7 +2,8 @@
 
 Finds `tritonserver` ($TRITON_HOME, PATH, or the server bundled in the nvidia-pytriton
 wheel), and prepares a private copy of its backend tree with the Python-backend stub that
-matches this interpreter (the wheel ships one stub per Python version).
+matches this interpreter (the wheel ships one stub per Python version) and the A/B router's
+backend (backend/ab_router_build.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .spec import BUILD_DIR
+from . import ab_router_build
+from .spec import AB_ROUTER_BACKEND, BUILD_DIR
 
 
 class ServerError(RuntimeError):
@@ -67,7 +69,8 @@ _BACKEND_TREE_LOCK = threading.Lock()
 
 
 def private_backend_tree(triton: TritonInstallation) -> Path:
-    """A copy of the backends folder with the stub for this interpreter placed in backends/python.
+    """A copy of the backends folder with the stub for this interpreter placed in backends/python, and the A/B
+    router's backend in backends/fusedresnet_ab (built first when missing).
 
     The launcher's server processes start together: the copy is made once under a lock, into a folder of its
     own that is then renamed into place, so no process sees a half-made tree (another launcher that made it
@@ -75,7 +78,11 @@ def private_backend_tree(triton: TritonInstallation) -> Path:
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     tree = BUILD_DIR / f"triton-backends-py{version}"
     stub = python_stub_for_interpreter(triton)
-    source = f"{triton.home.resolve()}:{stub.stat().st_mtime_ns}"
+    try:
+        router = ab_router_build.build()
+    except ab_router_build.RouterBuildError as error:
+        raise ServerError(str(error)) from None
+    source = f"{triton.home.resolve()}:{stub.stat().st_mtime_ns}:{router.parent.name}"
 
     def made(folder: Path) -> bool:
         marker = folder / ".source"
@@ -90,6 +97,8 @@ def private_backend_tree(triton: TritonInstallation) -> Path:
         shutil.copytree(triton.home / "backends", scratch)
         shutil.copy2(stub, scratch / "python" / "triton_python_backend_stub")
         (scratch / "python" / "triton_python_backend_stub").chmod(0o755)
+        (scratch / AB_ROUTER_BACKEND).mkdir()
+        shutil.copy2(router, scratch / AB_ROUTER_BACKEND / router.name)
         (scratch / ".source").write_text(source)
         shutil.rmtree(tree, ignore_errors=True)
         try:

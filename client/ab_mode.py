@@ -30,7 +30,7 @@ from fusedresnet.backend.ab_config import ConfigError, parse_router_config
 from fusedresnet.backend.spec import AB_ROUTER_MODEL, ADMIN_TOKEN_HEADER, DEFAULT_HOST, DEFAULT_HTTP_PORT
 from fusedresnet.client.shared_memory import read_admin_token
 
-# The router's parameters a user changes (backend/ab_router.py: all of them, validated at load).
+# The router's parameters a user changes (backend/ab_router_backend/ab_router.cc: all of them, validated at load).
 PARAMETERS = ("mode", "primary", "candidate", "candidate_percent", "shadow_timeout_ms", "shadow_max_in_flight",
               "disagreement_records")
 

@@ -16,6 +16,8 @@
 #                   tool), cuda-bindings and cuda-pathfinder, with their dependencies that the host
 #                   lacks (HOST_HAS), for the host's Python (PYTHON_VERSION) on manylinux x86_64
 #   setup.sh        scripts/offline_bundle_setup.sh: installs the bundle on the host (sourced)
+#   ab_router_backend/  the A/B router's Triton backend built here (backend/ab_router_build.py; the host has no
+#                   compiler packages), used there when its sources are the same
 #
 # Settings (environment):
 #   PYTHON_VERSION  the host's Python, major.minor (default 3.12)
@@ -112,6 +114,11 @@ rm -f "$DEST"/wheels/*.whl
 for wheel in "$TMP"/all/*.whl; do
   if ! basename "$wheel" | grep -qiE "$HOST_HAS"; then cp "$wheel" "$DEST/wheels/"; fi
 done
+# The A/B router's backend, built with this checkout's environment (make setup), for the host's checkout.
+router_python="$ROOT/.venv/bin/python"; [ -x "$router_python" ] || router_python=python3
+router="$("$router_python" -m fusedresnet.backend.ab_router_build)"
+rm -rf "$DEST/ab_router_backend" && mkdir -p "$DEST/ab_router_backend"
+cp -r "$(dirname "$router")" "$DEST/ab_router_backend/"
 cp "$ROOT/scripts/offline_bundle_setup.sh" "$DEST/setup.sh"
 printf '%s\n' "$pytriton" "${requirements[@]}" > "$DEST/requirements.txt"
 ls "$DEST/wheels"

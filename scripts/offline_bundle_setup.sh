@@ -7,6 +7,7 @@
 #   TRITON_HOME      the server tree: bin/tritonserver, backends/python, caches
 #   LD_LIBRARY_PATH  the server's private libraries
 #   PATH             tritonserver and perf_analyzer on it
+#   FUSEDRESNET_AB_ROUTER_PREBUILT  the A/B router's backend built with the bundle (backend/ab_router_build.py)
 _bundle="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 _site="${GPU_SITE:-/tmp/gpu-site}"
 _stamp="$_site/.bundle-requirements"
@@ -22,4 +23,5 @@ export PYTHONPATH="$_site${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_HOME="$_site/pytriton/tritonserver"
 export LD_LIBRARY_PATH="$_site/nvidia_pytriton.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$TRITON_HOME/bin:$_site/perf_analyzer/bin:$PATH"
+export FUSEDRESNET_AB_ROUTER_PREBUILT="$_bundle/ab_router_backend"
 unset _bundle _site _stamp

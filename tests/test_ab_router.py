@@ -1,4 +1,4 @@
-"""The A/B router (`resnet18_ab`, backend/ab_router.py) against the real server.
+"""The A/B router (`resnet18_ab`, the C++ backend backend/ab_router_backend/ab_router.cc) against the real server.
 
 On the session server (the shipped repository, the router in shadow mode, cuDNN primary, custom candidate):
 the router answers with the primary's logits and engine, and its metrics count every request, as Triton's own
@@ -10,8 +10,8 @@ engine name its config gives; one arm reverses the class order, one sleeps, one 
 - a 10 % split lands within a binomial bound and is sticky per request id and per `ab_key`;
 - a slow canary holds up no request to the primary: with one router instance, a request to the primary is
   answered while an earlier one waits at the slow candidate;
-- concurrent shadow requests (queued for the router, batched, answered from its workers) each get their own
-  answer, and every one is compared;
+- concurrent shadow requests (queued for the router, batched) each get their own answer, and every one is
+  compared;
 - a slow candidate neither fails nor delays the client's answer, and its lateness is counted as a timeout at its
   deadline, before its late answer comes;
 - a failing candidate does not fail the request, and is counted;
@@ -205,13 +205,11 @@ def ab_server(admin_token, tmp_path_factory):
         (repository / name / "1").mkdir(parents=True)
         (repository / name / "1" / "model.py").write_text(ARM_MODEL)
         (repository / name / "config.pbtxt").write_text(ARM_CONFIG.format(parameters=pbtxt_parameters(parameters)))
-    (repository / AB_ROUTER_MODEL / "1").mkdir(parents=True)
-    (repository / AB_ROUTER_MODEL / "1" / "model.py").write_text(
-        (MODEL_REPOSITORY / AB_ROUTER_MODEL / "1" / "model.py").read_text())
+    (repository / AB_ROUTER_MODEL / "1").mkdir(parents=True)     # the router has no model file (a C++ backend)
     shipped = (MODEL_REPOSITORY / AB_ROUTER_MODEL / "config.pbtxt").read_text()
+    assert "count: 1," in shipped
     (repository / AB_ROUTER_MODEL / "config.pbtxt").write_text(
-        shipped.replace("count: 4", "count: 1").replace('"resnet18_cudnn"', '"arm_a"')
-        .replace('"resnet18_custom"', '"arm_b"'))
+        shipped.replace('"resnet18_cudnn"', '"arm_a"').replace('"resnet18_custom"', '"arm_b"'))
     http_port, grpc_port, metrics_port = free_ports(3)
     # A refused reload stays among Triton's live models ("Found 5 live models" at exit, all unloaded): a short
     # exit timeout, or every run waits out the default 30 s.
@@ -241,6 +239,9 @@ def test_split_sends_its_share_to_the_candidate_within_a_binomial_bound_and_stic
         sigma = math.sqrt(requests * share * (1 - share))
         assert abs(to_candidate - requests * share) <= 4.5 * sigma, to_candidate
         assert set(engines.values()) == {"engine-a", "engine-b"}
+        # The router's hash (libb2 in C++) is Python's hashlib blake2b: each id lands where sticky_share says.
+        assert engines == {request_id: "engine-b" if sticky_share(request_id) < 10 else "engine-a"
+                           for request_id in engines}
         # Sticky: the same request id lands on the same arm again; an ab_key wins over the request id.
         for request_id in list(engines)[:40]:
             assert infer(client, AB_ROUTER_MODEL, varied_images[:1], request_id=request_id)[1] == engines[request_id]
@@ -254,9 +255,8 @@ def test_split_sends_its_share_to_the_candidate_within_a_binomial_bound_and_stic
 
 def test_concurrent_shadow_requests_each_get_their_own_answer_and_are_all_compared(ab_server, admin_token,
                                                                                    varied_images):
-    """Requests that queue for the router go as batches of several, answered from its workers. (After a split: a reload
-    whose old instance had a series of the same labels loses it when that instance unloads, after the new one
-    made it, so this test reloads from another mode.)"""
+    """Requests that queue for the router go as batches of several (one call per arm whose input is their buffers
+    appended), and each gets its own rows of the answer."""
     reload_router(ab_server, admin_token, mode="shadow", primary="arm_a", candidate="arm_b",
                   shadow_max_in_flight="64")
     url = ab_server.metrics_url
@@ -388,11 +388,10 @@ def test_ab_mode_refuses_a_bad_parameter_before_sending_it(ab_server, admin_toke
 def test_bad_router_parameters_fail_the_load_with_the_parameter_named(admin_token, tmp_path):
     """The router's own check at load: a server whose router entries carry bad parameters does not start, and its
     log names each one (Triton loads every entry, then exits)."""
-    shipped = (MODEL_REPOSITORY / AB_ROUTER_MODEL / "config.pbtxt").read_text().replace("count: 4", "count: 1")
+    shipped = (MODEL_REPOSITORY / AB_ROUTER_MODEL / "config.pbtxt").read_text()
     for index, (parameters, _) in enumerate(BAD_PARAMETERS):
         entry = tmp_path / "models" / f"bad_router_{index}"
         (entry / "1").mkdir(parents=True)
-        (entry / "1" / "model.py").write_text((MODEL_REPOSITORY / AB_ROUTER_MODEL / "1" / "model.py").read_text())
         (entry / "config.pbtxt").write_text(shipped + pbtxt_parameters(parameters) + "\n")
     http_port, grpc_port, metrics_port = free_ports(3)
     server = TritonServer(tmp_path / "models", "127.0.0.1", http_port, grpc_port, metrics_port, admin_token=admin_token,
