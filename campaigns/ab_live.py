@@ -83,7 +83,13 @@ def measure_mode(server: TritonServer, mode: str, args, order_start: int) -> tup
             steps[target] = flood(primary if target == "direct" else AB_ROUTER_MODEL, server, images, in_flight, args)
             if target == "router":
                 time.sleep(3 * METRICS_FLUSH_S)   # the router's figures (the shadow answers come after the client's)
-                steps["ab"] = triton_metrics.ab_delta(before, triton_metrics.scrape(server.metrics_url))
+                after = triton_metrics.scrape(server.metrics_url)
+                steps["ab"] = triton_metrics.ab_delta(before, after)
+                # Triton's own view of the router's step, of the router and of each arm (where time went)
+                steps["triton"] = {model: {key: value for key, value in
+                                           triton_metrics.model_delta(before, after, model).items()
+                                           if value is not None and not key.startswith("execute_")}
+                                   for model in (AB_ROUTER_MODEL, primary, parameters["candidate"])}
         direct, router = steps["direct"], steps["router"]
         rows.append({
             "mode": mode, "images_per_request": images, "in_flight": in_flight, "direct_model": primary,
@@ -94,7 +100,8 @@ def measure_mode(server: TritonServer, mode: str, args, order_start: int) -> tup
             "throughput_share": router["img_per_s"] / direct["img_per_s"] if direct["img_per_s"] else None,
             "router_failures": router["failures"], "direct_failures": direct["failures"],
             "problems": direct["problems"] + router["problems"], "arms": steps["ab"]["arms"],
-            "shadow_timeouts": steps["ab"]["shadow_timeouts"], "shadow_skipped": steps["ab"]["shadow_skipped"]})
+            "shadow_timeouts": steps["ab"]["shadow_timeouts"], "shadow_skipped": steps["ab"]["shadow_skipped"],
+            "triton_during_router_step": steps["triton"]})
         print(f"{mode:6s} x{images:<3d} in flight {in_flight:3d}: direct {fmt(direct['img_per_s'], 1)} img/s p50 "
               f"{fmt(direct['p50_ms'])} ms; router {fmt(router['img_per_s'], 1)} img/s p50 {fmt(router['p50_ms'])} ms "
               f"p99 {fmt(router['p99_ms'])} ms", flush=True)
