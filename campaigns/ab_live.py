@@ -52,13 +52,17 @@ def flood(model: str, server: TritonServer, images: int, in_flight: int, args) -
                                measure_s=args.measure_s)
 
 
-def repository_in_mode(mode: str, folder: Path) -> Path:
-    """A copy of the prepared repository (weights hard-linked) whose router serves in `mode`."""
+def repository_in_mode(mode: str, folder: Path, router_instances: int | None = None) -> Path:
+    """A copy of the prepared repository (weights hard-linked) whose router serves in `mode` (with
+    `router_instances` instances when given)."""
     repository = build_repository(folder, entries=SERVED_ENTRIES, zero=False)
     config_file = repository / AB_ROUTER_MODEL / "config.pbtxt"
     text = config_file.read_text()
     config_file.unlink()     # a hard link: replace, do not write through
-    config_file.write_text(re.sub(r'(key: "mode" value: \{ string_value: )"[a-z]+"', rf'\1"{mode}"', text))
+    text = re.sub(r'(key: "mode" value: \{ string_value: )"[a-z]+"', rf'\1"{mode}"', text)
+    if router_instances:
+        text = re.sub(r"count: \d+", f"count: {router_instances}", text)
+    config_file.write_text(text)
     return repository
 
 
@@ -185,6 +189,8 @@ def main(argv=None) -> int:
     parser.add_argument("--throughput-in-flight", type=int, default=THROUGHPUT_IN_FLIGHT,
                         help=f"requests in flight at 32 images per request (default {THROUGHPUT_IN_FLIGHT})")
     parser.add_argument("--device", help="device description (default: detected)")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated (default {','.join(MODES)})")
+    parser.add_argument("--router-instances", type=int, help="override the router's instance count")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m fusedresnet.campaigns.ab_live", *(argv if argv is not None else sys.argv[1:])])
@@ -192,13 +198,14 @@ def main(argv=None) -> int:
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "git_commit": git_commit(), "command": command,
                "settings": {"warmup_s": args.warmup_s, "measure_s": args.measure_s, "processes": args.processes,
+                            "router_instances": args.router_instances or "as shipped",
                             "cases": [{"images_per_request": i, "in_flight": n}
                                       for i, n in (LATENCY_CASE, (32, args.throughput_in_flight))]},
                "modes": [], "agreement": None, "restarts": []}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ab_live_") as scratch:
-        for index, mode in enumerate(MODES):
-            repository = repository_in_mode(mode, Path(scratch) / mode)
+        for index, mode in enumerate(args.modes.split(",")):
+            repository = repository_in_mode(mode, Path(scratch) / mode, args.router_instances)
             for attempt in range(2):
                 http_port, grpc_port, metrics_port = free_ports(3)
                 server = TritonServer(repository, "127.0.0.1", http_port, grpc_port, metrics_port,

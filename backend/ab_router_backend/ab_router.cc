@@ -474,6 +474,7 @@ struct Batch {
   std::vector<int64_t> image_dims;       // an image's shape ([224, 224, 3])
   int64_t total_rows = 0;
   uint64_t exec_start_ns = 0;
+  std::atomic<uint64_t> sent_ns{0};      // execute is done with it (its call sent, the shadow copy made)
   std::vector<float> primary_logits;     // shadow: kept for the comparison
   int64_t classes = 0;
   ~Batch();
@@ -555,7 +556,7 @@ class Instance {
   void Record(const std::string& request_id, int64_t images, double rel_l2, const std::string& disagreeing_json,
               int64_t first_image, const std::vector<int64_t>& first_primary, const std::vector<int64_t>& first_candidate);
   bool ShadowRoom();
-  void ReportStatistics(const Batch& batch, bool success);
+  void ReportStatistics(const Batch& batch, bool success, uint64_t answered_ns);
   void FlushLoop();
   void Flush();
 
@@ -674,15 +675,19 @@ void Instance::RespondError(TRITONBACKEND_Request* request, const std::string& m
   TRITONSERVER_ErrorDelete(answer);
 }
 
-void Instance::ReportStatistics(const Batch& batch, bool success) {
+// Triton's statistics of the router's requests, in its terms: compute input = the router's own work in execute
+// (reading the inputs, sending the call, the shadow copy), compute infer = the arm's answer after that, compute
+// output = answering the requests (from `answered_ns` to now).
+void Instance::ReportStatistics(const Batch& batch, bool success, uint64_t answered_ns) {
   uint64_t end_ns = NowNs();
+  uint64_t sent_ns = std::min(std::max(batch.sent_ns.load(), batch.exec_start_ns), answered_ns);
   for (TRITONBACKEND_Request* request : batch.requests) {
-    LogIfError(TRITONBACKEND_ModelInstanceReportStatistics(instance_, request, success, batch.exec_start_ns,
-                                                           batch.exec_start_ns, end_ns, end_ns),
+    LogIfError(TRITONBACKEND_ModelInstanceReportStatistics(instance_, request, success, batch.exec_start_ns, sent_ns,
+                                                           answered_ns, end_ns),
                "statistics");
   }
   LogIfError(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance_, batch.total_rows, batch.exec_start_ns,
-                                                              batch.exec_start_ns, end_ns, end_ns),
+                                                              sent_ns, answered_ns, end_ns),
              "batch statistics");
 }
 
@@ -811,6 +816,7 @@ void Instance::Execute(TRITONBACKEND_Request** requests, uint32_t count) {
       }
       batch->copy_done.notify_all();
     }
+    batch->sent_ns = NowNs();
     if (!failure.empty()) Fail(call, failure);
   }
 }
@@ -951,7 +957,8 @@ void Instance::Answer(Call* call, TRITONSERVER_InferenceResponse* response, cons
     std::unique_lock<std::mutex> lock(batch.copy_mutex);
     batch.copy_done.wait(lock, [&batch] { return !batch.copying; });
   }
-  double elapsed_s = (NowNs() - batch.exec_start_ns) * 1e-9;
+  uint64_t answered_ns = NowNs();
+  double elapsed_s = (answered_ns - batch.exec_start_ns) * 1e-9;
   int64_t requests = static_cast<int64_t>(batch.rows.size());
   metrics_.latency.at(call->arm).Observe(elapsed_s, requests);
   Tensor logits, engine;
@@ -959,14 +966,13 @@ void Instance::Answer(Call* call, TRITONSERVER_InferenceResponse* response, cons
   if (failure.empty()) failure = ReadOutputs(response, &logits, &engine, batch.total_rows);
   if (!failure.empty()) {
     metrics_.failures.at(call->arm).Add(static_cast<double>(requests));
-    ReportStatistics(batch, false);
     for (TRITONBACKEND_Request* request : batch.requests) {
       RespondError(request, model_name_ + ": " + arm_models_.at(call->arm) + " failed: " + failure);
     }
+    ReportStatistics(batch, false, answered_ns);
     ReleaseRequests(&batch);
     return;
   }
-  ReportStatistics(batch, true);
   const char* base_logits = static_cast<const char*>(logits.base);
   const char* base_engine = static_cast<const char*>(engine.base);
   for (size_t i = 0; i < batch.requests.size(); ++i) {
@@ -1017,6 +1023,7 @@ void Instance::Answer(Call* call, TRITONSERVER_InferenceResponse* response, cons
     base_logits += logits.RowBytes() * rows;
     if (base_engine != nullptr) base_engine += engine.RowBytes() * rows;
   }
+  ReportStatistics(batch, true, answered_ns);
   ReleaseRequests(&batch);
   if (config_.mode == "shadow") {
     batch.classes = logits.shape[1];
