@@ -90,13 +90,18 @@ def main(argv=None) -> int:
                     row = {"mode": mode, "images_per_request": images, "in_flight": in_flight,
                            "direct_img_per_s": direct["img_per_s"], "router_img_per_s": router["img_per_s"],
                            "direct_p50_ms": direct["p50_ms"], "router_p50_ms": router["p50_ms"],
-                           "router_p99_ms": router["p99_ms"], "failures": direct["failures"] + router["failures"]}
+                           "router_p99_ms": router["p99_ms"], "failures": direct["failures"] + router["failures"],
+                           # Triton's view of the router's step: its batches and where their time went
+                           "router_triton": {key: router.get(key) for key in (
+                               "avg_batch", "queue_us", "compute_input_us", "compute_infer_us", "compute_output_us")}}
                     rows.append(row)
                     print(f"{mode:7s} x{images:<2d} @{in_flight:<2d}: direct {direct['img_per_s']:8.1f} img/s p50 "
                           f"{direct['p50_ms']:6.2f} ms | router {router['img_per_s']:8.1f} img/s p50 "
                           f"{router['p50_ms']:6.2f} ms p99 {router['p99_ms']:6.2f} ms | extra p50 "
                           f"{router['p50_ms'] - direct['p50_ms']:+.2f} ms, share "
-                          f"{router['img_per_s'] / direct['img_per_s']:.2f}, failures {row['failures']}", flush=True)
+                          f"{router['img_per_s'] / direct['img_per_s']:.2f}, failures {row['failures']}; router "
+                          + ", ".join(f"{k} {v:.1f}" for k, v in row["router_triton"].items() if v is not None),
+                          flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=1, default=float) + "\n")

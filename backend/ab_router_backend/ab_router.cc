@@ -54,6 +54,7 @@
 #include <cstring>
 #include <ctime>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -438,6 +439,59 @@ struct Tensor {  // an output of an arm's answer
 
 // ---------------------------------------------------------------- one router instance
 
+// Threads that run posted jobs in order of posting (the router's sends to the arms).
+class Workers {
+ public:
+  explicit Workers(int count) {
+    for (int i = 0; i < count; ++i) threads_.emplace_back([this] { Run(); });
+  }
+  ~Workers() { Stop(); }
+  void Post(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      jobs_.push_back(std::move(job));
+    }
+    ready_.notify_one();
+  }
+  void Stop() {  // after the jobs posted
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    ready_.notify_all();
+    for (std::thread& thread : threads_) {
+      if (thread.joinable()) thread.join();
+    }
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      ready_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      std::function<void()> job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      job();
+      lock.lock();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// The router's calls leave from threads of its own: TRITONSERVER_ServerInferAsync can block. Triton 2.51's
+// dynamic batcher takes, while it enqueues a request, the lock of its current batch, which is held while that batch
+// executes: a send waits out the arm's batch in progress (measured on a 2-core CPU: p90 8 ms, up to 39 ms).
+// Neither the router's execute (one thread per instance: the router's queue grew, its batches reached 128
+// images) nor an arm's thread that delivers its answer (the shadow call: the primary waited for the candidate's
+// batch) may wait so. Enough threads for the calls a busy server has waiting at the arms' schedulers at once.
+constexpr int kSenderThreads = 8;
+
 class Instance;
 
 struct InputChunk {
@@ -519,6 +573,7 @@ class Instance {
         Log(TRITONSERVER_LOG_ERROR, model_name_ + ": " + std::to_string(batches_) + " batches still at the arms at unload");
       }
     }
+    senders_.Stop();  // nothing to send once every batch is done
     {  // the comparisons queued (none come after the batches are done)
       std::lock_guard<std::mutex> lock(comparisons_mutex_);
       comparer_stopping_ = true;
@@ -573,6 +628,9 @@ class Instance {
 
   std::mutex random_mutex_;
   std::mt19937_64 random_;
+
+  Workers senders_{kSenderThreads};
+  void Dispatch(Call* call, bool copy);
 
   std::mutex buffers_mutex_;  // the shadow copies' buffers not in use, largest first
   std::vector<std::unique_ptr<Buffer>> free_buffers_;
@@ -790,9 +848,16 @@ void Instance::Execute(TRITONBACKEND_Request** requests, uint32_t count) {
     Call* call = new Call;
     call->batch = batch;
     call->arm = group.first;
-    std::string failure = Send(call);
-    // Shadow: the input for the candidate, copied while the primary computes (its answer, which releases the
-    // requests, waits for the copy).
+    senders_.Post([this, call, copy] { Dispatch(call, copy); });
+  }
+}
+
+// Send a batch's call to its arm and (shadow) copy its input for the candidate while the primary computes (the
+// primary's answer, which releases the requests, waits for the copy). On a sender thread.
+void Instance::Dispatch(Call* call, bool copy) {
+  std::shared_ptr<Batch> batch = call->batch;
+  std::string failure = Send(call);
+  {
     if (copy) {
       uint64_t bytes = 0;
       for (const InputChunk& chunk : batch->chunks) bytes += chunk.byte_size;
@@ -1058,8 +1123,10 @@ void Instance::Shadow(const std::shared_ptr<Batch>& batch) {
     metrics_.skipped.Add(static_cast<double>(requests));
     return;
   }
-  std::string failure = Send(call);
-  if (!failure.empty()) Fail(call, failure);
+  senders_.Post([this, call] {
+    std::string failure = Send(call);
+    if (!failure.empty()) Fail(call, failure);
+  });
 }
 
 // The candidate's answer (shadow): counted here, compared on the comparer thread (true: it keeps `response`, and
