@@ -35,7 +35,7 @@ class RouterConfig:
     candidate: str = MODEL_CUSTOM
     candidate_percent: float = 10.0
     shadow_timeout_ms: float = 1000.0
-    shadow_max_in_flight: int = 4
+    shadow_max_in_flight: int = 16
     disagreement_records: int = 100
 
 
