@@ -10,11 +10,24 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass, fields
 
 from .spec import AB_MODES, MODEL_CUDNN, MODEL_CUSTOM
 
 STICKY_BUCKETS = 10_000     # candidate_percent resolves to 0.01 %
+# The texts a number parameter may be (the C++ router matches the same patterns, through its generated header):
+# ASCII digits, no underscores, no hexadecimal, no inf or nan; what is around them, ASCII white space, is ignored.
+ASCII_SPACE = " \t\n\r\f\v"
+INTEGER = r"[+-]?[0-9]+"
+NUMBER = r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?"
+# Ranges (inclusive) and how a refusal says them
+SHADOW_TIMEOUT_MS_RANGE = (0.001, 3_600_000.0)
+SHADOW_TIMEOUT_ALLOWED = "milliseconds, 0.001 to 3600000 (an hour)"
+SHADOW_MAX_IN_FLIGHT_MAX = 1024
+SHADOW_MAX_IN_FLIGHT_ALLOWED = f"an integer, 1 to {SHADOW_MAX_IN_FLIGHT_MAX}"
+DISAGREEMENT_RECORDS_MAX = 100_000
+DISAGREEMENT_RECORDS_ALLOWED = f"an integer, 0 to {DISAGREEMENT_RECORDS_MAX}"
 
 
 def sticky_share(key: str) -> float:
@@ -47,13 +60,12 @@ def parse_router_config(model_config: dict) -> RouterConfig:
     if unknown:
         raise ConfigError(f"unknown parameter(s) {unknown}; the router takes {sorted(known)}")
     values = {}
-    for key, text in raw.items():
+    for key, text in sorted(raw.items()):
         kind = known[key].type
-        try:
-            value = int(text) if kind == "int" else float(text) if kind == "float" else text.strip()
-        except ValueError:
-            raise ConfigError(f"parameter {key}: {text!r} is not a{'n integer' if kind == 'int' else ' number'}") \
-                from None
+        stripped = text.strip(ASCII_SPACE)
+        if kind in ("int", "float") and not re.fullmatch(INTEGER if kind == "int" else NUMBER, stripped):
+            raise ConfigError(f"parameter {key}: {text!r} is not a{'n integer' if kind == 'int' else ' number'}")
+        value = int(stripped) if kind == "int" else float(stripped) if kind == "float" else stripped
         if kind == "float" and not math.isfinite(value):
             raise ConfigError(f"parameter {key}: {text!r} is not a finite number")
         values[key] = value
@@ -63,9 +75,13 @@ def parse_router_config(model_config: dict) -> RouterConfig:
               ("candidate", bool(config.candidate) and config.candidate != config.primary,
                "a model entry's name other than primary's"),
               ("candidate_percent", 0 <= config.candidate_percent <= 100, "a percentage, 0 to 100"),
-              ("shadow_timeout_ms", config.shadow_timeout_ms > 0, "milliseconds, more than 0"),
-              ("shadow_max_in_flight", config.shadow_max_in_flight >= 1, "an integer, at least 1"),
-              ("disagreement_records", config.disagreement_records >= 0, "an integer, 0 or more"))
+              ("shadow_timeout_ms",
+               SHADOW_TIMEOUT_MS_RANGE[0] <= config.shadow_timeout_ms <= SHADOW_TIMEOUT_MS_RANGE[1],
+               SHADOW_TIMEOUT_ALLOWED),
+              ("shadow_max_in_flight", 1 <= config.shadow_max_in_flight <= SHADOW_MAX_IN_FLIGHT_MAX,
+               SHADOW_MAX_IN_FLIGHT_ALLOWED),
+              ("disagreement_records", 0 <= config.disagreement_records <= DISAGREEMENT_RECORDS_MAX,
+               DISAGREEMENT_RECORDS_ALLOWED))
     for key, ok, allowed in checks:
         if not ok:
             raise ConfigError(f"parameter {key}: {getattr(config, key)!r} is not allowed; expected {allowed}")

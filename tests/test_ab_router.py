@@ -369,10 +369,15 @@ def test_disagreeing_requests_are_counted_and_recorded_with_both_top5(ab_server,
     assert [d["candidate_top5"] for d in records[0]["disagreeing"]] == top5(reversed_logits)
 
 
-BAD_PARAMETERS = [({"mode": "mirror"}, "mode"), ({"candidate_percent": "150"}, "candidate_percent"),
-                  ({"shadow_timeout_ms": "soon"}, "shadow_timeout_ms"), ({"candidate": "arm_a", "primary": "arm_a"},
-                                                                           "candidate"),
-                  ({"canary_percent": "5"}, "canary_percent")]
+BAD_PARAMETERS = [
+    ({"mode": "mirror"}, "mode"), ({"candidate_percent": "150"}, "candidate_percent"),
+    ({"shadow_timeout_ms": "soon"}, "shadow_timeout_ms"), ({"candidate": "arm_a", "primary": "arm_a"}, "candidate"),
+    ({"canary_percent": "5"}, "canary_percent"),
+    # texts Python's int() and float() read but the router's grammar does not (both refuse them now)
+    ({"shadow_max_in_flight": "1_6"}, "shadow_max_in_flight"), ({"shadow_timeout_ms": "0x1p3"}, "shadow_timeout_ms"),
+    # out of range: beyond the deadline clock's reach; beyond int64
+    ({"shadow_timeout_ms": "1e13"}, "shadow_timeout_ms"),
+    ({"shadow_max_in_flight": "99999999999999999999"}, "shadow_max_in_flight")]
 
 
 @pytest.mark.parametrize("parameters, named", BAD_PARAMETERS)

@@ -59,6 +59,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -106,8 +107,15 @@ TRITONSERVER_Error* InvalidArg(const std::string& message) {
   return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, message.c_str());
 }
 
-std::string PythonRepr(const std::string& text) {  // how ab_config's messages quote a value: 'text'
-  return "'" + text + "'";
+std::string PythonRepr(const std::string& text) {  // Python's repr() of a str, as ab_config's messages quote values
+  bool doubles = text.find('\'') != std::string::npos && text.find('"') == std::string::npos;
+  char quote = doubles ? '"' : '\'';
+  std::string out(1, quote);
+  for (char c : text) {
+    if (c == '\\' || c == quote) out += '\\';
+    out += c;
+  }
+  return out + quote;
 }
 
 std::string PythonList(const std::vector<std::string>& items) {
@@ -116,10 +124,23 @@ std::string PythonList(const std::vector<std::string>& items) {
   return out + "]";
 }
 
-std::string FormatG(double value) {  // Python's f"{value:g}"
+std::string FormatG(double value) {  // Python's f"{value:g}" (log lines)
   char text[64];
   std::snprintf(text, sizeof(text), "%g", value);
   return text;
+}
+
+std::string PythonFloat(double value) {  // Python's repr() of a float: the shortest text that reads back the same
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  char text[64];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(text, sizeof(text), "%.*g", precision, value);
+    if (std::strtod(text, nullptr) == value) break;
+  }
+  std::string out = text;
+  if (out.find_first_of(".e") == std::string::npos) out += ".0";
+  return out;
 }
 
 // ---------------------------------------------------------------- the parameters
@@ -134,31 +155,32 @@ struct RouterConfig {
   int64_t disagreement_records = spec::kDefaultDisagreementRecords;
 };
 
-std::string Strip(const std::string& text) {
+std::string Strip(const std::string& text) {  // ab_config.ASCII_SPACE
   const char* space = " \t\n\r\f\v";
   size_t first = text.find_first_not_of(space);
   if (first == std::string::npos) return "";
   return text.substr(first, text.find_last_not_of(space) - first + 1);
 }
 
+// The texts a parameter's number may be: ab_config.INTEGER and ab_config.NUMBER (ASCII digits, no underscores, no
+// hexadecimal, no inf or nan), so that client.ab_mode's check and this one take the same texts.
+const std::regex kInteger(spec::kIntegerPattern);
+const std::regex kNumber(spec::kNumberPattern);
+
 bool ParseInteger(const std::string& text, int64_t* value) {
   std::string stripped = Strip(text);
-  if (stripped.empty()) return false;
+  if (!std::regex_match(stripped, kInteger)) return false;
   errno = 0;
-  char* end = nullptr;
-  long long parsed = std::strtoll(stripped.c_str(), &end, 10);
-  if (errno != 0 || *end != '\0') return false;
-  *value = parsed;
+  long long parsed = std::strtoll(stripped.c_str(), nullptr, 10);
+  // Beyond int64: out of every range checked below, as Python's int is.
+  *value = errno == ERANGE ? (stripped[0] == '-' ? INT64_MIN : INT64_MAX) : parsed;
   return true;
 }
 
 bool ParseNumber(const std::string& text, double* value) {
   std::string stripped = Strip(text);
-  if (stripped.empty()) return false;
-  char* end = nullptr;
-  double parsed = std::strtod(stripped.c_str(), &end);
-  if (*end != '\0') return false;
-  *value = parsed;
+  if (!std::regex_match(stripped, kNumber)) return false;
+  *value = std::strtod(stripped.c_str(), nullptr);  // 1e999: inf, refused below as Python's float gives inf
   return true;
 }
 
@@ -224,13 +246,16 @@ TRITONSERVER_Error* ParseRouterConfig(const rapidjson::Document& model_config, R
       {"candidate", !config->candidate.empty() && config->candidate != config->primary,
        PythonRepr(config->candidate), "a model entry's name other than primary's"},
       {"candidate_percent", config->candidate_percent >= 0 && config->candidate_percent <= 100,
-       FormatG(config->candidate_percent), "a percentage, 0 to 100"},
-      {"shadow_timeout_ms", config->shadow_timeout_ms > 0, FormatG(config->shadow_timeout_ms),
-       "milliseconds, more than 0"},
-      {"shadow_max_in_flight", config->shadow_max_in_flight >= 1, std::to_string(config->shadow_max_in_flight),
-       "an integer, at least 1"},
-      {"disagreement_records", config->disagreement_records >= 0, std::to_string(config->disagreement_records),
-       "an integer, 0 or more"},
+       PythonFloat(config->candidate_percent), "a percentage, 0 to 100"},
+      {"shadow_timeout_ms",
+       config->shadow_timeout_ms >= spec::kShadowTimeoutMsMin && config->shadow_timeout_ms <= spec::kShadowTimeoutMsMax,
+       PythonFloat(config->shadow_timeout_ms), spec::kShadowTimeoutAllowed},
+      {"shadow_max_in_flight",
+       config->shadow_max_in_flight >= 1 && config->shadow_max_in_flight <= spec::kShadowMaxInFlightMax,
+       std::to_string(config->shadow_max_in_flight), spec::kShadowMaxInFlightAllowed},
+      {"disagreement_records",
+       config->disagreement_records >= 0 && config->disagreement_records <= spec::kDisagreementRecordsMax,
+       std::to_string(config->disagreement_records), spec::kDisagreementRecordsAllowed},
   };
   for (const Check& check : checks) {
     if (!check.ok) {
@@ -253,8 +278,9 @@ double StickyShare(const std::string& key) {
 // ---------------------------------------------------------------- metrics
 
 // Every metric family and series the backend made, kept for the life of the backend and shared by every instance
-// with the same labels: Triton 2.51 frees a series of a name and labels when one of its holders deletes it, even
-// while another (a reloaded instance) still counts into it, so the router deletes nothing until it unloads
+// with the same labels: Triton 2.51 counts a series' holders per family object, so a series made through two
+// families of one name (a reloaded instance's and the old one's) is freed when one of them deletes it, while the
+// other still counts into it (a crash, seen), so the router deletes nothing until it unloads
 // (TRITONBACKEND_Finalize). A reload thus continues the same counters, as Prometheus expects of a counter.
 std::mutex g_metrics_mutex;
 std::map<std::string, TRITONSERVER_MetricFamily*> g_metric_families;
@@ -439,6 +465,23 @@ struct Tensor {  // an output of an arm's answer
 
 // ---------------------------------------------------------------- one router instance
 
+// The disagreement record of one file (<model instance>-server<pid>.json), shared by the instances that write it: an
+// instance and the one that replaces it at a reload have the same name, and go on with the same record.
+struct RecordStore {
+  std::mutex mutex;  // the records, and the file's writing
+  std::deque<std::string> records;
+  bool changed = false;
+};
+std::mutex g_records_mutex;
+std::map<std::string, std::shared_ptr<RecordStore>> g_records;
+
+std::shared_ptr<RecordStore> RecordOf(const std::string& file) {
+  std::lock_guard<std::mutex> lock(g_records_mutex);
+  std::shared_ptr<RecordStore>& store = g_records[file];
+  if (!store) store = std::make_shared<RecordStore>();
+  return store;
+}
+
 // Threads that run posted jobs in order of posting (the router's sends to the arms).
 class Workers {
  public:
@@ -490,7 +533,8 @@ class Workers {
 // Neither the router's execute (one thread per instance: the router's queue grew, its batches reached 128
 // images) nor an arm's thread that delivers its answer (the shadow call: the primary waited for the candidate's
 // batch) may wait so. Enough threads for the calls a busy server has waiting at the arms' schedulers at once.
-constexpr int kSenderThreads = 8;
+constexpr int kSenderThreads = 8;  // per arm
+constexpr int64_t kComparisonsQueued = 4;  // comparisons waiting, per shadow_max_in_flight
 
 class Instance;
 
@@ -516,10 +560,13 @@ struct Batch {
   Instance* instance = nullptr;
   std::string arm;  // "primary" or "candidate": whose answer the requests get
   std::vector<TRITONBACKEND_Request*> requests;  // until answered
-  std::mutex copy_mutex;                 // execute's copy against the primary's answer (which may come first)
+  // The shadow copy against the primary's answer, which may come first: an answer finding the copy pending
+  // (not started: it comes after the send, on the same thread) cancels it, one finding it running waits for it
+  // (it reads the requests' buffers, which answering them frees).
+  enum class Copy { kNone, kPending, kRunning, kDone, kFailed, kCancelled };
+  std::mutex copy_mutex;
   std::condition_variable copy_done;
-  bool copying = false;                  // the answer waits for it: the copy reads the requests' buffers
-  bool copied = false;
+  Copy copy = Copy::kNone;
   std::unique_ptr<Buffer> input_copy;    // shadow: the requests' inputs, for the candidate's call
   size_t input_bytes = 0;
   std::vector<int64_t> rows;             // images of each request
@@ -554,6 +601,7 @@ class Instance {
     arm_models_["primary"] = config.primary;
     arm_models_["candidate"] = config.candidate;
     record_file_ = g_disagreements_dir + "/" + name + "-server" + std::to_string(getpid()) + ".json";
+    record_ = RecordOf(record_file_);
     flusher_ = std::thread([this] { FlushLoop(); });
     comparer_ = std::thread([this] { CompareLoop(); });
     std::string says = model_name + ": A/B router (C++ backend), mode " + config.mode + ", primary " + config.primary +
@@ -567,13 +615,15 @@ class Instance {
   }
 
   ~Instance() {
-    {  // every batch handed to an arm is answered and released first (bounded: the arms' own deadlines)
+    {  // every batch handed to an arm is done first: its callbacks use this instance (said every minute)
       std::unique_lock<std::mutex> lock(batches_mutex_);
-      if (!batches_done_.wait_for(lock, std::chrono::seconds(60), [this] { return batches_ == 0; })) {
-        Log(TRITONSERVER_LOG_ERROR, model_name_ + ": " + std::to_string(batches_) + " batches still at the arms at unload");
+      while (!batches_done_.wait_for(lock, std::chrono::seconds(60), [this] { return batches_ == 0; })) {
+        Log(TRITONSERVER_LOG_WARN, model_name_ + ": unloading waits for " + std::to_string(batches_) +
+                                       " batches still at the arms");
       }
     }
-    senders_.Stop();  // nothing to send once every batch is done
+    primary_senders_.Stop();  // nothing to send once every batch is done
+    candidate_senders_.Stop();
     {  // the comparisons queued (none come after the batches are done)
       std::lock_guard<std::mutex> lock(comparisons_mutex_);
       comparer_stopping_ = true;
@@ -611,6 +661,9 @@ class Instance {
   void Record(const std::string& request_id, int64_t images, double rel_l2, const std::string& disagreeing_json,
               int64_t first_image, const std::vector<int64_t>& first_primary, const std::vector<int64_t>& first_candidate);
   bool ShadowRoom();
+  std::chrono::microseconds ShadowTimeout() const {  // at least 1 µs (0 is Triton's "no timeout")
+    return std::chrono::microseconds(std::max<int64_t>(1, std::llround(config_.shadow_timeout_ms * 1e3)));
+  }
   void ReportStatistics(const Batch& batch, bool success, uint64_t answered_ns);
   void FlushLoop();
   void Flush();
@@ -629,10 +682,11 @@ class Instance {
   std::mutex random_mutex_;
   std::mt19937_64 random_;
 
-  Workers senders_{kSenderThreads};
+  Workers primary_senders_{kSenderThreads};    // a slow candidate's sends never hold the primary's up
+  Workers candidate_senders_{kSenderThreads};
   void Dispatch(Call* call, bool copy);
 
-  std::mutex buffers_mutex_;  // the shadow copies' buffers not in use, largest first
+  std::mutex buffers_mutex_;  // the shadow copies' buffers not in use, smallest first
   std::vector<std::unique_ptr<Buffer>> free_buffers_;
 
   // The comparisons, on a thread of their own (not on the arm's thread that answered).
@@ -651,9 +705,8 @@ class Instance {
   std::mutex shadow_mutex_;  // the candidate calls in flight
   std::set<Call*> shadow_calls_;
 
-  std::mutex record_mutex_;  // the disagreement record and its log lines
-  std::deque<std::string> records_;
-  bool records_changed_ = false;
+  std::shared_ptr<RecordStore> record_;  // the disagreement record (its file's)
+  std::mutex record_mutex_;              // the log lines about disagreements
   Clock::time_point last_log_{};
   int64_t suppressed_logs_ = 0;
   std::string record_file_;
@@ -668,14 +721,14 @@ Batch::~Batch() {
   // Every request is answered and released by Instance::Answer; one that was not (a bug) still gets an answer.
   for (TRITONBACKEND_Request* request : requests) instance->RespondError(request, "the A/B router lost this request");
   instance->ReleaseRequests(this);
-  if (input_copy) instance->ReturnBuffer(std::move(input_copy));
+  if (input_copy) instance->ReturnBuffer(std::move(input_copy));  // a batch whose shadow call never left
   instance->BatchDone(this);
 }
 
 std::unique_ptr<Buffer> Instance::TakeBuffer(size_t bytes) {
   {
     std::lock_guard<std::mutex> lock(buffers_mutex_);
-    for (auto it = free_buffers_.begin(); it != free_buffers_.end(); ++it) {
+    for (auto it = free_buffers_.begin(); it != free_buffers_.end(); ++it) {  // smallest first: the best fit
       if ((*it)->capacity >= bytes) {
         std::unique_ptr<Buffer> buffer = std::move(*it);
         free_buffers_.erase(it);
@@ -694,8 +747,10 @@ void Instance::ReturnBuffer(std::unique_ptr<Buffer> buffer) {
   // As many as the batches the candidate may have at once, and the one being copied; the smallest goes first.
   free_buffers_.push_back(std::move(buffer));
   std::sort(free_buffers_.begin(), free_buffers_.end(),
-            [](const std::unique_ptr<Buffer>& a, const std::unique_ptr<Buffer>& b) { return a->capacity > b->capacity; });
-  if (static_cast<int64_t>(free_buffers_.size()) > config_.shadow_max_in_flight + 1) free_buffers_.pop_back();
+            [](const std::unique_ptr<Buffer>& a, const std::unique_ptr<Buffer>& b) { return a->capacity < b->capacity; });
+  if (static_cast<int64_t>(free_buffers_.size()) > config_.shadow_max_in_flight + 1) {
+    free_buffers_.erase(free_buffers_.begin());
+  }
 }
 
 void Instance::ReleaseRequests(Batch* batch) {
@@ -767,7 +822,7 @@ static bool RequestKey(TRITONBACKEND_Request* request, std::string* key) {
         case TRITONSERVER_PARAMETER_STRING: *key = static_cast<const char*>(value); return true;
         case TRITONSERVER_PARAMETER_INT: *key = std::to_string(*static_cast<const int64_t*>(value)); return true;
         case TRITONSERVER_PARAMETER_BOOL: *key = *static_cast<const bool*>(value) ? "True" : "False"; return true;
-        case TRITONSERVER_PARAMETER_DOUBLE: *key = FormatG(*static_cast<const double*>(value)); return true;
+        case TRITONSERVER_PARAMETER_DOUBLE: *key = PythonFloat(*static_cast<const double*>(value)); return true;
         default: break;
       }
     }
@@ -844,11 +899,12 @@ void Instance::Execute(TRITONBACKEND_Request** requests, uint32_t count) {
   for (auto& group : groups) {
     std::shared_ptr<Batch> batch = group.second;
     bool copy = config_.mode == "shadow" && ShadowRoom();
-    batch->copying = copy;
+    batch->copy = copy ? Batch::Copy::kPending : Batch::Copy::kNone;
     Call* call = new Call;
     call->batch = batch;
     call->arm = group.first;
-    senders_.Post([this, call, copy] { Dispatch(call, copy); });
+    Workers& senders = group.first == "primary" ? primary_senders_ : candidate_senders_;
+    senders.Post([this, call, copy] { Dispatch(call, copy); });
   }
 }
 
@@ -857,33 +913,43 @@ void Instance::Execute(TRITONBACKEND_Request** requests, uint32_t count) {
 void Instance::Dispatch(Call* call, bool copy) {
   std::shared_ptr<Batch> batch = call->batch;
   std::string failure = Send(call);
-  {
-    if (copy) {
-      uint64_t bytes = 0;
-      for (const InputChunk& chunk : batch->chunks) bytes += chunk.byte_size;
-      std::unique_ptr<Buffer> copy = TakeBuffer(bytes);
-      uint64_t offset = 0;
-      TRITONSERVER_Error* error = nullptr;
-      for (size_t i = 0; error == nullptr && i < batch->chunks.size(); ++i) {
-        const InputChunk& chunk = batch->chunks[i];
-        error = CopyToHost(copy->data.get() + offset, chunk.base, chunk.byte_size, chunk.memory_type);
-        offset += chunk.byte_size;
+  if (copy) {
+    {
+      std::lock_guard<std::mutex> lock(batch->copy_mutex);
+      if (batch->copy == Batch::Copy::kPending) {
+        batch->copy = Batch::Copy::kRunning;
+      } else {
+        copy = false;  // the primary answered already (the batch is not shadowed)
       }
-      if (error != nullptr) {
-        Log(TRITONSERVER_LOG_WARN, model_name_ + ": the shadow copy of a batch failed: " + TakeMessage(error));
-      }
-      {
-        std::lock_guard<std::mutex> lock(batch->copy_mutex);
-        batch->input_copy = std::move(copy);
-        batch->input_bytes = bytes;
-        batch->copied = error == nullptr;
-        batch->copying = false;
-      }
-      batch->copy_done.notify_all();
     }
-    batch->sent_ns = NowNs();
-    if (!failure.empty()) Fail(call, failure);
   }
+  if (copy) {
+    uint64_t bytes = 0;
+    for (const InputChunk& chunk : batch->chunks) bytes += chunk.byte_size;
+    std::unique_ptr<Buffer> buffer = TakeBuffer(bytes);
+    uint64_t offset = 0;
+    TRITONSERVER_Error* error = nullptr;
+    for (size_t i = 0; error == nullptr && i < batch->chunks.size(); ++i) {
+      const InputChunk& chunk = batch->chunks[i];
+      error = CopyToHost(buffer->data.get() + offset, chunk.base, chunk.byte_size, chunk.memory_type);
+      offset += chunk.byte_size;
+    }
+    if (error != nullptr) {
+      Log(TRITONSERVER_LOG_WARN, model_name_ + ": the shadow copy of a batch failed: " + TakeMessage(error));
+      ReturnBuffer(std::move(buffer));
+    }
+    {
+      std::lock_guard<std::mutex> lock(batch->copy_mutex);
+      if (error == nullptr) {
+        batch->input_copy = std::move(buffer);
+        batch->input_bytes = bytes;
+      }
+      batch->copy = error == nullptr ? Batch::Copy::kDone : Batch::Copy::kFailed;
+    }
+    batch->copy_done.notify_all();
+  }
+  batch->sent_ns = NowNs();
+  if (!failure.empty()) Fail(call, failure);
 }
 
 // Send `call` to its arm: "", or why it could not leave (then no callback will come: the caller Fails it).
@@ -915,8 +981,7 @@ std::string Instance::Send(Call* call) {
   if (error == nullptr) error = TRITONSERVER_InferenceRequestAddRequestedOutput(request, spec::kLogits);
   if (error == nullptr) error = TRITONSERVER_InferenceRequestAddRequestedOutput(request, spec::kEngine);
   if (error == nullptr && call->shadow) {
-    error = TRITONSERVER_InferenceRequestSetTimeoutMicroseconds(
-        request, static_cast<uint64_t>(config_.shadow_timeout_ms * 1000.0));
+    error = TRITONSERVER_InferenceRequestSetTimeoutMicroseconds(request, ShadowTimeout().count());
   }
   if (error == nullptr) error = TRITONSERVER_InferenceRequestSetReleaseCallback(request, OnRelease, call);
   if (error == nullptr) {
@@ -978,8 +1043,16 @@ void Instance::OnResponse(TRITONSERVER_InferenceResponse* response, uint32_t fla
 void Instance::Finish(Call* call) {
   if (--call->pending > 0) return;
   if (call->shadow) {
-    std::lock_guard<std::mutex> lock(shadow_mutex_);
-    shadow_calls_.erase(call);
+    {
+      std::lock_guard<std::mutex> lock(shadow_mutex_);
+      shadow_calls_.erase(call);
+    }
+    std::unique_ptr<Buffer> copy;  // read by the call only: back to the pool (the comparison needs the logits)
+    {
+      std::lock_guard<std::mutex> lock(call->batch->copy_mutex);
+      copy = std::move(call->batch->input_copy);
+    }
+    if (copy) ReturnBuffer(std::move(copy));
   }
   delete call;
 }
@@ -1018,9 +1091,10 @@ static std::string ReadOutputs(TRITONSERVER_InferenceResponse* response, Tensor*
 // The answer of the primary (shadow, primary) or of a split's arm: each request gets its rows, or the error.
 void Instance::Answer(Call* call, TRITONSERVER_InferenceResponse* response, const std::string& arm_failure) {
   Batch& batch = *call->batch;
-  {  // the shadow copy reads the requests' buffers, which answering them frees
+  {  // the shadow copy reads the requests' buffers, which answering them frees (Batch::Copy)
     std::unique_lock<std::mutex> lock(batch.copy_mutex);
-    batch.copy_done.wait(lock, [&batch] { return !batch.copying; });
+    if (batch.copy == Batch::Copy::kPending) batch.copy = Batch::Copy::kCancelled;
+    batch.copy_done.wait(lock, [&batch] { return batch.copy != Batch::Copy::kRunning; });
   }
   uint64_t answered_ns = NowNs();
   double elapsed_s = (answered_ns - batch.exec_start_ns) * 1e-9;
@@ -1038,11 +1112,14 @@ void Instance::Answer(Call* call, TRITONSERVER_InferenceResponse* response, cons
     ReleaseRequests(&batch);
     return;
   }
-  const char* base_logits = static_cast<const char*>(logits.base);
-  const char* base_engine = static_cast<const char*>(engine.base);
+  int64_t first_row = 0;
   for (size_t i = 0; i < batch.requests.size(); ++i) {
     TRITONBACKEND_Request* request = batch.requests[i];
     int64_t rows = batch.rows[i];
+    const char* base_logits = static_cast<const char*>(logits.base) + logits.RowBytes() * first_row;
+    const char* base_engine =
+        engine.base == nullptr ? nullptr : static_cast<const char*>(engine.base) + engine.RowBytes() * first_row;
+    first_row += rows;
     TRITONBACKEND_Response* reply = nullptr;
     TRITONSERVER_Error* error = TRITONBACKEND_ResponseNew(&reply, request);
     if (error != nullptr) {
@@ -1085,8 +1162,6 @@ void Instance::Answer(Call* call, TRITONSERVER_InferenceResponse* response, cons
     } else {
       LogIfError(TRITONBACKEND_ResponseSend(reply, TRITONSERVER_RESPONSE_COMPLETE_FINAL, nullptr), "response send");
     }
-    base_logits += logits.RowBytes() * rows;
-    if (base_engine != nullptr) base_engine += engine.RowBytes() * rows;
   }
   ReportStatistics(batch, true, answered_ns);
   ReleaseRequests(&batch);
@@ -1105,7 +1180,7 @@ void Instance::Shadow(const std::shared_ptr<Batch>& batch) {
   bool copied;
   {
     std::lock_guard<std::mutex> lock(batch->copy_mutex);
-    copied = batch->copied;
+    copied = batch->copy == Batch::Copy::kDone;
   }
   Call* call = nullptr;
   {
@@ -1115,7 +1190,7 @@ void Instance::Shadow(const std::shared_ptr<Batch>& batch) {
       call->batch = batch;
       call->arm = "candidate";
       call->shadow = true;
-      call->deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(config_.shadow_timeout_ms * 1e3));
+      call->deadline = Clock::now() + ShadowTimeout();
       shadow_calls_.insert(call);
     }
   }
@@ -1123,7 +1198,19 @@ void Instance::Shadow(const std::shared_ptr<Batch>& batch) {
     metrics_.skipped.Add(static_cast<double>(requests));
     return;
   }
-  senders_.Post([this, call] {
+  candidate_senders_.Post([this, call] {
+    {  // from its start: a call counted late while it waited for a sender is not sent (no late work)
+      std::lock_guard<std::mutex> lock(shadow_mutex_);
+      if (call->settled) {
+        call->pending = 1;
+      } else {
+        call->deadline = Clock::now() + ShadowTimeout();
+      }
+    }
+    if (call->pending == 1) {
+      Finish(call);
+      return;
+    }
     std::string failure = Send(call);
     if (!failure.empty()) Fail(call, failure);
   });
@@ -1166,6 +1253,11 @@ bool Instance::Compared(Call* call, TRITONSERVER_InferenceResponse* response, co
   }
   {
     std::lock_guard<std::mutex> lock(comparisons_mutex_);
+    // Bounded: a comparer that falls behind drops comparisons (counted as not shadowed) rather than memory.
+    if (static_cast<int64_t>(comparisons_.size()) >= kComparisonsQueued * config_.shadow_max_in_flight) {
+      metrics_.skipped.Add(requests);
+      return false;
+    }
     comparisons_.push_back(Comparison{call->batch, response, logits});
   }
   comparisons_ready_.notify_one();
@@ -1304,12 +1396,13 @@ void Instance::Record(const std::string& request_id, int64_t images, double rel_
   writer.EndObject();
   int64_t suppressed;
   {
+    std::lock_guard<std::mutex> lock(record_->mutex);
+    if (config_.disagreement_records > 0) record_->records.push_back(text.GetString());
+    while (static_cast<int64_t>(record_->records.size()) > config_.disagreement_records) record_->records.pop_front();
+    record_->changed = true;
+  }
+  {
     std::lock_guard<std::mutex> lock(record_mutex_);
-    if (config_.disagreement_records > 0) {
-      records_.push_back(text.GetString());
-      while (static_cast<int64_t>(records_.size()) > config_.disagreement_records) records_.pop_front();
-      records_changed_ = true;
-    }
     Clock::time_point now = Clock::now();
     if (now - last_log_ < std::chrono::duration<double>(spec::kLogEveryS)) {
       ++suppressed_logs_;
@@ -1359,15 +1452,12 @@ void Instance::Flush() {
     }
     metrics_.timeouts.Add(late);
   }
-  std::string json;
-  {
-    std::lock_guard<std::mutex> lock(record_mutex_);
-    if (!records_changed_) return;
-    records_changed_ = false;
-    json = "[";
-    for (size_t i = 0; i < records_.size(); ++i) json += (i ? ",\n " : "\n ") + records_[i];
-    json += "\n]\n";
-  }
+  std::lock_guard<std::mutex> lock(record_->mutex);  // one writer of the file at a time
+  if (!record_->changed) return;
+  record_->changed = false;
+  std::string json = "[";
+  for (size_t i = 0; i < record_->records.size(); ++i) json += (i ? ",\n " : "\n ") + record_->records[i];
+  json += "\n]\n";
   MakeDirectories(g_disagreements_dir);
   std::string temporary = record_file_ + ".tmp";
   FILE* file = std::fopen(temporary.c_str(), "w");
@@ -1395,13 +1485,15 @@ TRITONSERVER_Error* CheckContract(const rapidjson::Document& config, const std::
   if (config.HasMember("output") && config["output"].IsArray()) {
     for (const auto& output : config["output"].GetArray()) outputs.push_back(output["name"].GetString());
   }
-  bool has_outputs = std::count(outputs.begin(), outputs.end(), spec::kLogits) &&
-                     std::count(outputs.begin(), outputs.end(), spec::kEngine);
-  if (inputs != std::vector<std::string>{spec::kInput} || !has_outputs) {
-    std::sort(outputs.begin(), outputs.end());
+  std::sort(outputs.begin(), outputs.end());
+  std::vector<std::string> expected = {spec::kEngine, spec::kLogits};  // sorted
+  if (inputs != std::vector<std::string>{spec::kInput} || outputs != expected) {
     return InvalidArg(name + ": the router's config must declare input " + spec::kInput + " and outputs " +
-                      spec::kLogits + ", " + spec::kEngine + " (got inputs " + PythonList(inputs) + ", outputs " +
+                      spec::kLogits + ", " + spec::kEngine + " only (got inputs " + PythonList(inputs) + ", outputs " +
                       PythonList(outputs) + ")");
+  }
+  if (!config.HasMember("max_batch_size") || !config["max_batch_size"].IsInt() || config["max_batch_size"].GetInt() < 1) {
+    return InvalidArg(name + ": the router batches (its config's max_batch_size must be 1 or more)");
   }
   return nullptr;
 }
