@@ -257,8 +257,9 @@ def test_concurrent_shadow_requests_each_get_their_own_answer_and_are_all_compar
                                                                                    varied_images):
     """Requests that queue for the router go as batches of several (one call per arm whose input is their buffers
     appended), and each gets its own rows of the answer."""
+    # Room for every batch at the candidate, and time (a busy 2-core host): none may go unshadowed or late.
     reload_router(ab_server, admin_token, mode="shadow", primary="arm_a", candidate="arm_b",
-                  shadow_max_in_flight="64")
+                  shadow_max_in_flight="64", shadow_timeout_ms="30000")
     url = ab_server.metrics_url
     before_compared = metric(url, AB_COMPARED_METRIC)
     with grpcclient.InferenceServerClient(ab_server.grpc_url) as client:

@@ -560,13 +560,14 @@ struct Batch {
   Instance* instance = nullptr;
   std::string arm;  // "primary" or "candidate": whose answer the requests get
   std::vector<TRITONBACKEND_Request*> requests;  // until answered
-  // The shadow copy against the primary's answer, which may come first: an answer finding the copy pending
-  // (not started: it comes after the send, on the same thread) cancels it, one finding it running waits for it
-  // (it reads the requests' buffers, which answering them frees).
+  // The shadow copy against the primary's answer, which may come first: the answer waits for a copy pending or
+  // running (it reads the requests' buffers, which answering them frees), unless it comes on the very sender thread
+  // that is to make the copy, inside the send (a response from a cache): then it cancels it (not shadowed).
   enum class Copy { kNone, kPending, kRunning, kDone, kFailed, kCancelled };
   std::mutex copy_mutex;
   std::condition_variable copy_done;
   Copy copy = Copy::kNone;
+  std::thread::id copier;                // the sender thread that makes the copy
   std::unique_ptr<Buffer> input_copy;    // shadow: the requests' inputs, for the candidate's call
   size_t input_bytes = 0;
   std::vector<int64_t> rows;             // images of each request
@@ -912,6 +913,10 @@ void Instance::Execute(TRITONBACKEND_Request** requests, uint32_t count) {
 // primary's answer, which releases the requests, waits for the copy). On a sender thread.
 void Instance::Dispatch(Call* call, bool copy) {
   std::shared_ptr<Batch> batch = call->batch;
+  if (copy) {
+    std::lock_guard<std::mutex> lock(batch->copy_mutex);
+    batch->copier = std::this_thread::get_id();
+  }
   std::string failure = Send(call);
   if (copy) {
     {
@@ -919,7 +924,7 @@ void Instance::Dispatch(Call* call, bool copy) {
       if (batch->copy == Batch::Copy::kPending) {
         batch->copy = Batch::Copy::kRunning;
       } else {
-        copy = false;  // the primary answered already (the batch is not shadowed)
+        copy = false;  // cancelled: the primary answered inside the send (the batch is not shadowed)
       }
     }
   }
@@ -1093,8 +1098,12 @@ void Instance::Answer(Call* call, TRITONSERVER_InferenceResponse* response, cons
   Batch& batch = *call->batch;
   {  // the shadow copy reads the requests' buffers, which answering them frees (Batch::Copy)
     std::unique_lock<std::mutex> lock(batch.copy_mutex);
-    if (batch.copy == Batch::Copy::kPending) batch.copy = Batch::Copy::kCancelled;
-    batch.copy_done.wait(lock, [&batch] { return batch.copy != Batch::Copy::kRunning; });
+    if (batch.copy == Batch::Copy::kPending && batch.copier == std::this_thread::get_id()) {
+      batch.copy = Batch::Copy::kCancelled;
+    }
+    batch.copy_done.wait(lock, [&batch] {
+      return batch.copy != Batch::Copy::kPending && batch.copy != Batch::Copy::kRunning;
+    });
   }
   uint64_t answered_ns = NowNs();
   double elapsed_s = (answered_ns - batch.exec_start_ns) * 1e-9;
