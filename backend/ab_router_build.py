@@ -112,8 +112,8 @@ def build_digest() -> str:
     return digest.hexdigest()[:16]
 
 
-def library_path(output_dir: Path = OUTPUT_DIR) -> Path:
-    return output_dir / build_digest() / LIBRARY_NAME
+def library_path(output_dir: Path = OUTPUT_DIR, digest: str | None = None) -> Path:
+    return output_dir / (digest or build_digest()) / LIBRARY_NAME
 
 
 PREBUILT_ENV = "FUSEDRESNET_AB_ROUTER_PREBUILT"   # a folder of <digest>/<library> built elsewhere
@@ -122,11 +122,12 @@ PREBUILT_ENV = "FUSEDRESNET_AB_ROUTER_PREBUILT"   # a folder of <digest>/<librar
 def build(output_dir: Path = OUTPUT_DIR) -> Path:
     """The router's backend library for these sources: the one built before (here, or in $PREBUILT_ENV), else
     built now."""
-    library = library_path(output_dir)
+    digest = build_digest()   # reads the sources once
+    library = library_path(output_dir, digest)
     if library.is_file():
         return library
     if os.environ.get(PREBUILT_ENV):
-        prebuilt = library_path(Path(os.environ[PREBUILT_ENV]))
+        prebuilt = library_path(Path(os.environ[PREBUILT_ENV]), digest)
         if prebuilt.is_file():
             return prebuilt
     cxx = shutil.which(compiler())

@@ -51,6 +51,15 @@ def with_instances_divided(processes: int) -> ConfigEdit:
     return edit
 
 
+def with_parameters(model: str, **values: str) -> ConfigEdit:
+    """`model`'s config parameters (string values) set to `values`."""
+    def edit(name, config):
+        if name == model:
+            for key, value in values.items():
+                config.parameters[key].string_value = value
+    return edit
+
+
 def both(*edits: ConfigEdit) -> ConfigEdit:
     """The edits one after another."""
     def edit(name, config):

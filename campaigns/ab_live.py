@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import re
 import sys
 import tempfile
 import time
@@ -30,13 +29,13 @@ from pathlib import Path
 
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.provenance import git_commit
+from fusedresnet.backend.repository_copy import both, copy_repository, with_instances, with_parameters
 from fusedresnet.backend.serve import TritonServer
-from fusedresnet.backend.spec import AB_ROUTER_MODEL, BUILD_DIR, METRICS_FLUSH_S, SERVED_ENTRIES
+from fusedresnet.backend.spec import AB_ROUTER_MODEL, BUILD_DIR, METRICS_FLUSH_S, MODEL_REPOSITORY, SERVED_ENTRIES
 from fusedresnet.client.ab_mode import router_config
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.loadtest import grpc_flood, triton_metrics
 from fusedresnet.loadtest.image_pool import build_image_pool
-from fusedresnet.loadtest.perf_analyzer import build_repository
 from fusedresnet.loadtest.sweep import describe_device
 
 MODES = ("shadow", "split")
@@ -53,17 +52,12 @@ def flood(model: str, server: TritonServer, images: int, in_flight: int, args) -
 
 
 def repository_in_mode(mode: str, folder: Path, router_instances: int | None = None) -> Path:
-    """A copy of the prepared repository (weights hard-linked) whose router serves in `mode` (with
-    `router_instances` instances when given)."""
-    repository = build_repository(folder, entries=SERVED_ENTRIES, zero=False)
-    config_file = repository / AB_ROUTER_MODEL / "config.pbtxt"
-    text = config_file.read_text()
-    config_file.unlink()     # a hard link: replace, do not write through
-    text = re.sub(r'(key: "mode" value: \{ string_value: )"[a-z]+"', rf'\1"{mode}"', text)
+    """A copy of the prepared repository (weights linked) whose router serves in `mode` (with `router_instances`
+    instances when given)."""
+    edit = with_parameters(AB_ROUTER_MODEL, mode=mode)
     if router_instances:
-        text = re.sub(r"count: \d+", f"count: {router_instances}", text)
-    config_file.write_text(text)
-    return repository
+        edit = both(edit, with_instances(router_instances, (AB_ROUTER_MODEL,)))
+    return copy_repository(MODEL_REPOSITORY, folder, entries=SERVED_ENTRIES, edit=edit)
 
 
 def measure_mode(server: TritonServer, mode: str, args, order_start: int) -> tuple[list[dict], dict | None]:

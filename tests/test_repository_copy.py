@@ -15,6 +15,7 @@ from fusedresnet.backend.repository_copy import (
     copy_repository,
     with_instances,
     with_instances_divided,
+    with_parameters,
 )
 from fusedresnet.backend.spec import AB_ROUTER_MODEL, MODEL_CUDNN, MODEL_CUSTOM, SERVED_ENTRIES, model_config
 
@@ -51,6 +52,16 @@ def test_entries_kept_and_only_the_named_models_edited(prepared_repository, tmp_
     assert model_config(NORMALIZED, copy).dynamic_batching.max_queue_delay_microseconds == 55
     unedited = copy_repository(prepared_repository, tmp_path / "plain", entries=(MODEL_CUDNN,))
     assert (unedited / MODEL_CUDNN / "config.pbtxt").is_symlink()
+
+
+def test_parameters_set_on_the_named_model_only(prepared_repository, tmp_path):
+    """What the ab_live campaign does: the router's mode changed (and a parameter added), the others' untouched."""
+    copy = copy_repository(prepared_repository, tmp_path / "copy", entries=(AB_ROUTER_MODEL, MODEL_CUDNN),
+                           edit=with_parameters(AB_ROUTER_MODEL, mode="split", extra="1"))
+    parameters = {k: v.string_value for k, v in model_config(AB_ROUTER_MODEL, copy).parameters.items()}
+    shipped = {k: v.string_value for k, v in model_config(AB_ROUTER_MODEL, prepared_repository).parameters.items()}
+    assert shipped["mode"] == "shadow" and parameters == {**shipped, "mode": "split", "extra": "1"}
+    assert model_config(MODEL_CUDNN, copy) == model_config(MODEL_CUDNN, prepared_repository)
 
 
 def test_a_normalized_entry_without_its_network_is_refused(prepared_repository, tmp_path):

@@ -40,7 +40,6 @@
 
 #include <blake2.h>
 #include <dlfcn.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -54,6 +53,7 @@
 #include <cstring>
 #include <ctime>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -61,7 +61,6 @@
 #include <random>
 #include <regex>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -435,22 +434,21 @@ TRITONSERVER_Error* ReleaseOutput(TRITONSERVER_ResponseAllocator*, void* buffer,
 TRITONSERVER_ResponseAllocator* g_allocator = nullptr;  // made in TRITONBACKEND_Initialize
 std::string g_disagreements_dir = "build/ab_disagreements";
 
-// Copy into a response's output buffer, which a client's CUDA shared memory may put on a GPU: then through
-// cudaMemcpy of the CUDA runtime tritonserver has loaded.
-TRITONSERVER_Error* CopyToOutput(void* destination, TRITONSERVER_MemoryType memory_type, const void* source,
-                                 size_t bytes) {
-  if (memory_type != TRITONSERVER_MEMORY_GPU) {
+// Copy between host memory and a buffer that a client's CUDA shared memory may put on a GPU (`on_gpu`: an input
+// read, or an output written, there): then through cudaMemcpy of the CUDA runtime tritonserver has loaded.
+TRITONSERVER_Error* CopyBytes(void* destination, const void* source, size_t bytes, bool on_gpu) {
+  if (!on_gpu) {
     std::memcpy(destination, source, bytes);
     return nullptr;
   }
   using Memcpy = int (*)(void*, const void*, size_t, int);
   static Memcpy cuda_memcpy = reinterpret_cast<Memcpy>(dlsym(RTLD_DEFAULT, "cudaMemcpy"));
   if (cuda_memcpy == nullptr) {
-    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "A/B router: an output in GPU memory, and no CUDA runtime");
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_UNSUPPORTED, "A/B router: a tensor in GPU memory, and no CUDA runtime");
   }
   constexpr int kCudaMemcpyDefault = 4;
   if (cuda_memcpy(destination, source, bytes, kCudaMemcpyDefault) != 0) {
-    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "A/B router: cudaMemcpy to an output failed");
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, "A/B router: cudaMemcpy failed");
   }
   return nullptr;
 }
@@ -641,7 +639,7 @@ class Instance {
   }
 
   void Execute(TRITONBACKEND_Request** requests, uint32_t count);
-  void BatchDone(Batch* batch);
+  void BatchDone();
   void RespondError(TRITONBACKEND_Request* request, const std::string& message);
   void ReleaseRequests(Batch* batch);
   std::unique_ptr<Buffer> TakeBuffer(size_t bytes);
@@ -723,7 +721,7 @@ Batch::~Batch() {
   for (TRITONBACKEND_Request* request : requests) instance->RespondError(request, "the A/B router lost this request");
   instance->ReleaseRequests(this);
   if (input_copy) instance->ReturnBuffer(std::move(input_copy));  // a batch whose shadow call never left
-  instance->BatchDone(this);
+  instance->BatchDone();
 }
 
 std::unique_ptr<Buffer> Instance::TakeBuffer(size_t bytes) {
@@ -766,13 +764,7 @@ bool Instance::ShadowRoom() {
   return static_cast<int64_t>(shadow_calls_.size()) < config_.shadow_max_in_flight;
 }
 
-// Copy `bytes` from `source` (memory of `memory_type`) to host memory `destination`.
-static TRITONSERVER_Error* CopyToHost(void* destination, const void* source, size_t bytes,
-                                      TRITONSERVER_MemoryType memory_type) {
-  return CopyToOutput(destination, memory_type, source, bytes);
-}
-
-void Instance::BatchDone(Batch*) {
+void Instance::BatchDone() {
   std::lock_guard<std::mutex> lock(batches_mutex_);
   if (--batches_ == 0) batches_done_.notify_all();
 }
@@ -936,7 +928,8 @@ void Instance::Dispatch(Call* call, bool copy) {
     TRITONSERVER_Error* error = nullptr;
     for (size_t i = 0; error == nullptr && i < batch->chunks.size(); ++i) {
       const InputChunk& chunk = batch->chunks[i];
-      error = CopyToHost(buffer->data.get() + offset, chunk.base, chunk.byte_size, chunk.memory_type);
+      error = CopyBytes(buffer->data.get() + offset, chunk.base, chunk.byte_size,
+                        chunk.memory_type == TRITONSERVER_MEMORY_GPU);
       offset += chunk.byte_size;
     }
     if (error != nullptr) {
@@ -1160,7 +1153,7 @@ void Instance::Answer(Call* call, TRITONSERVER_InferenceResponse* response, cons
       error = TRITONBACKEND_OutputBuffer(output, &buffer, bytes, &memory_type, &memory_type_id);
       if (error == nullptr && bytes != 0) {
         const char* source = tensor == &logits ? base_logits : base_engine;
-        error = CopyToOutput(buffer, memory_type, source, bytes);
+        error = CopyBytes(buffer, source, bytes, memory_type == TRITONSERVER_MEMORY_GPU);
       }
     }
     if (error != nullptr) {
@@ -1439,13 +1432,6 @@ void Instance::FlushLoop() {
   }
 }
 
-static void MakeDirectories(const std::string& path) {
-  for (size_t slash = path.find('/', 1); ; slash = path.find('/', slash + 1)) {
-    mkdir(path.substr(0, slash).c_str(), 0755);
-    if (slash == std::string::npos) break;
-  }
-}
-
 void Instance::Flush() {
   if (config_.mode == "shadow") {  // count as timeouts the candidate calls past their deadline
     Clock::time_point now = Clock::now();
@@ -1467,7 +1453,8 @@ void Instance::Flush() {
   std::string json = "[";
   for (size_t i = 0; i < record_->records.size(); ++i) json += (i ? ",\n " : "\n ") + record_->records[i];
   json += "\n]\n";
-  MakeDirectories(g_disagreements_dir);
+  std::error_code made;  // an error shows as the write's failure below
+  std::filesystem::create_directories(g_disagreements_dir, made);
   std::string temporary = record_file_ + ".tmp";
   FILE* file = std::fopen(temporary.c_str(), "w");
   bool written = file != nullptr && std::fwrite(json.data(), 1, json.size(), file) == json.size();
