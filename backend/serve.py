@@ -66,6 +66,7 @@ from pathlib import Path
 
 from .admin_token import DEFAULT_TOKEN_FILE, read_or_create_token
 from .cuda_mps import MpsError, private_mps
+from .front_end import FRONT_END_ENV, FRONT_ENDS, FrontEndChoice, choose_front_end
 from .network import http_ready, port_is_free
 from .prepared_stamp import STAMP_FILE
 from .repository_copy import copy_repository, with_instances_divided
@@ -85,7 +86,14 @@ from .spec import (
     RESTRICTED_APIS,
 )
 from .stub_processes import python_stubs
-from .triton_install import ServerError, TritonInstallation, find_triton, host_gpus, private_backend_tree
+from .triton_install import (
+    ServerError,
+    TritonInstallation,
+    core_library_dir,
+    find_triton,
+    host_gpus,
+    private_backend_tree,
+)
 
 DEFAULT_READY_TIMEOUT_S = 300.0
 # Processes behind the shared ports on each GPU: chosen by results/front_door.md (docs/CONFIGURATION.md).
@@ -109,7 +117,13 @@ READY_LINE, READY_AGAIN_LINE = "fusedresnet: Triton ready on", "fusedresnet: Tri
 # "Signal (N) received." (as its SIGINT/SIGTERM handler does for 2 and 15, which are not crashes), and an
 # assertion of its gRPC frontend "ASSERTION FAILED" before it aborts. Seen at once, a crash is handled at
 # once, where waiting for the exit can take seconds (the backtrace) or forever (a hang in the handler).
-CRASH_LINE = re.compile(rb"Signal \((4|6|7|8|11)\) received|ASSERTION FAILED")
+# The in-process front end (backend/inprocess_server.py) crashes with Python's fatal-error report instead.
+CRASH_LINE = re.compile(rb"Signal \((4|6|7|8|11)\) received|ASSERTION FAILED|"
+                        rb"Fatal Python error: (Segmentation fault|Aborted|Bus error|Floating point exception|"
+                        rb"Illegal instruction)")
+# The in-process front end's settings that differ from the 2.73 frontends' defaults (docs/CONFIGURATION.md says
+# how they were chosen); the binary's are its own.
+INPROCESS_FLAGS: tuple[str, ...] = ()
 
 
 def exit_cause(returncode: int) -> str:
@@ -177,6 +191,11 @@ class TritonServer:
     mps_environment: dict | None = None  # CUDA MPS: the variables of the daemon its processes use (backend/cuda_mps.py)
     shares_ports: bool = False         # gRPC and HTTP ports shared with other processes (SO_REUSEPORT)
     label: str = ""                    # the process's name in a group, prefixed to its log lines ("gpu0.p1")
+    # The front end asked for (--front-end: auto, inprocess, binary; $FUSEDRESNET_FRONT_END, else auto) and the one
+    # it serves through, decided at its first start (backend/front_end.py).
+    front_end: str = field(default_factory=lambda: os.environ.get(FRONT_END_ENV, "auto"))
+    front_end_choice: FrontEndChoice | None = None
+    client_shared_memory: bool = False  # clients may register shared-memory regions (in-process: off by default)
     truncate_log: bool = True          # the first start empties log_file (a group empties it once, itself)
     process: subprocess.Popen | None = None
     restarts: int = 0
@@ -206,8 +225,13 @@ class TritonServer:
 
     def command(self, triton: TritonInstallation, backends: Path) -> list[str]:
         restricted = ",".join(RESTRICTED_APIS)
+        if self.inprocess:
+            executable = [sys.executable, "-m", "fusedresnet.backend.inprocess_server", *INPROCESS_FLAGS,
+                          f"--allow-client-shm={str(self.client_shared_memory).lower()}"]
+        else:
+            executable = [str(triton.binary)]   # Triton 2.51 lets every client register regions (with the token)
         args = [
-            str(triton.binary),
+            *executable,
             f"--model-repository={Path(self.model_repository).resolve()}",
             f"--backend-directory={backends}",
             f"--cache-directory={triton.home / 'caches'}",
@@ -232,12 +256,27 @@ class TritonServer:
             args.append("--pinned-memory-pool-byte-size=0")
         return args + list(self.extra_args)
 
-    def environment(self, triton: TritonInstallation) -> dict:
+    @property
+    def inprocess(self) -> bool:
+        return self.front_end_choice is not None and self.front_end_choice.name == "inprocess"
+
+    def resolve_front_end(self, triton: TritonInstallation) -> FrontEndChoice:
+        """What this process serves through (decided once): a ServerError where `inprocess` cannot serve here."""
+        if self.front_end_choice is None:
+            try:
+                self.front_end_choice = choose_front_end(self.front_end, self.environment(triton, inprocess=True))
+            except ValueError as error:
+                raise ServerError(str(error)) from None
+        return self.front_end_choice
+
+    def environment(self, triton: TritonInstallation, inprocess: bool | None = None) -> dict:
         env = dict(os.environ)
         # The stub embeds libpython and takes its packages from the first python3 on PATH:
         # make that this interpreter (the project's virtual environment).
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         libdirs = [str(d) for d in triton.library_dirs]
+        if self.inprocess if inprocess is None else inprocess:
+            libdirs.insert(0, str(core_library_dir(triton)))   # the tritonfrontend library's libtritonserver.so
         libpython_dir = sysconfig.get_config_var("LIBDIR")
         if libpython_dir:
             libdirs.append(libpython_dir)
@@ -281,6 +320,7 @@ class TritonServer:
             raise ServerError(f"{self.model_repository} is not prepared: run `make prepare` "
                               "(python -m fusedresnet.backend.prepare) first")
         triton = find_triton()
+        self.resolve_front_end(triton)
         backends = private_backend_tree(triton)
         if self.log_file:
             Path(self.log_file).parent.mkdir(parents=True, exist_ok=True)
@@ -609,6 +649,17 @@ class ServerGroup:
         for thread in threads:
             thread.join()
 
+    def choose_front_end(self, requested: str, client_shared_memory: bool = False) -> FrontEndChoice:
+        """Serve through the front end that --front-end `requested` gives here (backend/front_end.py), said in one
+        line; a ServerError where `inprocess` was asked for and cannot serve."""
+        self.first.front_end = requested
+        choice = self.first.resolve_front_end(find_triton())
+        for server in self.servers:
+            server.front_end, server.front_end_choice = requested, choice
+            server.client_shared_memory = client_shared_memory
+        print(choice.line(), file=sys.stderr, flush=True)
+        return choice
+
     def use_mps(self, choice: str, folder: Path, resources: contextlib.ExitStack):
         """Put the processes under a private CUDA MPS daemon (its pipes under `folder`, stopped when `resources`
         closes) as --mps `choice` says: on (ServerError where it cannot run), auto (on a GPU host, where the daemon
@@ -706,14 +757,30 @@ def build_parser() -> argparse.ArgumentParser:
                              "over gRPC under MPS, 1.2-1.6x without, docs/SERVING.md). auto (default): on a GPU host "
                              "where nvidia-cuda-mps-control is found, else off, said in one line; on (or --mps alone): "
                              "refused without a GPU or the daemon; off")
-    parser.add_argument("triton_args", nargs="*", help="extra tritonserver flags, after --")
+    parser.add_argument("--front-end", choices=FRONT_ENDS, default=os.environ.get(FRONT_END_ENV, "auto"),
+                        help=f"what serves gRPC, HTTP and metrics (default ${FRONT_END_ENV}, else auto): auto: Triton "
+                             "2.73's frontends in-process on the 2.51 core where they load (CPython 3.12, glibc "
+                             "2.38+, the tritonfrontend wheel), "
+                             "else the tritonserver 2.51 binary, said in one line at start; inprocess (refused where "
+                             "it does not load); binary")
+    parser.add_argument("--client-shared-memory", action="store_true",
+                        help="let clients on this host register system and CUDA shared-memory regions (the admin "
+                             "token still guards registration): one process per GPU, since a region registered "
+                             "through one process is unknown to the others on the shared port")
+    parser.add_argument("triton_args", nargs="*", help="extra server flags, after -- (the in-process front end takes "
+                                                       "the tritonserver flags that backend/inprocess_server.py lists)")
     return parser
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     use_gpu = bool(host_gpus())
-    per_gpu = args.processes_per_gpu or (DEFAULT_PROCESSES_PER_GPU if use_gpu else 1)
+    if args.client_shared_memory and (args.processes_per_gpu or 1) > 1:
+        print("fusedresnet: --client-shared-memory serves one process per GPU: a region registered through one "
+              "process is unknown to the others behind the shared port", file=sys.stderr)
+        return 1
+    per_gpu = args.processes_per_gpu or (DEFAULT_PROCESSES_PER_GPU if use_gpu and not args.client_shared_memory
+                                         else 1)
     repository = args.model_repository
     if args.instances == "gpu" and per_gpu > 1:
         # the configured count is the GPU's: each process starts its share of the stubs, so a restarted process
@@ -729,6 +796,7 @@ def main(argv=None):
         if args.gpus and not use_gpu:
             group.first.gpus = args.gpus
             group.first.check_gpus()     # says the host has no GPU
+        group.choose_front_end(args.front_end, args.client_shared_memory)
     except ServerError as error:
         print(f"fusedresnet: {error}", file=sys.stderr)
         return 1

@@ -55,6 +55,24 @@ def find_triton() -> TritonInstallation:
                       "or set TRITON_HOME to the folder holding bin/tritonserver")
 
 
+def core_library_dir(triton: TritonInstallation) -> Path:
+    """A folder holding `libtritonserver.so`, a link to this installation's core library: the name the tritonfrontend
+    wheel's library asks for (the nvidia-pytriton wheel names its copy libtritonserver-<hash>.so)."""
+    folders = [*triton.library_dirs, triton.home / "lib"]
+    core = next((found for folder in folders for found in sorted(folder.glob("libtritonserver*.so*"))), None)
+    if core is None:
+        raise ServerError(f"no libtritonserver*.so beside {triton.home} (looked in {', '.join(map(str, folders))})")
+    link_dir = BUILD_DIR / "triton-core"
+    link = link_dir / "libtritonserver.so"
+    if not (link.is_symlink() and link.resolve() == core.resolve()):
+        link_dir.mkdir(parents=True, exist_ok=True)
+        scratch = link_dir / f".libtritonserver.so.{os.getpid()}"
+        scratch.unlink(missing_ok=True)
+        scratch.symlink_to(core.resolve())
+        scratch.replace(link)    # atomic: processes starting together see one link or the other
+    return link_dir
+
+
 def python_stub_for_interpreter(triton: TritonInstallation) -> Path:
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = triton.home / "python_backend_stubs" / version / "triton_python_backend_stub"
