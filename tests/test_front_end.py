@@ -1,0 +1,165 @@
+"""Which front end the launcher serves through (backend/front_end.py), and the in-process one's parts that run here.
+
+The in-process front end (Triton 2.73's frontends from the tritonfrontend wheel on the 2.51 core) needs glibc 2.38
+and CPython 3.12: this machine and CI (Debian 12, glibc 2.36, Python 3.11) cannot load it, so here the launcher
+must fall back to the binary and say why in one line, and `--front-end inprocess` must be refused with the reason.
+What runs here of the in-process path: its shim compiles, every C++ entry point it imports is one that the
+tritonfrontend 2.73.0 wheel's library exports (the wheel downloaded, its export table read with nm), and the server
+program takes exactly the command line the launcher builds for it. Its serving is tested on the GPU host
+(scripts/gpu_host_front_end.sh: these tests, the serving, security, client-abuse and front-door tests with
+FUSEDRESNET_FRONT_END=inprocess).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from fusedresnet.backend import front_end, frontend_shim_build, inprocess_server
+from fusedresnet.backend.front_end import TRITONFRONTEND_VERSION, FrontEndChoice, choose_front_end
+from fusedresnet.backend.serve import EXIT_SERVER_DIED, TritonServer
+from fusedresnet.backend.spec import BUILD_DIR
+from fusedresnet.backend.triton_install import ServerError, TritonInstallation, find_triton
+
+from robustness_helpers import Launcher
+
+ON_OLD_GLIBC = (front_end.glibc_version() or (0, 0)) < front_end.MIN_GLIBC
+
+
+def launcher_run(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fusedresnet.backend.serve", *args], capture_output=True, text=True,
+                          timeout=timeout_s)
+
+
+@pytest.mark.skipif(not ON_OLD_GLIBC, reason="this machine's glibc can load the in-process front end")
+def test_the_launcher_falls_back_to_the_binary_and_says_why_in_one_line(tmp_path):
+    with Launcher(tmp_path, admin_token="front-end-test-token") as launcher:
+        lines = [line for line in launcher.output().splitlines() if line.startswith("fusedresnet: front end:")]
+        assert len(lines) == 1, launcher.output()
+        glibc = front_end.glibc_version()
+        assert lines[0] == ("fusedresnet: front end: the tritonserver 2.51 binary: the in-process one cannot serve "
+                            f"here: glibc {glibc[0]}.{glibc[1]} here; the tritonfrontend wheel needs glibc 2.38 or "
+                            "later"), lines[0]
+        # it serves through the binary: its process runs tritonserver itself, not the in-process program
+        server = launcher.server_pids()
+        assert server, launcher.output()
+        import psutil
+        command = psutil.Process(next(iter(server.values()))).cmdline()
+        assert command[0].endswith("/bin/tritonserver") and "inprocess_server" not in " ".join(command)
+
+
+@pytest.mark.skipif(not ON_OLD_GLIBC, reason="this machine's glibc can load the in-process front end")
+def test_asking_for_the_in_process_front_end_where_it_cannot_load_is_refused_with_the_reason(monkeypatch):
+    done = launcher_run("--front-end", "inprocess", "--http-port", "1", timeout_s=120)
+    assert done.returncode == 1
+    assert "--front-end inprocess: glibc" in done.stderr and "needs glibc 2.38 or later" in done.stderr, done.stderr
+    # the same for every server the code starts, through the environment
+    monkeypatch.setenv("FUSEDRESNET_FRONT_END", "inprocess")
+    with pytest.raises(ServerError, match="--front-end inprocess: glibc"):
+        TritonServer(http_port=1, grpc_port=2, metrics_port=3, admin_token="x").resolve_front_end(find_triton())
+
+
+def test_client_shared_memory_refuses_several_processes_behind_one_port():
+    done = launcher_run("--client-shared-memory", "--processes-per-gpu", "2", timeout_s=60)
+    assert done.returncode == 1
+    assert "--client-shared-memory serves one process per GPU" in done.stderr, done.stderr
+
+
+def test_each_reason_the_in_process_front_end_cannot_serve_is_said(monkeypatch, tmp_path):
+    """The checks in order, each one's reason in the choice's line; `binary` asked for is never probed."""
+    assert choose_front_end("binary", {}).line() == \
+        "fusedresnet: front end: the tritonserver 2.51 binary: asked for (--front-end binary)"
+    monkeypatch.setattr(front_end, "_WHY_NOT", {})
+    monkeypatch.setattr(front_end, "glibc_version", lambda: (2, 39))
+    monkeypatch.setattr(front_end, "installed_version", lambda: None)
+    monkeypatch.setattr(front_end, "frontend_library", lambda: None)
+    assert "the tritonfrontend wheel is not installed" in choose_front_end("auto", dict(os.environ)).why
+    monkeypatch.setattr(front_end, "_WHY_NOT", {})
+    monkeypatch.setattr(front_end, "installed_version", lambda: "2.74.0")
+    monkeypatch.setattr(front_end, "frontend_library", lambda: tmp_path / "tritonfrontend_bindings.so")
+    why = choose_front_end("auto", dict(os.environ)).why
+    assert f"tritonfrontend 2.74.0 is installed; the shim declares the classes of {TRITONFRONTEND_VERSION}" in why
+    # the right version, but a library that does not load here: the probe (a real child process) says why
+    monkeypatch.setattr(front_end, "_WHY_NOT", {})
+    monkeypatch.setattr(front_end, "installed_version", lambda: TRITONFRONTEND_VERSION)
+    (tmp_path / "tritonfrontend_bindings.so").write_bytes(b"not a shared library")
+    choice = choose_front_end("auto", dict(os.environ))
+    assert choice == FrontEndChoice("binary", choice.why) and "its libraries do not load here: OSError" in choice.why
+    with pytest.raises(ValueError, match="--front-end inprocess: its libraries do not load here"):
+        choose_front_end("inprocess", dict(os.environ))
+
+
+def test_the_in_process_server_takes_the_command_line_the_launcher_builds(tmp_path):
+    """backend/inprocess_server.py parses exactly what TritonServer.command gives it: the admin token's restrictions
+    on both protocols, the shared ports, the Python backend's settings; a flag it does not know is refused."""
+    server = TritonServer(http_port=8100, grpc_port=8101, metrics_port=8102, admin_token="tok", use_gpu=False,
+                          shares_ports=True, front_end="inprocess",
+                          front_end_choice=FrontEndChoice("inprocess", "test"), client_shared_memory=True)
+    triton = TritonInstallation(tmp_path, [])
+    command = server.command(triton, tmp_path / "backends")
+    assert command[:3] == [sys.executable, "-m", "fusedresnet.backend.inprocess_server"]
+    args = inprocess_server.build_parser().parse_args(command[3:])
+    assert (args.grpc_port, args.http_port, args.metrics_port) == (8101, 8100, 8102)
+    assert args.reuse_grpc_port and args.reuse_http_port and args.allow_client_shm
+    assert args.pinned_memory_pool_byte_size == 0 and args.disable_auto_complete_config
+    categories, key, value = inprocess_server.one_restriction(args.grpc_restricted_protocol, "grpc")
+    assert (categories, key, value) == ("model-repository,shared-memory,statistics,trace,logging", "admin-key", "tok")
+    assert inprocess_server.one_restriction(args.http_restricted_api, "http") == (categories, key, value)
+    assert [backend for backend, _, _ in args.backend_config] == ["python", "fusedresnet_ab"]
+    # without --client-shared-memory, clients may not register regions
+    server.client_shared_memory = False
+    assert "--allow-client-shm=false" in server.command(triton, tmp_path / "backends")
+    done = subprocess.run([sys.executable, "-m", "fusedresnet.backend.inprocess_server", *command[3:],
+                           "--grpc-use-ssl=true"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "unrecognized arguments: --grpc-use-ssl=true" in done.stderr
+    assert "--front-end binary" in done.stderr
+
+
+def wheel_library(folder: Path) -> Path:
+    """The tritonfrontend wheel's frontend library, downloaded once into build/ (11 MB)."""
+    library = folder / "tritonfrontend_bindings.so"
+    if library.is_file():
+        return library
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_39_x86_64",
+                    "-d", str(folder), f"tritonfrontend=={TRITONFRONTEND_VERSION}"], check=True, timeout=600)
+    wheel = next(folder.glob("tritonfrontend-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.startswith("tritonfrontend/_c/tritonfrontend_bindings"))
+        library.write_bytes(archive.read(name))
+    return library
+
+
+def symbols(library: Path, which: str) -> set[str]:
+    out = subprocess.run(["nm", "-D", which, str(library)], capture_output=True, text=True, check=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.strip()}
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="nm (binutils) is not installed")
+def test_the_shim_builds_and_imports_only_what_the_tritonfrontend_wheel_exports():
+    shim = frontend_shim_build.build()
+    imported = {s for s in symbols(shim, "--undefined-only") if s.startswith("_ZN6triton")}
+    # every frontend class's entry point the shim calls: gRPC, HTTP, metrics; made, started, stopped
+    assert len(imported) == 10, sorted(imported)
+    exported = symbols(wheel_library(BUILD_DIR / f"tritonfrontend-{TRITONFRONTEND_VERSION}"), "--defined-only")
+    assert imported <= exported, sorted(imported - exported)
+    # its C interface, for backend/inprocess_server.py
+    assert {"fr_grpc_new", "fr_http_new", "fr_metrics_new", "fr_shared_memory_manager_new", "fr_grpc_graceful_stop",
+            } <= symbols(shim, "--defined-only")
+
+
+def test_a_server_process_that_crashes_in_process_is_seen_as_a_crash():
+    """Python's fatal-error report (the in-process front end's crash) is a crash line, as Triton's own are."""
+    from fusedresnet.backend.serve import CRASH_LINE
+    assert CRASH_LINE.search(b"Fatal Python error: Segmentation fault")
+    assert CRASH_LINE.search(b"Fatal Python error: Aborted")
+    assert CRASH_LINE.search(b"Signal (11) received.")
+    assert not CRASH_LINE.search(b"Signal (15) received.")
+    assert EXIT_SERVER_DIED == 4
