@@ -39,7 +39,7 @@ class FrontEndChoice:
 
     def line(self) -> str:
         what = (f"in-process (Triton 2.51 core behind tritonfrontend {TRITONFRONTEND_VERSION}'s gRPC, HTTP and "
-                "metrics frontends)" if self.name == "inprocess" else "the tritonserver 2.51 binary")
+                "metrics frontends)" if self.name == "inprocess" else "the tritonserver binary")
         return f"fusedresnet: front end: {what}: {self.why}"
 
 

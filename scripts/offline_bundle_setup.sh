@@ -8,12 +8,15 @@
 #   LD_LIBRARY_PATH  the server's private libraries
 #   PATH             tritonserver and perf_analyzer on it
 #   FUSEDRESNET_AB_ROUTER_PREBUILT  the A/B router's backend built with the bundle (backend/ab_router_build.py)
+#   FUSEDRESNET_FRONTEND_SHIM_PREBUILT  the in-process front end's shim (backend/frontend_shim_build.py); the
+#                    tritonfrontend wheel's files (frontend.tar.xz) go into $GPU_SITE beside Triton
 _bundle="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 _site="${GPU_SITE:-/tmp/gpu-site}"
 _stamp="$_site/.bundle-requirements"
 if [ ! -f "$_stamp" ] || ! cmp -s "$_stamp" "$_bundle/requirements.txt"; then
   rm -rf "$_site" && mkdir -p "$_site" \
     && tar -xJf "$_bundle/triton.tar.xz" -C "$_site" \
+    && { [ ! -f "$_bundle/frontend.tar.xz" ] || tar -xJf "$_bundle/frontend.tar.xz" -C "$_site"; } \
     && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
          --target "$_site" "$_bundle"/wheels/*.whl \
     && cp "$_bundle/requirements.txt" "$_stamp" \
@@ -24,4 +27,5 @@ export TRITON_HOME="$_site/pytriton/tritonserver"
 export LD_LIBRARY_PATH="$_site/nvidia_pytriton.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$TRITON_HOME/bin:$_site/perf_analyzer/bin:$PATH"
 export FUSEDRESNET_AB_ROUTER_PREBUILT="$_bundle/ab_router_backend"
+export FUSEDRESNET_FRONTEND_SHIM_PREBUILT="$_bundle/frontend_shim"
 unset _bundle _site _stamp

@@ -83,10 +83,12 @@ def grpc_admin_headers(admin_token) -> dict:
 
 @pytest.fixture(scope="session")
 def triton_server(prepared_repository, admin_token, tmp_path_factory):
-    """The real tritonserver with both models, on free loopback ports, for the whole session."""
+    """The real tritonserver with both models, on free loopback ports, for the whole session: through the front end
+    that $FUSEDRESNET_FRONT_END asks for (auto: in-process where it loads), with client shared memory allowed (the
+    shared-memory tests register regions with it)."""
     log = tmp_path_factory.mktemp("triton") / "server.log"
     http_port, grpc_port, metrics_port = free_ports(3)
     server = TritonServer(prepared_repository, "127.0.0.1", http_port, grpc_port, metrics_port,
-                          admin_token=admin_token, log_file=log)
+                          admin_token=admin_token, log_file=log, client_shared_memory=True)
     with server:
         yield server

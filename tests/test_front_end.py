@@ -43,7 +43,7 @@ def test_the_launcher_falls_back_to_the_binary_and_says_why_in_one_line(tmp_path
         lines = [line for line in launcher.output().splitlines() if line.startswith("fusedresnet: front end:")]
         assert len(lines) == 1, launcher.output()
         glibc = front_end.glibc_version()
-        assert lines[0] == ("fusedresnet: front end: the tritonserver 2.51 binary: the in-process one cannot serve "
+        assert lines[0] == ("fusedresnet: front end: the tritonserver binary: the in-process one cannot serve "
                             f"here: glibc {glibc[0]}.{glibc[1]} here; the tritonfrontend wheel needs glibc 2.38 or "
                             "later"), lines[0]
         # it serves through the binary: its process runs tritonserver itself, not the in-process program
@@ -74,7 +74,7 @@ def test_client_shared_memory_refuses_several_processes_behind_one_port():
 def test_each_reason_the_in_process_front_end_cannot_serve_is_said(monkeypatch, tmp_path):
     """The checks in order, each one's reason in the choice's line; `binary` asked for is never probed."""
     assert choose_front_end("binary", {}).line() == \
-        "fusedresnet: front end: the tritonserver 2.51 binary: asked for (--front-end binary)"
+        "fusedresnet: front end: the tritonserver binary: asked for (--front-end binary)"
     monkeypatch.setattr(front_end, "_WHY_NOT", {})
     monkeypatch.setattr(front_end, "glibc_version", lambda: (2, 39))
     monkeypatch.setattr(front_end, "installed_version", lambda: None)
@@ -122,7 +122,10 @@ def test_the_in_process_server_takes_the_command_line_the_launcher_builds(tmp_pa
 
 
 def wheel_library(folder: Path) -> Path:
-    """The tritonfrontend wheel's frontend library, downloaded once into build/ (11 MB)."""
+    """The tritonfrontend wheel's frontend library: the installed one (the GPU host), else downloaded once into
+    build/ (11 MB)."""
+    if front_end.installed_version() == TRITONFRONTEND_VERSION and front_end.frontend_library() is not None:
+        return front_end.frontend_library()
     library = folder / "tritonfrontend_bindings.so"
     if library.is_file():
         return library
@@ -163,3 +166,9 @@ def test_a_server_process_that_crashes_in_process_is_seen_as_a_crash():
     assert CRASH_LINE.search(b"Signal (11) received.")
     assert not CRASH_LINE.search(b"Signal (15) received.")
     assert EXIT_SERVER_DIED == 4
+
+
+def test_the_frontend_extra_pins_the_release_the_shim_declares():
+    import tomllib
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    assert project["project"]["optional-dependencies"]["frontend"] == [f"tritonfrontend=={TRITONFRONTEND_VERSION}"]

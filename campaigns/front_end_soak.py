@@ -1,0 +1,272 @@
+"""Each front end beside clients that misbehave in every way at once: the soak of results/front_end.json.
+
+    python -m fusedresnet.campaigns.front_end_soak --seconds 600 --server-cores 0-11 --generator-cores 12-15 \\
+        --out build/front_end_soak
+
+One launcher per front end (`--front-ends`, default binary,inprocess: backend/front_end.py), each started as the
+README starts it (its default processes per GPU, under MPS on a GPU), pinned to its share of `--server-cores`, all
+of them soaked at once, so that each front end faces the same minutes. This process, its valid clients and its
+abusive ones run on `--generator-cores`.
+
+Valid traffic, per front end: `--valid-processes` processes of `client_abuse valid` with the project's retries
+(the clients' gRPC channel and its retry policy, UNAVAILABLE retried with backoff, as ResNetClient does) and as many
+without any retry (one attempt each, on a plain channel: what a plain tritonclient user gets), each keeping
+`--valid-in-flight` single-image calls in flight, alternating custom and cuDNN. A call that never got an answer is a
+failure; every answer is compared with the first answer to the same request.
+
+Abuse, per front end, in a loop until the end, every kind in each cycle:
+- `stopped-generator`: h2load with 8 connections x 64 streams stopped by its duration (1 s): hundreds of calls in
+  flight when it exits;
+- `killed-client`: a client process with 128 calls in flight killed (SIGKILL);
+- `cut-http-bodies`: 16 HTTP infer requests whose bodies trickle in, half of them cut off half way;
+- `tiny-deadlines`: 300 gRPC calls with a 3 ms deadline, 64 in flight.
+
+Every 0.5 s a ServerReady on each front end's port, over a connection of its own: an unanswered one is half a second
+without capacity. Crashes and restarts are the launchers' own lines (backend/serve.py). Writes <out>.json/.md:
+per front end {name, soak: {duration_s, valid_sent, valid_failed_with_retries, valid_failed_without_retries,
+capacity_zero_s, crashes, restarts, abuse_cycles}}; exits 1 if the in-process front end lost a call, crashed or
+stopped answering.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fusedresnet.backend.provenance import git_commit
+from fusedresnet.backend.serve import grpc_ready
+from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM
+from fusedresnet.campaigns import client_abuse
+from fusedresnet.campaigns.abuse_soak import FAILURE_LINE, RECOVERY_LINE, ONE_THREAD_PER_POOL, started_with_output
+from fusedresnet.campaigns.launched_server import LaunchedServer
+from fusedresnet.loadtest.measurements import cpu_list, cpu_text
+from fusedresnet.loadtest.raw_grpc import MODEL_INFER, grpc_frame
+from fusedresnet.loadtest.sweep import describe_device
+
+ABUSE_KINDS = ("stopped-generator", "killed-client", "cut-http-bodies", "tiny-deadlines")
+VALID_MODELS = (MODEL_CUSTOM, MODEL_CUDNN)
+SAMPLE_EVERY_S = 0.5
+KILLED_CLIENT_AFTER_S = 1.5
+SETTLE_S = 120.0
+
+
+def stopped_generator(url: str, request: bytes, folder: Path) -> dict:
+    """h2load, 8 connections x 64 streams, stopped by its 1-s duration with its calls in flight."""
+    body = folder / "request.grpc"
+    if not body.is_file():
+        body.write_bytes(grpc_frame(request))
+    binary = client_abuse.h2load_binary()
+    if binary is None:
+        raise FileNotFoundError("h2load not found: install Debian's nghttp2-client")
+    done = subprocess.run([binary, f"http://{url}{MODEL_INFER}", "-c", "8", "-m", "64", "-t", "1", "-D", "1",
+                           "-d", str(body), "-H", "content-type: application/grpc", "-H", "te: trailers"],
+                          capture_output=True, text=True, timeout=60)
+    return {"exit_status": done.returncode}
+
+
+def killed_client(url: str, model: str) -> dict:
+    """A client process with 128 calls in flight, killed (SIGKILL) once it has sent them."""
+    process = subprocess.Popen([sys.executable, "-m", "fusedresnet.campaigns.client_abuse", "deadlines", "--url", url,
+                                "--model", model, "--count", "100000", "--in-flight", "128", "--deadline", "60"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env=dict(os.environ, **ONE_THREAD_PER_POOL))
+    time.sleep(KILLED_CLIENT_AFTER_S)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    return {"killed": process.pid}
+
+
+def cut_http_bodies(http_url: str, model: str, images: np.ndarray) -> dict:
+    host, port = http_url.rsplit(":", 1)
+    head, body = client_abuse.http_infer_message(model, images, http_url)
+    # about half of each body in 1 s (100 chunks of 1/200), then half of the requests cut off there
+    result = client_abuse.slow_http_bodies(host, int(port), head, body, connections=16, chunk=len(body) // 200,
+                                           interval_s=0.01, seconds=1.0)
+    return {"cut_short": result["cut_short"], "finished_statuses": result["finished_statuses"]}
+
+
+def tiny_deadlines(url: str, requests: list[bytes]) -> dict:
+    return client_abuse.deadlines(url, requests, 300, 64, 0.003).summary()["statuses"]
+
+
+class FrontEndUnderAbuse:
+    """One front end's launcher, its valid clients, its abuse loop and its capacity samples."""
+
+    def __init__(self, name: str, cores: list[int], work: Path, args):
+        self.name, self.work, self.args = name, work / name, args
+        self.work.mkdir(parents=True)
+        self.server = LaunchedServer(self.work / "launcher.out", log_file=self.work / "server.log",
+                                     admin_token=secrets.token_urlsafe(24), cores=cores,
+                                     args=["--front-end", name, *args.launcher_args])
+        self.valid: list[tuple[bool, subprocess.Popen]] = []
+        self.cycles: list[dict] = []
+        self.unanswered_samples = 0
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def start_valid(self, seconds: float):
+        for retries in (True, False):
+            for i in range(self.args.valid_processes):
+                model = VALID_MODELS[i % len(VALID_MODELS)]
+                tag = f"valid_{'retries' if retries else 'no_retries'}{i}"
+                command = [sys.executable, "-m", "fusedresnet.campaigns.client_abuse", "valid", "--url",
+                           self.server.grpc_url, "--model", model, "--seconds", str(seconds), "--in-flight",
+                           str(self.args.valid_in_flight), "--images-per-request", "1", "--seed", str(i),
+                           *([] if retries else ["--no-retry"])]
+                self.valid.append((retries, started_with_output(command, self.work / f"{tag}.json",
+                                                                self.work / f"{tag}.err",
+                                                                env=dict(os.environ, **ONE_THREAD_PER_POOL))))
+
+    def abuse_loop(self, end: float):
+        images = np.random.default_rng(11).integers(0, 256, (4, 224, 224, 3), dtype=np.uint8)
+        requests = {model: [client_abuse.infer_request(model, images[i:i + 1]) for i in range(4)]
+                    for model in VALID_MODELS}
+        while time.monotonic() < end and not self.stop.is_set():
+            model = VALID_MODELS[len(self.cycles) % len(VALID_MODELS)]
+            cycle = {"t": round(time.monotonic() - self.started, 1), "model": model}
+            for kind in ABUSE_KINDS:
+                try:
+                    if kind == "stopped-generator":
+                        cycle[kind] = stopped_generator(self.server.grpc_url, requests[model][0], self.work)
+                    elif kind == "killed-client":
+                        cycle[kind] = killed_client(self.server.grpc_url, model)
+                    elif kind == "cut-http-bodies":
+                        cycle[kind] = cut_http_bodies(self.server.http_url, model, images[:1])
+                    else:
+                        cycle[kind] = tiny_deadlines(self.server.grpc_url, requests[model])
+                except (OSError, subprocess.SubprocessError) as error:   # the server refused or hung up: go on
+                    cycle[kind] = {"error": f"{type(error).__name__}: {error}"[:200]}
+            self.cycles.append(cycle)
+
+    def sample_capacity(self):
+        while not self.stop.wait(SAMPLE_EVERY_S):
+            if not grpc_ready(self.server.grpc_url, timeout_s=SAMPLE_EVERY_S * 4):
+                self.unanswered_samples += 1
+
+    def report(self) -> dict:
+        failed = {True: 0, False: 0}
+        sent = mismatched = 0
+        for i, (retries, process) in enumerate(self.valid):
+            tag = f"valid_{'retries' if retries else 'no_retries'}{i % self.args.valid_processes}"
+            try:
+                result = json.loads((self.work / f"{tag}.json").read_text())
+            except json.JSONDecodeError:
+                raise SystemExit(f"{self.name}: valid process {tag} wrote no report (exit {process.returncode}):\n"
+                                 + (self.work / f"{tag}.err").read_text(errors="replace")[-2000:]) from None
+            sent += result["sent"]
+            failed[retries] += result["lost"]
+            mismatched += result["mismatched"]
+        output = self.server.output()
+        return {"name": self.name, "front_end_line": next((line for line in output.splitlines()
+                                                            if line.startswith("fusedresnet: front end:")), None),
+                "soak": {"duration_s": self.args.seconds, "valid_sent": sent,
+                         "valid_failed_with_retries": failed[True], "valid_failed_without_retries": failed[False],
+                         "valid_mismatched": mismatched,
+                         "capacity_zero_s": round(self.unanswered_samples * SAMPLE_EVERY_S, 1),
+                         "crashes": len(FAILURE_LINE.findall(output)),
+                         "restarts": len(RECOVERY_LINE.findall(output)),
+                         "abuse_cycles": len(self.cycles)},
+                "abuse_first_cycle": self.cycles[0] if self.cycles else None,
+                "failure_lines": FAILURE_LINE.findall(output)[:10]}
+
+
+def markdown(report: dict) -> str:
+    fields = ("duration_s", "valid_sent", "valid_failed_with_retries", "valid_failed_without_retries",
+              "capacity_zero_s", "crashes", "restarts", "abuse_cycles")
+    lines = [f"# Front ends under client abuse ({report['date']})", "", f"{report['device']}; code "
+             f"{report['git_commit']}; `{report['command']}`; servers on cores {report['server_cores']}, clients on "
+             f"{report['generator_cores']}.", "", "| front end | " + " | ".join(fields) + " |",
+             "|---|" + "---:|" * len(fields)]
+    lines += [f"| {f['name']} | " + " | ".join(str(f["soak"][key]) for key in fields) + " |"
+              for f in report["front_ends"]]
+    lines += ["", report["pattern"], ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=600.0)
+    parser.add_argument("--front-ends", default="binary,inprocess")
+    parser.add_argument("--server-cores", required=True)
+    parser.add_argument("--generator-cores", required=True)
+    parser.add_argument("--valid-processes", type=int, default=2, help="per front end, with retries and without each")
+    parser.add_argument("--valid-in-flight", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=Path("build/front_end_soak"))
+    parser.add_argument("launcher_args", nargs="*", help="more launcher arguments, after --")
+    args = parser.parse_args(argv)
+    names = [name for name in args.front_ends.split(",") if name]
+    server_cores, generator_cores = cpu_list(args.server_cores), cpu_list(args.generator_cores)
+    share = len(server_cores) // len(names)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="front_end_soak_", dir=args.out.parent))
+    inherited = os.sched_getaffinity(0)
+    front_ends = [FrontEndUnderAbuse(name, server_cores[i * share:(i + 1) * share], work, args)
+                  for i, name in enumerate(names)]
+    report = {"device": describe_device(), "git_commit": git_commit(),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "command": "python -m fusedresnet.campaigns.front_end_soak " + " ".join(argv or sys.argv[1:]),
+              "server_cores": cpu_text(server_cores), "generator_cores": cpu_text(generator_cores),
+              "pattern": f"Valid, per front end: {args.valid_processes} client processes with the project's retries "
+                         f"and {args.valid_processes} without, {args.valid_in_flight} single-image calls in flight "
+                         f"each ({', '.join(VALID_MODELS)} in turn); abuse, per front end, every cycle: "
+                         f"{', '.join(ABUSE_KINDS)}; ServerReady on each port every {SAMPLE_EVERY_S} s."}
+    try:
+        for front_end in front_ends:
+            front_end.server.start(ready_timeout_s=None)
+        for front_end in front_ends:
+            front_end.server.wait_ready(600)
+        os.sched_setaffinity(0, generator_cores)   # this process, its clients and its abusers
+        end = time.monotonic() + args.seconds
+        for front_end in front_ends:
+            front_end.started = time.monotonic()
+            front_end.start_valid(args.seconds)
+            for target, target_args in ((front_end.abuse_loop, (end,)), (front_end.sample_capacity, ())):
+                thread = threading.Thread(target=target, args=target_args, daemon=True)
+                thread.start()
+                front_end.threads.append(thread)
+        for front_end in front_ends:
+            for _, process in front_end.valid:
+                process.wait(timeout=args.seconds + client_abuse.VALID_DEADLINE_S + 120)
+        # a restart of the last moments must end with a ready server
+        settle_by = time.monotonic() + SETTLE_S
+        while time.monotonic() < settle_by and not all(grpc_ready(f.server.grpc_url) for f in front_ends):
+            time.sleep(1)
+        for front_end in front_ends:
+            front_end.stop.set()
+            for thread in front_end.threads:
+                thread.join(timeout=120)
+        report["front_ends"] = [front_end.report() for front_end in front_ends]
+    finally:
+        os.sched_setaffinity(0, inherited)
+        for front_end in front_ends:
+            front_end.stop.set()
+            for _, process in front_end.valid:
+                if process.poll() is None:
+                    process.kill()
+            front_end.server.stop(90)
+        report["work_dir"] = str(work)
+        args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+        if "front_ends" in report:
+            args.out.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+    inprocess = next((f["soak"] for f in report["front_ends"] if f["name"] == "inprocess"), None)
+    if inprocess and (inprocess["crashes"] or inprocess["valid_failed_with_retries"]
+                      or inprocess["valid_failed_without_retries"] or inprocess["capacity_zero_s"]):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
