@@ -49,7 +49,7 @@ from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.serve import grpc_ready
 from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM
 from fusedresnet.campaigns import client_abuse
-from fusedresnet.campaigns.abuse_soak import FAILURE_LINE, RECOVERY_LINE, ONE_THREAD_PER_POOL, started_with_output
+from fusedresnet.campaigns.abuse_soak import FAILURE_LINE, ONE_THREAD_PER_POOL, RECOVERY_LINE, started_with_output
 from fusedresnet.campaigns.launched_server import LaunchedServer
 from fusedresnet.loadtest.measurements import cpu_list, cpu_text
 from fusedresnet.loadtest.raw_grpc import MODEL_INFER, grpc_frame
