@@ -64,18 +64,18 @@ COPY deploy/docker/fusedresnet-ready /usr/local/bin/fusedresnet-ready
 # either NumPy (the image's pip installs into its system Python: NGC sets PIP_BREAK_SYSTEM_PACKAGES=1).
 # The model files are prepared here with the seeded weights (a checkpoint mounted at start
 # replaces them: FUSEDRESNET_WEIGHTS). The A/B router's C++ backend is built here (backend/ab_router_build.py:
-# build/ab_router_backend/, found again at start from the installed sources), then its compiler packages go:
-# the library needs only the C library. The source folders go once the package is installed.
-# DL3008 (pin apt versions): the build packages are the base image's Ubuntu's, removed in the same layer.
+# build/ab_router_backend/, found again at start from the installed sources) with g++ alone (RapidJSON and
+# BLAKE2 are vendored with its source); the library needs only the C library. The source folders go once the
+# package is installed.
+# DL3008 (pin apt versions): the compiler is the base image's Ubuntu's.
 # hadolint ignore=DL3008,DL3013
 RUN apt-get update \
- && apt-get install -y --no-install-recommends g++ libb2-dev rapidjson-dev \
+ && apt-get install -y --no-install-recommends g++ \
  && python3 -m pip install --no-cache-dir '.[server]' \
  && python3 -m pip install --no-cache-dir '.[gpu]' \
  && python3 -c "import cupy, torch, fusedresnet.backend.serve" \
  && python3 -m fusedresnet.backend.prepare \
  && python3 -m fusedresnet.backend.ab_router_build \
- && apt-get purge -y --auto-remove libb2-dev rapidjson-dev \
  && rm -rf /var/lib/apt/lists/* \
  && rm -rf backend kernels client loadtest campaigns harness \
  && mkdir -p triton/backends build /var/cache/fusedresnet/cupy \

@@ -3,9 +3,12 @@
 The router runs inside tritonserver as a C++ backend, so that a request through it crosses no Python stub of its
 own (docs/AB_LIVE.md). Its facts (tensor names, metric names and buckets, parameters and their defaults) are
 defined once, in backend/spec.py and backend/ab_config.py: this module writes them into a header the source
-includes. It compiles with the system C++ compiler against Triton's API headers of release r24.10 (Triton 2.51,
-the server this project runs; in ab_router_backend/include), RapidJSON and libb2 (BLAKE2b, the sticky split's hash,
-as hashlib computes it), linked statically, so the library runs on any host with the same or a newer glibc.
+includes. It compiles with the system C++ compiler and nothing else installed: against Triton's API headers of
+release r24.10 (Triton 2.51, the server this project runs; in ab_router_backend/include), and the copies of
+RapidJSON's headers and of BLAKE2's reference C code (BLAKE2b, the sticky split's hash, as hashlib computes it)
+vendored unmodified in ab_router_backend/third_party (README.md there: versions and licenses), the C file compiled
+into the library. The C++ runtime is linked statically, so the library runs on any host with the same or a newer
+glibc.
 
 The library is built once per source: `build/ab_router_backend/<digest of the sources and the command>/`. A
 library built elsewhere is used as it is when its digest matches: the offline bundle brings one for the GPU host,
@@ -30,17 +33,23 @@ from . import ab_config, spec
 from .ab_config import STICKY_BUCKETS, RouterConfig
 
 SOURCE_DIR = Path(__file__).resolve().parent / "ab_router_backend"
-SOURCES = (SOURCE_DIR / "ab_router.cc", SOURCE_DIR / "include" / "triton" / "core" / "tritonbackend.h",
-           SOURCE_DIR / "include" / "triton" / "core" / "tritonserver.h")
+THIRD_PARTY_DIR = SOURCE_DIR / "third_party"
+BLAKE2_DIR = THIRD_PARTY_DIR / "blake2"
+# Where the compiler looks, and the only places: every header the router includes beyond the C++ library is here.
+INCLUDE_DIRS = (SOURCE_DIR / "include", THIRD_PARTY_DIR / "rapidjson" / "include", BLAKE2_DIR)
+# What is compiled: the router, and BLAKE2b's reference code (C, compiled as C++: its header declares it extern "C").
+COMPILED = (SOURCE_DIR / "ab_router.cc", BLAKE2_DIR / "blake2b-ref.c")
+VENDORED = tuple(sorted(path for path in THIRD_PARTY_DIR.rglob("*") if path.suffix in (".h", ".c")))
+SOURCES = (COMPILED[0], SOURCE_DIR / "include" / "triton" / "core" / "tritonbackend.h",
+           SOURCE_DIR / "include" / "triton" / "core" / "tritonserver.h", *VENDORED)
 LIBRARY_NAME = f"libtriton_{spec.AB_ROUTER_BACKEND}.so"
 OUTPUT_DIR = spec.BUILD_DIR / "ab_router_backend"
-# What a Debian or Ubuntu host installs to build it (.ci/apt-packages/ab-router, the Dockerfile).
-BUILD_PACKAGES = ("g++", "libb2-dev", "rapidjson-dev")
+# What a Debian or Ubuntu host installs to build it (.ci/apt-packages/ab-router, the Dockerfile): the compiler alone.
+BUILD_PACKAGES = ("g++",)
 COMPILE_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-Wall")
 # Only Triton's entry points are exported: the statically linked C++ runtime stays private to the library.
 VERSION_SCRIPT = "{ global: TRITONBACKEND_*; local: *; };\n"
-LINK_FLAGS = ("-Wl,-Bstatic", "-lb2",
-              "-Wl,-Bdynamic", "-static-libstdc++", "-static-libgcc", "-pthread", "-ldl")
+LINK_FLAGS = ("-static-libstdc++", "-static-libgcc", "-pthread", "-ldl")
 
 
 class RouterBuildError(RuntimeError):
@@ -103,10 +112,11 @@ def compiler() -> str:
 
 
 def build_digest() -> str:
-    """What the library is built from: the sources, the generated header and the flags (not the paths)."""
+    """What the library is built from: the sources (the vendored ones too), the generated header and the flags (not
+    the paths)."""
     digest = hashlib.sha256()
     for source in SOURCES:
-        digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
+        digest.update(source.relative_to(SOURCE_DIR).as_posix().encode() + b"\0" + source.read_bytes() + b"\0")
     digest.update(generated_header().encode())
     digest.update(" ".join(COMPILE_FLAGS + LINK_FLAGS).encode() + VERSION_SCRIPT.encode())
     return digest.hexdigest()[:16]
@@ -117,6 +127,13 @@ def library_path(output_dir: Path = OUTPUT_DIR, digest: str | None = None) -> Pa
 
 
 PREBUILT_ENV = "FUSEDRESNET_AB_ROUTER_PREBUILT"   # a folder of <digest>/<library> built elsewhere
+
+
+def compile_command(cxx: str, scratch: Path, library: Path) -> list[str]:
+    """The one command that builds the library; `scratch` holds the generated header and the version script."""
+    return [cxx, *COMPILE_FLAGS, f"-I{scratch}", *(f"-I{folder}" for folder in INCLUDE_DIRS),
+            str(COMPILED[0]), "-x", "c++", str(COMPILED[1]), "-x", "none",
+            "-o", str(library), f"-Wl,--version-script={scratch / 'exports.ld'}", *LINK_FLAGS]
 
 
 def build(output_dir: Path = OUTPUT_DIR) -> Path:
@@ -139,13 +156,10 @@ def build(output_dir: Path = OUTPUT_DIR) -> Path:
     try:
         (scratch / "ab_router_spec.h").write_text(generated_header())
         (scratch / "exports.ld").write_text(VERSION_SCRIPT)
-        command = [cxx, *COMPILE_FLAGS, f"-I{scratch}", f"-I{SOURCE_DIR / 'include'}", str(SOURCES[0]),
-                   "-o", str(scratch / LIBRARY_NAME), f"-Wl,--version-script={scratch / 'exports.ld'}", *LINK_FLAGS]
+        command = compile_command(cxx, scratch, scratch / LIBRARY_NAME)
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
-            missing = [header for header in ("blake2.h", "rapidjson/document.h") if header in done.stderr]
-            hint = (f"; on Debian or Ubuntu: apt-get install {' '.join(BUILD_PACKAGES)}" if missing else "")
-            raise RouterBuildError(f"building the A/B router's backend failed{hint}:\n{' '.join(command)}\n"
+            raise RouterBuildError(f"building the A/B router's backend failed:\n{' '.join(command)}\n"
                                    f"{done.stderr[-4000:]}")
         (scratch / LIBRARY_NAME).rename(library)   # atomic: a concurrent build finds a whole library or none
     finally:

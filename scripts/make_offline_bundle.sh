@@ -114,9 +114,12 @@ rm -f "$DEST"/wheels/*.whl
 for wheel in "$TMP"/all/*.whl; do
   if ! basename "$wheel" | grep -qiE "$HOST_HAS"; then cp "$wheel" "$DEST/wheels/"; fi
 done
-# The A/B router's backend, built with this checkout's environment (make setup), for the host's checkout.
+# The A/B router's backend, built with this checkout's environment (make setup) or python3 (the build needs the
+# standard library alone), for the host's checkout. Installed or not: backend/ is linked as fusedresnet/backend
+# (pyproject.toml's package-dir; fusedresnet is a namespace package) on PYTHONPATH.
 router_python="$ROOT/.venv/bin/python"; [ -x "$router_python" ] || router_python=python3
-router="$("$router_python" -m fusedresnet.backend.ab_router_build)"
+mkdir -p "$TMP/router/fusedresnet" && ln -s "$ROOT/backend" "$TMP/router/fusedresnet/backend"
+router="$(PYTHONPATH="$TMP/router${PYTHONPATH:+:$PYTHONPATH}" "$router_python" -m fusedresnet.backend.ab_router_build)"
 rm -rf "$DEST/ab_router_backend" && mkdir -p "$DEST/ab_router_backend"
 cp -r "$(dirname "$router")" "$DEST/ab_router_backend/"
 cp "$ROOT/scripts/offline_bundle_setup.sh" "$DEST/setup.sh"

@@ -38,7 +38,6 @@
 // (the backend's command-line config `disagreements-dir`, which the launcher sets) and logged, at most a line
 // every kLogEveryS.
 
-#include <blake2.h>
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -66,6 +65,7 @@
 #include <vector>
 
 #include "ab_router_spec.h"  // generated from backend/spec.py and backend/ab_config.py (ab_router_build.py)
+#include "blake2.h"  // BLAKE2's reference code, vendored in third_party/blake2
 #include "rapidjson/document.h"
 #include "rapidjson/stringbuffer.h"
 #include "rapidjson/writer.h"
@@ -268,7 +268,7 @@ TRITONSERVER_Error* ParseRouterConfig(const rapidjson::Document& model_config, R
 // Where `key` falls in 0..100 (percent): ab_config.sticky_share (blake2b, 8-byte digest, big-endian).
 double StickyShare(const std::string& key) {
   uint8_t digest[8];
-  blake2b(digest, key.data(), nullptr, sizeof(digest), key.size(), 0);
+  blake2b(digest, sizeof(digest), key.data(), key.size(), nullptr, 0);
   uint64_t value = 0;
   for (uint8_t byte : digest) value = (value << 8) | byte;
   return static_cast<double>(value % spec::kStickyBuckets) * 100.0 / spec::kStickyBuckets;
