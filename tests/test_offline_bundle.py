@@ -236,8 +236,8 @@ def test_routers_sticky_share_is_pythons_with_the_vendored_blake2b(tmp_path):
 
 def test_bundle_builds_the_router_in_a_checkout_with_nothing_installed(tmp_path):
     """make_offline_bundle.sh in a fresh clone (no .venv, no make setup): its python3 sees no installed package
-    (a python3 -S stand-in here, which also stands in for pip's downloads), yet it builds the router's backend
-    into the bundle."""
+    (a python3 -S stand-in here, which also stands in for pip's downloads: an empty wheel for each requirement),
+    yet it builds the router's backend into the bundle."""
     build = router_build()
     checkout = tmp_path / "checkout"
     (checkout / "scripts").mkdir(parents=True)
@@ -249,9 +249,18 @@ def test_bundle_builds_the_router_in_a_checkout_with_nothing_installed(tmp_path)
     stand_ins.mkdir()
     (stand_ins / "python3").write_text(f"""#!/usr/bin/env bash
 if [[ $1 == -m && $2 == pip && $3 == download ]]; then
-  while [[ $# -gt 0 && $1 != -d ]]; do shift; done
-  mkdir -p "$2" && touch "$2/probe-1.0-py3-none-any.whl"
-  exit 0
+  shift 3; wheels=()
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      -d) folder=$2; shift 2 ;;
+      --platform|--python-version|--implementation) shift 2 ;;
+      -*) shift ;;
+      *) name=${{1%%==*}}; name=${{name%%\\[*}}; wheels+=("${{name//-/_}}-${{1##*==}}-py3-none-any.whl"); shift ;;
+    esac
+  done
+  mkdir -p "$folder" && cd "$folder" || exit 1
+  exec "{sys.executable}" -S -c 'import sys, zipfile; [zipfile.ZipFile(w, "w").close() for w in sys.argv[1:]]' \
+       "${{wheels[@]}}"
 fi
 exec "{sys.executable}" -S "$@"
 """)
@@ -270,4 +279,5 @@ exec "{sys.executable}" -S "$@"
                             capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (bundle / "ab_router_backend" / build.build_digest() / build.LIBRARY_NAME).is_file()
-    assert (bundle / "wheels" / "probe-1.0-py3-none-any.whl").is_file()
+    pins = dict(line.split("==", 1) for line in run_make("--print-requirements").stdout.split())
+    assert (bundle / "wheels" / f"locust-{pins['locust']}-py3-none-any.whl").is_file()
