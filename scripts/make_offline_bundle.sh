@@ -11,7 +11,11 @@
 # matplotlib and psutil (docs/GPU_HOST.md); the bundle brings the rest, each at the version
 # pyproject.toml pins (nothing is pinned here):
 #   triton.tar.xz   Triton Inference Server from the nvidia-pytriton wheel (server binary, Python
-#                   backend, the stubs for Python 3.8-3.13), laid out as the wheel installs it
+#                   backend, the stub for the host's Python), laid out as the wheel installs it
+#   frontend.tar.xz the tritonfrontend wheel's files, laid out as it installs (Triton's current gRPC, HTTP and
+#                   metrics frontends: the in-process front end, backend/front_end.py; its Python package and
+#                   dependencies are not used, only its library), xz-compressed: a wheel's zip is 3 MB larger
+#   frontend_shim/  the in-process front end's shim built here (backend/frontend_shim_build.py)
 #   wheels/         tritonclient[grpc,http], locust, prometheus_client, perf-analyzer (Triton's load
 #                   tool), cuda-bindings and cuda-pathfinder, with their dependencies that the host
 #                   lacks (HOST_HAS), for the host's Python (PYTHON_VERSION) on manylinux x86_64
@@ -52,10 +56,11 @@ print("\n".join(pins[canonical(name)] for name in names))
 EOF
 }
 
-pins="$(pinned nvidia-pytriton "${BUNDLED[@]}")"
+pins="$(pinned nvidia-pytriton tritonfrontend "${BUNDLED[@]}")"
 mapfile -t requirements <<< "$pins"
 pytriton="${requirements[0]}"
-requirements=("${requirements[@]:1}")
+frontend="${requirements[1]}"
+requirements=("${requirements[@]:2}")
 
 # cuda-bindings must match the host's CUDA major (its driver); cuda-pathfinder serves every major.
 for i in "${!requirements[@]}"; do
@@ -79,7 +84,7 @@ done
 requirements+=(${EXTRA_WHEELS:-})
 
 if [[ ${1:-} == --print-requirements ]]; then
-  printf '%s\n' "$pytriton" "${requirements[@]}"
+  printf '%s\n' "$pytriton" "$frontend" "${requirements[@]}"
   exit 0
 fi
 
@@ -102,10 +107,22 @@ if [[ ! -s $DEST/triton.tar.xz || ! -f $DEST/triton.version || $(cat "$DEST/trit
   mkdir -p "$TMP/site"
   (cd "$TMP/site" && python3 -m zipfile -e "$TMP"/nvidia_pytriton-*.whl .)
   rm -f "$TMP"/site/nvidia_pytriton.libs/libpython3-*.so*
+  # the host runs the stub of its own Python alone (backend/triton_install.py)
+  find "$TMP"/site/pytriton/tritonserver/python_backend_stubs -mindepth 1 -maxdepth 1 ! -name "$PYTHON_VERSION" \
+       -exec rm -rf {} +
   chmod +x "$TMP"/site/pytriton/tritonserver/bin/tritonserver \
            "$TMP"/site/pytriton/tritonserver/python_backend_stubs/*/triton_python_backend_stub
-  tar -C "$TMP/site" -cJf "$DEST/triton.tar.xz" .
+  XZ_OPT="${XZ_OPT:--9e -T0}" tar -C "$TMP/site" -cJf "$DEST/triton.tar.xz" .   # -9e: 1.9 MB less than the default
   echo "$pytriton" > "$DEST/triton.version"
+fi
+
+if [[ ! -s $DEST/frontend.tar.xz || ! -f $DEST/frontend.version || $(cat "$DEST/frontend.version") != "$frontend" ]]; then
+  echo "downloading $frontend"
+  python3 -m pip download -q --no-deps "${BINARY[@]}" "${PLATFORMS[@]}" -d "$TMP/frontend" "$frontend"
+  mkdir -p "$TMP/frontend/site"
+  (cd "$TMP/frontend/site" && python3 -m zipfile -e "$TMP"/frontend/tritonfrontend-*.whl .)
+  XZ_OPT="${XZ_OPT:--9e -T0}" tar -C "$TMP/frontend/site" -cJf "$DEST/frontend.tar.xz" .
+  echo "$frontend" > "$DEST/frontend.version"
 fi
 
 echo "downloading ${requirements[*]}"
@@ -122,7 +139,10 @@ mkdir -p "$TMP/router/fusedresnet" && ln -s "$ROOT/backend" "$TMP/router/fusedre
 router="$(PYTHONPATH="$TMP/router${PYTHONPATH:+:$PYTHONPATH}" "$router_python" -m fusedresnet.backend.ab_router_build)"
 rm -rf "$DEST/ab_router_backend" && mkdir -p "$DEST/ab_router_backend"
 cp -r "$(dirname "$router")" "$DEST/ab_router_backend/"
+shim="$(PYTHONPATH="$TMP/router${PYTHONPATH:+:$PYTHONPATH}" "$router_python" -m fusedresnet.backend.frontend_shim_build)"
+rm -rf "$DEST/frontend_shim" && mkdir -p "$DEST/frontend_shim"
+cp -r "$(dirname "$shim")" "$DEST/frontend_shim/"
 cp "$ROOT/scripts/offline_bundle_setup.sh" "$DEST/setup.sh"
-printf '%s\n' "$pytriton" "${requirements[@]}" > "$DEST/requirements.txt"
+printf '%s\n' "$pytriton" "$frontend" "${requirements[@]}" > "$DEST/requirements.txt"
 ls "$DEST/wheels"
 du -sh "$DEST"

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MAKE = ROOT / "scripts" / "make_offline_bundle.sh"
 SETUP = ROOT / "scripts" / "offline_bundle_setup.sh"
 # What the bundle must bring, by the extra of pyproject.toml that pins each (docs/GPU_HOST.md).
-BUNDLED = {"nvidia-pytriton": "server", "tritonclient": "client", "locust": "loadtest",
+BUNDLED = {"nvidia-pytriton": "server", "tritonfrontend": "frontend", "tritonclient": "client", "locust": "loadtest",
            "prometheus_client": "loadtest", "perf-analyzer": "perf", "cuda-bindings": "cuda",
            "cuda-pathfinder": "cuda"}
 
