@@ -27,8 +27,19 @@ front_door() {   # name, then campaigns/front_door.py's arguments
 status=0
 case $task in
 check)
-    python3 -m fusedresnet.backend.serve --front-end inprocess --help > /dev/null
-    FUSEDRESNET_FRONT_END=inprocess timeout 540 python3 -m pytest -x -q -p no:cacheprovider --durations=10 \
+    # the launcher as the README starts it, then the photos through both models over gRPC, HTTP and CUDA shared memory
+    python3 -m fusedresnet.backend.serve --front-end inprocess --client-shared-memory --log-file "$OUT/smoke_server.log" \
+        > "$OUT/smoke_launcher.log" 2>&1 &
+    launcher=$!
+    for _ in $(seq 240); do grep -q "Triton ready on" "$OUT/smoke_launcher.log" && break; sleep 0.5; done
+    cat "$OUT/smoke_launcher.log"
+    for protocol in "--protocol grpc" "--protocol http" "--shared-memory cuda"; do
+        # shellcheck disable=SC2086  # two words on purpose
+        python3 -m fusedresnet.client.classify client/samples/* $protocol --model resnet18_custom --top-k 1 2>&1 \
+            | tee -a "$OUT/smoke_classify.log" | tail -n 3
+    done
+    kill -INT "$launcher"; wait "$launcher"; echo "launcher exit status $?"; tail -n 5 "$OUT/smoke_launcher.log"
+    FUSEDRESNET_FRONT_END=inprocess timeout 420 python3 -m pytest -x -q -p no:cacheprovider --durations=10 \
         tests/test_front_end.py tests/test_security.py tests/test_serving.py tests/test_client_abuse.py \
         tests/test_front_door.py 2>&1 | tee "$OUT/check.log"
     status=${PIPESTATUS[0]}
