@@ -207,15 +207,17 @@ class Frontends:
                                                                 "--grpc-restricted-protocol")
         http_categories, http_key, http_value = one_restriction(args.http_restricted_api, "--http-restricted-api")
         self.grpc, self.http, self.metrics = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+        trace = ctypes.c_void_p()
+        self.check(shim.fr_trace_manager_new(ctypes.byref(trace), self.error, ERROR_SIZE))
         self.check(shim.fr_grpc_new(
-            server, shm, args.grpc_address.encode(), args.grpc_port, int(args.reuse_grpc_port),
+            server, trace, shm, args.grpc_address.encode(), args.grpc_port, int(args.reuse_grpc_port),
             args.grpc_infer_thread_count, args.grpc_infer_allocation_pool_size, args.grpc_keepalive_time,
             args.grpc_keepalive_timeout, args.grpc_max_connection_age, args.grpc_max_connection_age_grace,
             grpc_categories.encode(), grpc_key.encode(), grpc_value.encode(), ctypes.byref(self.grpc),
             self.error, ERROR_SIZE))
         self.check(shim.fr_http_new(
-            server, shm, args.http_address.encode(), args.http_port, int(args.reuse_http_port), args.http_thread_count,
-            ctypes.c_ulonglong(args.http_max_input_size), http_categories.encode(), http_key.encode(),
+            server, trace, shm, args.http_address.encode(), args.http_port, int(args.reuse_http_port),
+            args.http_thread_count, ctypes.c_ulonglong(args.http_max_input_size), http_categories.encode(), http_key.encode(),
             http_value.encode(), ctypes.byref(self.http), self.error, ERROR_SIZE))
         self.check(shim.fr_metrics_new(server, args.metrics_address.encode(), args.metrics_port,
                                        args.metrics_thread_count, ctypes.byref(self.metrics), self.error, ERROR_SIZE))

@@ -35,7 +35,7 @@ check)
     cat "$OUT/smoke_launcher.log"
     for protocol in "--protocol grpc" "--protocol http" "--shared-memory cuda"; do
         # shellcheck disable=SC2086  # two words on purpose
-        python3 -m fusedresnet.client.classify client/samples/* $protocol --model resnet18_custom --top-k 1 2>&1 \
+        python3 -m fusedresnet.client.classify client/samples/*.png client/samples/*.jpg $protocol --model resnet18_custom --top-k 1 2>&1 \
             | tee -a "$OUT/smoke_classify.log" | tail -n 3
     done
     kill -INT "$launcher"; wait "$launcher"; echo "launcher exit status $?"; tail -n 5 "$OUT/smoke_launcher.log"

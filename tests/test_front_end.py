@@ -149,13 +149,13 @@ def symbols(library: Path, which: str) -> set[str]:
 def test_the_shim_builds_and_imports_only_what_the_tritonfrontend_wheel_exports():
     shim = frontend_shim_build.build()
     imported = {s for s in symbols(shim, "--undefined-only") if s.startswith("_ZN6triton")}
-    # every frontend class's entry point the shim calls: gRPC, HTTP, metrics; made, started, stopped
-    assert len(imported) == 10, sorted(imported)
+    # every frontend class's entry point the shim calls: gRPC, HTTP, metrics, made, started, stopped; the trace manager
+    assert len(imported) == 11, sorted(imported)
     exported = symbols(wheel_library(BUILD_DIR / f"tritonfrontend-{TRITONFRONTEND_VERSION}"), "--defined-only")
     assert imported <= exported, sorted(imported - exported)
     # its C interface, for backend/inprocess_server.py
     assert {"fr_grpc_new", "fr_http_new", "fr_metrics_new", "fr_shared_memory_manager_new", "fr_grpc_graceful_stop",
-            } <= symbols(shim, "--defined-only")
+            "fr_trace_manager_new"} <= symbols(shim, "--defined-only")
 
 
 def test_a_server_process_that_crashes_in_process_is_seen_as_a_crash():

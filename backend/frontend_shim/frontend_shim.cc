@@ -77,6 +77,23 @@ Restrict(
 
 extern "C" {
 
+// The trace manager of every frontend of one core: tracing off (level DISABLED, the binary's defaults: rate 1000,
+// no count limit, Triton's own trace format) until the trace API, behind the admin token, turns it on.
+int
+fr_trace_manager_new(void** manager, char* error, size_t error_size)
+{
+  triton::server::TraceManager* made = nullptr;
+  if (Check(
+          triton::server::TraceManager::Create(
+              &made, TRITONSERVER_TRACE_LEVEL_DISABLED, 1000, -1, 0, "", triton::server::TRACE_MODE_TRITON,
+              triton::server::TraceConfigMap{}),
+          error, error_size, "creating the trace manager") != 0) {
+    return -1;
+  }
+  *manager = made;
+  return 0;
+}
+
 // A shared-memory manager for every frontend of one core; allow_client_shm: whether clients may register regions.
 void*
 fr_shared_memory_manager_new(int allow_client_shm)
@@ -90,7 +107,7 @@ fr_shared_memory_manager_new(int allow_client_shm)
 // "triton-grpc-protocol-" + restricted_key, as tritonserver's --grpc-restricted-protocol makes it.
 int
 fr_grpc_new(
-    void* server, void* shm_manager, const char* address, int port, int reuse_port, int infer_threads,
+    void* server, void* trace_manager, void* shm_manager, const char* address, int port, int reuse_port, int infer_threads,
     int allocation_pool_size, int keepalive_time_ms, int keepalive_timeout_ms, int max_connection_age_ms,
     int max_connection_age_grace_ms, const char* restricted, const char* restricted_key,
     const char* restricted_value, void** frontend, char* error, size_t error_size)
@@ -114,7 +131,8 @@ fr_grpc_new(
   std::unique_ptr<triton::server::grpc::Server> service;
   if (Check(
           triton::server::grpc::Server::Create(
-              Unowned(server), nullptr, *static_cast<std::shared_ptr<SharedMemoryManager>*>(shm_manager), options,
+              Unowned(server), static_cast<triton::server::TraceManager*>(trace_manager),
+              *static_cast<std::shared_ptr<SharedMemoryManager>*>(shm_manager), options,
               &service),
           error, error_size, "creating the gRPC frontend") != 0) {
     return -1;
@@ -149,7 +167,7 @@ fr_grpc_stop(void* frontend, char* error, size_t error_size)
 // The HTTP frontend (not started); restricted APIs ask for the header `restricted_key`: `restricted_value`.
 int
 fr_http_new(
-    void* server, void* shm_manager, const char* address, int port, int reuse_port, int threads,
+    void* server, void* trace_manager, void* shm_manager, const char* address, int port, int reuse_port, int threads,
     unsigned long long max_input_size, const char* restricted, const char* restricted_key,
     const char* restricted_value, void** frontend, char* error, size_t error_size)
 {
@@ -160,8 +178,8 @@ fr_http_new(
   std::unique_ptr<triton::server::HTTPServer> service;
   if (Check(
           triton::server::HTTPAPIServer::Create(
-              Unowned(server), nullptr, *static_cast<std::shared_ptr<SharedMemoryManager>*>(shm_manager), port,
-              reuse_port != 0, address, "", threads, static_cast<size_t>(max_input_size), features, &service),
+              Unowned(server), static_cast<triton::server::TraceManager*>(trace_manager),
+              *static_cast<std::shared_ptr<SharedMemoryManager>*>(shm_manager), port, reuse_port != 0, address, "", threads, static_cast<size_t>(max_input_size), features, &service),
           error, error_size, "creating the HTTP frontend") != 0) {
     return -1;
   }

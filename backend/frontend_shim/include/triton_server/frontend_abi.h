@@ -12,6 +12,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
 
 #include "restricted_features.h"
 #include "triton/core/tritonserver.h"
@@ -27,7 +31,19 @@ typedef enum {
 
 namespace triton { namespace server {
 
-class TraceManager;  // only ever passed as nullptr
+// src/tracer.h: made as the binary makes it when no --trace-* flag is given (tracing off until an admin turns it on).
+// The frontends need one: 2.73's HTTP trace API never answers without it.
+using TraceConfig = std::vector<std::pair<std::string, std::variant<std::string, int, uint32_t>>>;
+using TraceConfigMap = std::unordered_map<std::string, TraceConfig>;
+typedef enum tracemode_enum { TRACE_MODE_TRITON = 0, TRACE_MODE_OPENTELEMETRY = 1 } InferenceTraceMode;
+
+class TraceManager {
+ public:
+  static TRITONSERVER_Error* Create(
+      TraceManager** manager, const TRITONSERVER_InferenceTraceLevel level, const uint32_t rate, const int32_t count,
+      const uint32_t log_frequency, const std::string& filepath, const InferenceTraceMode mode,
+      const TraceConfigMap& config_map);
+};
 
 // src/shared_memory_manager.h: constructed here (its constructor is inline upstream), used by the frontend's own
 // code. Its members in upstream's order; it is never destroyed (the launcher's process ends with it).
