@@ -217,8 +217,8 @@ class Frontends:
             self.error, ERROR_SIZE))
         self.check(shim.fr_http_new(
             server, trace, shm, args.http_address.encode(), args.http_port, int(args.reuse_http_port),
-            args.http_thread_count, ctypes.c_ulonglong(args.http_max_input_size), http_categories.encode(), http_key.encode(),
-            http_value.encode(), ctypes.byref(self.http), self.error, ERROR_SIZE))
+            args.http_thread_count, ctypes.c_ulonglong(args.http_max_input_size), http_categories.encode(),
+            http_key.encode(), http_value.encode(), ctypes.byref(self.http), self.error, ERROR_SIZE))
         self.check(shim.fr_metrics_new(server, args.metrics_address.encode(), args.metrics_port,
                                        args.metrics_thread_count, ctypes.byref(self.metrics), self.error, ERROR_SIZE))
 
