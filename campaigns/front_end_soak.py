@@ -10,7 +10,7 @@ abusive ones run on `--generator-cores`.
 
 Valid traffic, per front end: `--valid-processes` processes of `client_abuse valid` with the project's retries
 (the clients' gRPC channel and its retry policy, UNAVAILABLE retried with backoff, as ResNetClient does) and as many
-without any retry (one attempt each, on a plain channel: what a plain tritonclient user gets), each keeping
+plain tritonclient users without any retry (`plain-client`: one attempt each, tritonclient's own channel), each keeping
 `--valid-in-flight` single-image calls in flight, alternating custom and cuDNN. A call that never got an answer is a
 failure; every answer is compared with the first answer to the same request.
 
@@ -60,6 +60,53 @@ VALID_MODELS = (MODEL_CUSTOM, MODEL_CUDNN)
 SAMPLE_EVERY_S = 0.5
 KILLED_CLIENT_AFTER_S = 1.5
 SETTLE_S = 120.0
+
+
+def plain_client(url: str, model: str, seconds: float, in_flight: int, seed: int) -> dict:
+    """A plain tritonclient user: `in_flight` threads, each with a client of its own (InferenceServerClient, its
+    default channel: no retry policy), sending single-image calls one after another for `seconds`, each tried once.
+    Every answer is compared with the first answer to the same image."""
+    import tritonclient.grpc as grpcclient
+
+    from fusedresnet.backend.spec import INPUT_UINT8, OUTPUT_LOGITS
+    from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, relative_l2
+
+    images = np.random.default_rng(seed).integers(0, 256, (4, 224, 224, 3), dtype=np.uint8)
+    first: dict[int, np.ndarray] = {}
+    counts = {"sent": 0, "answered": 0, "lost": 0, "mismatched": 0}
+    failures: list[str] = []
+    lock = threading.Lock()
+    end = time.monotonic() + seconds
+
+    def worker(slot: int):
+        client = grpcclient.InferenceServerClient(url)
+        n = slot
+        while time.monotonic() < end:
+            index = n % len(images)
+            n += in_flight
+            request = grpcclient.InferInput(INPUT_UINT8, [1, 224, 224, 3], "UINT8")
+            request.set_data_from_numpy(images[index:index + 1])
+            try:
+                logits = client.infer(model, [request], outputs=[grpcclient.InferRequestedOutput(OUTPUT_LOGITS)],
+                                      client_timeout=client_abuse.VALID_DEADLINE_S).as_numpy(OUTPUT_LOGITS)
+            except Exception as error:   # noqa: BLE001 - every failure of a call is counted, whatever it is
+                with lock:
+                    counts["sent"] += 1
+                    counts["lost"] += 1
+                    failures.append(f"{time.time():.1f}: {str(error)[:160]}")
+                continue
+            with lock:
+                counts["sent"] += 1
+                counts["answered"] += 1
+                counts["mismatched"] += relative_l2(logits, first.setdefault(index, logits)) > IMAGE_REL_L2_TOLERANCE
+        client.close()
+
+    threads = [threading.Thread(target=worker, args=(slot,)) for slot in range(in_flight)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {**counts, "failures": failures[:10]}
 
 
 def stopped_generator(url: str, request: bytes, folder: Path) -> dict:
@@ -121,10 +168,13 @@ class FrontEndUnderAbuse:
             for i in range(self.args.valid_processes):
                 model = VALID_MODELS[i % len(VALID_MODELS)]
                 tag = f"valid_{'retries' if retries else 'no_retries'}{i}"
-                command = [sys.executable, "-m", "fusedresnet.campaigns.client_abuse", "valid", "--url",
-                           self.server.grpc_url, "--model", model, "--seconds", str(seconds), "--in-flight",
-                           str(self.args.valid_in_flight), "--images-per-request", "1", "--seed", str(i),
-                           *([] if retries else ["--no-retry"])]
+                command = ([sys.executable, "-m", "fusedresnet.campaigns.client_abuse", "valid", "--url",
+                            self.server.grpc_url, "--model", model, "--seconds", str(seconds), "--in-flight",
+                            str(self.args.valid_in_flight), "--images-per-request", "1", "--seed", str(i)]
+                           if retries else
+                           [sys.executable, "-m", "fusedresnet.campaigns.front_end_soak", "plain-client", "--url",
+                            self.server.grpc_url, "--model", model, "--seconds", str(seconds), "--in-flight",
+                            str(self.args.valid_in_flight), "--seed", str(i)])
                 self.valid.append((retries, started_with_output(command, self.work / f"{tag}.json",
                                                                 self.work / f"{tag}.err",
                                                                 env=dict(os.environ, **ONE_THREAD_PER_POOL))))
@@ -158,6 +208,7 @@ class FrontEndUnderAbuse:
     def report(self) -> dict:
         failed = {True: 0, False: 0}
         sent = mismatched = 0
+        examples: list[str] = []
         for i, (retries, process) in enumerate(self.valid):
             tag = f"valid_{'retries' if retries else 'no_retries'}{i % self.args.valid_processes}"
             try:
@@ -168,6 +219,7 @@ class FrontEndUnderAbuse:
             sent += result["sent"]
             failed[retries] += result["lost"]
             mismatched += result["mismatched"]
+            examples += [str(example) for example in result["failures"][:3]]
         output = self.server.output()
         return {"name": self.name, "front_end_line": next((line for line in output.splitlines()
                                                             if line.startswith("fusedresnet: front end:")), None),
@@ -179,7 +231,7 @@ class FrontEndUnderAbuse:
                          "restarts": len(RECOVERY_LINE.findall(output)),
                          "abuse_cycles": len(self.cycles)},
                 "abuse_first_cycle": self.cycles[0] if self.cycles else None,
-                "failure_lines": FAILURE_LINE.findall(output)[:10]}
+                "failure_lines": FAILURE_LINE.findall(output)[:10], "valid_failure_examples": examples[:10]}
 
 
 def markdown(report: dict) -> str:
@@ -195,7 +247,22 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def plain_client_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="front_end_soak plain-client")
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--model", default=MODEL_CUSTOM)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--in-flight", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    print(json.dumps(plain_client(args.url, args.model, args.seconds, args.in_flight, args.seed)))
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plain-client"]:
+        return plain_client_main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=600.0)
     parser.add_argument("--front-ends", default="binary,inprocess")
@@ -206,6 +273,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("build/front_end_soak"))
     parser.add_argument("launcher_args", nargs="*", help="more launcher arguments, after --")
     args = parser.parse_args(argv)
+    if client_abuse.h2load_binary() is None:
+        parser.error("h2load not found (the stopped generators): install Debian's nghttp2-client")
     names = [name for name in args.front_ends.split(",") if name]
     server_cores, generator_cores = cpu_list(args.server_cores), cpu_list(args.generator_cores)
     share = len(server_cores) // len(names)
@@ -216,7 +285,7 @@ def main(argv=None) -> int:
                   for i, name in enumerate(names)]
     report = {"device": describe_device(), "git_commit": git_commit(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": "python -m fusedresnet.campaigns.front_end_soak " + " ".join(argv or sys.argv[1:]),
+              "command": "python -m fusedresnet.campaigns.front_end_soak " + " ".join(argv),
               "server_cores": cpu_text(server_cores), "generator_cores": cpu_text(generator_cores),
               "pattern": f"Valid, per front end: {args.valid_processes} client processes with the project's retries "
                          f"and {args.valid_processes} without, {args.valid_in_flight} single-image calls in flight "

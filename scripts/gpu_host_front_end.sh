@@ -39,7 +39,7 @@ check)
             | tee -a "$OUT/smoke_classify.log" | tail -n 3
     done
     kill -INT "$launcher"; wait "$launcher"; echo "launcher exit status $?"; tail -n 5 "$OUT/smoke_launcher.log"
-    FUSEDRESNET_FRONT_END=inprocess timeout 420 python3 -m pytest -x -q -p no:cacheprovider --durations=10 \
+    FUSEDRESNET_FRONT_END=inprocess timeout "${CHECK_TIMEOUT_S:-420}" python3 -m pytest -q -p no:cacheprovider --durations=10 \
         tests/test_front_end.py tests/test_security.py tests/test_serving.py tests/test_client_abuse.py \
         tests/test_front_door.py 2>&1 | tee "$OUT/check.log"
     status=${PIPESTATUS[0]}
