@@ -292,10 +292,8 @@ def main(argv=None) -> int:
                          f"each ({', '.join(VALID_MODELS)} in turn); abuse, per front end, every cycle: "
                          f"{', '.join(ABUSE_KINDS)}; ServerReady on each port every {SAMPLE_EVERY_S} s."}
     try:
-        for front_end in front_ends:
-            front_end.server.start(ready_timeout_s=None)
-        for front_end in front_ends:
-            front_end.server.wait_ready(600)
+        for front_end in front_ends:   # one after the other: their model loads do not compete
+            front_end.server.start(ready_timeout_s=600)
         os.sched_setaffinity(0, generator_cores)   # this process, its clients and its abusers
         end = time.monotonic() + args.seconds
         for front_end in front_ends:
