@@ -8,7 +8,9 @@
 
 `--front-end auto` (the default) takes the in-process one wherever it loads: this Python has the wheel at the
 version the shim's declarations mirror, glibc is recent enough, the shim builds, and a child process loads the
-wheel's library, its 2.51 core and the shim. The launcher says which in one line (`FrontEndChoice.line`).
+wheel's library, its 2.51 core and the shim; except with `--client-shared-memory` (local clients that share memory
+with the server), which gets the binary: CUDA regions do not register through the in-process frontends
+(CUDA_SHM_UNSUPPORTED). The launcher says which in one line (`FrontEndChoice.line`).
 """
 
 from __future__ import annotations
@@ -110,19 +112,31 @@ def unavailable_because(environment: dict) -> str | None:
 _WHY_NOT: dict[tuple, str | None] = {}   # unavailable_because, once per environment's library path and interpreter
 
 
-def choose_front_end(requested: str, environment: dict) -> FrontEndChoice:
-    """The front end for --front-end `requested` (auto, inprocess, binary). A ValueError where `inprocess` was
-    asked for and cannot serve here."""
+# CUDA shared memory does not register through the in-process frontends: the frontend's cudaIpcOpenMemHandle fails
+# ("failed to register shared memory region ...: invalid args"), with or without MPS, where the binary maps the same
+# client's regions (H200, 2026-12-01; system shared memory registers and serves). Clients that share memory with the
+# server are local and ask for it (--client-shared-memory): they get the binary, with its crash exposure.
+CUDA_SHM_UNSUPPORTED = "CUDA shared-memory regions do not register through the in-process frontends"
+
+
+def choose_front_end(requested: str, environment: dict, client_shared_memory: bool = False) -> FrontEndChoice:
+    """The front end for --front-end `requested` (auto, inprocess, binary), with or without --client-shared-memory.
+    A ValueError where `inprocess` was asked for and cannot serve here."""
     if requested not in FRONT_ENDS:
         raise ValueError(f"front end {requested!r}: expected one of {', '.join(FRONT_ENDS)}")
     if requested == "binary":
         return FrontEndChoice("binary", "asked for (--front-end binary)")
+    if requested == "auto" and client_shared_memory:
+        return FrontEndChoice("binary", "client shared memory asked for (--client-shared-memory): "
+                                        f"{CUDA_SHM_UNSUPPORTED} (docs/ROBUSTNESS.md: what the binary's crashes cost)")
     key = (environment.get("LD_LIBRARY_PATH"), environment.get("PATH"), sys.executable)
     if key not in _WHY_NOT:
         _WHY_NOT[key] = unavailable_because(environment)
     why_not = _WHY_NOT[key]
     if why_not is None:
-        return FrontEndChoice("inprocess", "it loads here" + (" (--front-end auto)" if requested == "auto" else ""))
+        shm = f"; system shared memory only: {CUDA_SHM_UNSUPPORTED}" if client_shared_memory else ""
+        how = " (--front-end auto)" if requested == "auto" else ""
+        return FrontEndChoice("inprocess", f"it loads here{how}{shm}")
     if requested == "inprocess":
         raise ValueError(f"--front-end inprocess: {why_not}")
     return FrontEndChoice("binary", f"the in-process one cannot serve here: {why_not}")

@@ -264,7 +264,8 @@ class TritonServer:
         """What this process serves through (decided once): a ServerError where `inprocess` cannot serve here."""
         if self.front_end_choice is None:
             try:
-                self.front_end_choice = choose_front_end(self.front_end, self.environment(triton, inprocess=True))
+                self.front_end_choice = choose_front_end(self.front_end, self.environment(triton, inprocess=True),
+                                                         self.client_shared_memory)
             except ValueError as error:
                 raise ServerError(str(error)) from None
         return self.front_end_choice
@@ -652,7 +653,7 @@ class ServerGroup:
     def choose_front_end(self, requested: str, client_shared_memory: bool = False) -> FrontEndChoice:
         """Serve through the front end that --front-end `requested` gives here (backend/front_end.py), said in one
         line; a ServerError where `inprocess` was asked for and cannot serve."""
-        self.first.front_end = requested
+        self.first.front_end, self.first.client_shared_memory = requested, client_shared_memory
         choice = self.first.resolve_front_end(find_triton())
         for server in self.servers:
             server.front_end, server.front_end_choice = requested, choice
@@ -766,7 +767,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--client-shared-memory", action="store_true",
                         help="let clients on this host register system and CUDA shared-memory regions (the admin "
                              "token still guards registration): one process per GPU, since a region registered "
-                             "through one process is unknown to the others on the shared port")
+                             "through one process is unknown to the others on the shared port; served through the "
+                             "tritonserver binary (CUDA regions do not register through the in-process frontends; "
+                             "with --front-end inprocess: system regions only)")
     parser.add_argument("triton_args", nargs="*", help="extra server flags, after -- (the in-process front end takes "
                                                        "the tritonserver flags that backend/inprocess_server.py lists)")
     return parser
