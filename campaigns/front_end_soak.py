@@ -247,6 +247,33 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def front_end_results(soak: dict, throughput: list[dict], notes: list[str]) -> dict:
+    """results/front_end.json from this campaign's soak report and campaigns/front_door.py's reports (each run with
+    `--launcher-args "--front-end <name> ..."`): per front end its soak and its throughput rows."""
+    from fusedresnet.backend.front_end import TRITONFRONTEND_VERSION
+    from fusedresnet.backend.inprocess_server import GRPC_INFER_THREADS
+    from fusedresnet.backend.serve import DEFAULT_PROCESSES_PER_GPU
+
+    front_ends = []
+    for entry in soak["front_ends"]:
+        name = entry["name"]
+        rows = [{key: row[key] for key in ("model", "images_per_request", "shared_memory", "img_per_s", "p50_ms",
+                                           "p99_ms", "processes_per_gpu")}
+                for report in throughput if f"--front-end {name}" in report.get("launcher_args", "")
+                for row in report["layouts"]]
+        front_ends.append({"name": "binary-2.51" if name == "binary" else name,
+                           "triton_frontend_version": "2.51.0" if name == "binary" else TRITONFRONTEND_VERSION,
+                           "processes_per_gpu": DEFAULT_PROCESSES_PER_GPU,
+                           "infer_threads": None if name == "binary" else GRPC_INFER_THREADS,
+                           "soak": entry["soak"], "soak_failure_examples": entry.get("valid_failure_examples", []),
+                           "throughput": rows})
+    return {"device": soak["device"], "date": soak["date"], "git_commit": soak["git_commit"],
+            "server_cores": soak["server_cores"], "generator_cores": soak["generator_cores"],
+            "soak_command": soak["command"], "soak_pattern": soak["pattern"],
+            "throughput_commands": [report["command"] for report in throughput], "front_ends": front_ends,
+            "notes": notes}
+
+
 def plain_client_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="front_end_soak plain-client")
     parser.add_argument("--url", required=True)
@@ -259,10 +286,45 @@ def plain_client_main(argv: list[str]) -> int:
     return 0
 
 
+def results_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="front_end_soak results")
+    parser.add_argument("--soak", type=Path, required=True, help="this campaign's report (.json)")
+    parser.add_argument("--throughput", type=Path, nargs="*", default=[], help="front_door.py reports (.json)")
+    parser.add_argument("--note", action="append", default=[], help="a line for the report's notes")
+    parser.add_argument("--out", type=Path, default=Path("results/front_end.json"))
+    args = parser.parse_args(argv)
+    results = front_end_results(json.loads(args.soak.read_text()),
+                                [json.loads(path.read_text()) for path in args.throughput], args.note)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    fields = ("duration_s", "valid_sent", "valid_failed_with_retries", "valid_failed_without_retries",
+              "capacity_zero_s", "crashes", "restarts", "abuse_cycles")
+    lines = [f"# Front ends: Triton 2.51's binary against the in-process one ({results['date']})", "",
+             f"{results['device']}; code {results['git_commit']}; servers on cores {results['server_cores']}, clients "
+             f"on {results['generator_cores']}.", "", f"Soak: `{results['soak_command']}`. {results['soak_pattern']}",
+             "", "| front end | frontend version | processes/GPU | " + " | ".join(fields) + " |",
+             "|---|---|---:|" + "---:|" * len(fields)]
+    lines += [f"| {f['name']} | {f['triton_frontend_version']} | {f['processes_per_gpu']} | "
+              + " | ".join(str(f["soak"][key]) for key in fields) + " |" for f in results["front_ends"]]
+    rows = [(f["name"], row) for f in results["front_ends"] for row in f["throughput"]]
+    lines += ["", "## Throughput", ""]
+    if rows:
+        lines += ["| front end | model | images/request | shared memory | img/s | p50 ms | p99 ms |",
+                  "|---|---|---:|---|---:|---:|---:|"]
+        lines += [f"| {name} | {r['model']} | {r['images_per_request']} | {'CUDA' if r['shared_memory'] else '-'} | "
+                  f"{r['img_per_s']:,.0f} | {r['p50_ms']} | {r['p99_ms']} |" for name, r in rows]
+    else:
+        lines.append("Not measured in this run.")
+    lines += ["", "## Notes", "", *(f"- {note}" for note in results["notes"]), ""]
+    args.out.with_suffix(".md").write_text("\n".join(lines))
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["plain-client"]:
         return plain_client_main(argv[1:])
+    if argv[:1] == ["results"]:
+        return results_main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=600.0)
     parser.add_argument("--front-ends", default="binary,inprocess")
