@@ -3,7 +3,7 @@
 #   make demo    set everything up, start Triton with both models, classify the
 #                sample photos through both over gRPC (labels + timings), stop
 #   make test    set everything up and run the test suite against the real server
-#   make serve   run the server in the foreground (Ctrl-C stops it)
+#   make serve   run the server in the foreground (Ctrl-C stops it; launcher options in SERVE_ARGS)
 #   make loadtest  A/B load-test sweep of both models against a server it starts
 #   make setup   virtual environment + dependencies + model repository files
 #   make lint    ruff (pinned in pyproject.toml) over the whole tree; `make test` runs it first
@@ -31,6 +31,7 @@ NVIDIA_GPU ?= $(shell { command -v nvidia-smi || test -e /dev/nvidia0 || test -e
 FRONTEND ?= $(shell $(PYTHON3) -c 'import os, sys; g = os.confstr("CS_GNU_LIBC_VERSION").split()[-1].split("."); \
 	sys.exit(sys.version_info[:2] != (3, 12) or (int(g[0]), int(g[1])) < (2, 38))' 2>/dev/null && echo yes)
 PYTEST_ARGS ?=
+SERVE_ARGS ?=
 
 .PHONY: setup prepare serve demo lint test loadtest clean
 
@@ -66,7 +67,7 @@ prepare: $(INSTALLED)
 	$(PY) -m fusedresnet.backend.prepare $(if $(WEIGHTS),--weights $(WEIGHTS))
 
 serve: setup
-	$(PY) -m fusedresnet.backend.serve
+	$(PY) -m fusedresnet.backend.serve $(SERVE_ARGS)
 
 demo: setup
 	$(PY) -m fusedresnet.client.demo
