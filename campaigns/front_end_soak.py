@@ -354,8 +354,10 @@ def main(argv=None) -> int:
                          f"each ({', '.join(VALID_MODELS)} in turn); abuse, per front end, every cycle: "
                          f"{', '.join(ABUSE_KINDS)}; ServerReady on each port every {SAMPLE_EVERY_S} s."}
     try:
+        began = time.monotonic()
         for front_end in front_ends:   # one after the other: their model loads do not compete
             front_end.server.start(ready_timeout_s=600)
+            print(f"{front_end.name}: ready {time.monotonic() - began:.1f} s after the start", flush=True)
         os.sched_setaffinity(0, generator_cores)   # this process, its clients and its abusers
         end = time.monotonic() + args.seconds
         for front_end in front_ends:
@@ -368,6 +370,7 @@ def main(argv=None) -> int:
         for front_end in front_ends:
             for _, process in front_end.valid:
                 process.wait(timeout=args.seconds + client_abuse.VALID_DEADLINE_S + 120)
+        print(f"valid clients done {time.monotonic() - began:.1f} s after the start", flush=True)
         # a restart of the last moments must end with a ready server
         settle_by = time.monotonic() + SETTLE_S
         while time.monotonic() < settle_by and not all(grpc_ready(f.server.grpc_url) for f in front_ends):
@@ -376,6 +379,7 @@ def main(argv=None) -> int:
             front_end.stop.set()
             for thread in front_end.threads:
                 thread.join(timeout=120)
+        print(f"abuse over {time.monotonic() - began:.1f} s after the start", flush=True)
         report["front_ends"] = [front_end.report() for front_end in front_ends]
     finally:
         os.sched_setaffinity(0, inherited)

@@ -12,6 +12,7 @@ FUSEDRESNET_FRONT_END=inprocess).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -24,10 +25,9 @@ import pytest
 from fusedresnet.backend import front_end, frontend_shim_build, inprocess_server
 from fusedresnet.backend.front_end import TRITONFRONTEND_VERSION, FrontEndChoice, choose_front_end
 from fusedresnet.backend.serve import EXIT_SERVER_DIED, TritonServer
-from fusedresnet.backend.spec import BUILD_DIR
+from fusedresnet.backend.spec import BUILD_DIR, MODEL_CUDNN, MODEL_CUSTOM
 from fusedresnet.backend.triton_install import ServerError, TritonInstallation, find_triton
-
-from robustness_helpers import Launcher
+from fusedresnet.campaigns.serving_sequence import repository_with_instances
 
 ON_OLD_GLIBC = (front_end.glibc_version() or (0, 0)) < front_end.MIN_GLIBC
 
@@ -35,23 +35,6 @@ ON_OLD_GLIBC = (front_end.glibc_version() or (0, 0)) < front_end.MIN_GLIBC
 def launcher_run(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "fusedresnet.backend.serve", *args], capture_output=True, text=True,
                           timeout=timeout_s)
-
-
-@pytest.mark.skipif(not ON_OLD_GLIBC, reason="this machine's glibc can load the in-process front end")
-def test_the_launcher_falls_back_to_the_binary_and_says_why_in_one_line(tmp_path):
-    with Launcher(tmp_path, admin_token="front-end-test-token") as launcher:
-        lines = [line for line in launcher.output().splitlines() if line.startswith("fusedresnet: front end:")]
-        assert len(lines) == 1, launcher.output()
-        glibc = front_end.glibc_version()
-        assert lines[0] == ("fusedresnet: front end: the tritonserver binary: the in-process one cannot serve "
-                            f"here: glibc {glibc[0]}.{glibc[1]} here; the tritonfrontend wheel needs glibc 2.38 or "
-                            "later"), lines[0]
-        # it serves through the binary: its process runs tritonserver itself, not the in-process program
-        server = launcher.server_pids()
-        assert server, launcher.output()
-        import psutil
-        command = psutil.Process(next(iter(server.values()))).cmdline()
-        assert command[0].endswith("/bin/tritonserver") and "inprocess_server" not in " ".join(command)
 
 
 @pytest.mark.skipif(not ON_OLD_GLIBC, reason="this machine's glibc can load the in-process front end")
@@ -172,3 +155,38 @@ def test_the_frontend_extra_pins_the_release_the_shim_declares():
     import tomllib
     project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
     assert project["project"]["optional-dependencies"]["frontend"] == [f"tritonfrontend=={TRITONFRONTEND_VERSION}"]
+
+
+@pytest.mark.skipif(shutil.which("h2load") is None, reason="h2load (nghttp2-client) is not installed")
+def test_the_front_end_soak_drives_every_abuse_kind_and_both_kinds_of_valid_client(tmp_path, prepared_repository):
+    """campaigns/front_end_soak.py for a few seconds against the launcher with `--front-end auto`, as a user starts
+    it: the launcher says in one line which front end it took and why (here, on an old glibc, the binary); every
+    abuse kind runs in every cycle without an error of its own; both the clients with retries and the plain ones
+    send and are answered; the report has the fields of results/front_end.json."""
+    from fusedresnet.campaigns import front_end_soak
+
+    repository = repository_with_instances(prepared_repository, 1, tmp_path / "models",
+                                           entries=(MODEL_CUSTOM, MODEL_CUDNN))
+    cores = sorted(os.sched_getaffinity(0))
+    out = tmp_path / "soak"
+    front_end_soak.main(["--seconds", "10", "--front-ends", "auto", "--server-cores", str(cores[0]),
+                         "--generator-cores", str(cores[-1]), "--valid-processes", "1", "--valid-in-flight", "2",
+                         "--out", str(out), "--", "--model-repository", str(repository), "--exit-timeout", "5"])
+    report = json.loads(out.with_suffix(".json").read_text())
+    [binary] = report["front_ends"]   # auto: the binary here
+    if ON_OLD_GLIBC:
+        glibc = front_end.glibc_version()
+        assert binary["front_end_line"] == (
+            "fusedresnet: front end: the tritonserver binary: the in-process one cannot serve here: glibc "
+            f"{glibc[0]}.{glibc[1]} here; the tritonfrontend wheel needs glibc 2.38 or later"), binary["front_end_line"]
+    soak = binary["soak"]
+    assert set(soak) >= {"duration_s", "valid_sent", "valid_failed_with_retries", "valid_failed_without_retries",
+                         "capacity_zero_s", "crashes", "restarts", "abuse_cycles"}
+    assert soak["abuse_cycles"] >= 1 and soak["valid_sent"] > 0
+    cycle = binary["abuse_first_cycle"]
+    for kind in front_end_soak.ABUSE_KINDS:
+        assert kind in cycle and "error" not in cycle[kind], cycle
+    work = Path(report["work_dir"]) / "auto"
+    plain = json.loads((work / "valid_no_retries0.json").read_text())
+    with_retries = json.loads((work / "valid_retries0.json").read_text())
+    assert plain["answered"] > 0 and with_retries["statuses"].get("OK", 0) > 0
