@@ -13,10 +13,6 @@
 set -uo pipefail
 OUT="${OUT:-build/gpu-host}"
 MPS="${1:-off}"
-if [ -f .h2load/h2load.tar.xz ] && [ ! -x .h2load/root/usr/bin/h2load ]; then tar xJf .h2load/h2load.tar.xz -C .h2load; fi
-if [ -x .h2load/root/usr/bin/h2load ]; then
-    export PATH="$PWD/.h2load/root/usr/bin:$PATH" LD_LIBRARY_PATH="$PWD/.h2load/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-fi
 # shellcheck source=scripts/gpu_host_prologue.sh
 source scripts/gpu_host_prologue.sh
 python3 -m fusedresnet.campaigns.front_door --out "$OUT/front_door_$MPS.json" --mps "$MPS" \

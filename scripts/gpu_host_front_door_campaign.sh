@@ -16,10 +16,6 @@
 # the consoles (*.log) and the launchers' logs (logs.tgz).
 set -uo pipefail
 OUT="${OUT:-build/gpu-host}"
-if [ -f .h2load/h2load.tar.xz ] && [ ! -x .h2load/root/usr/bin/h2load ]; then tar xJf .h2load/h2load.tar.xz -C .h2load; fi
-if [ -x .h2load/root/usr/bin/h2load ]; then
-    export PATH="$PWD/.h2load/root/usr/bin:$PATH" LD_LIBRARY_PATH="$PWD/.h2load/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-fi
 # shellcheck source=scripts/gpu_host_prologue.sh
 source scripts/gpu_host_prologue.sh
 status=0

@@ -12,10 +12,6 @@
 set -uo pipefail
 OUT="${OUT:-build/gpu-host}"
 task="${1:?check, levers, throughput or soak}"
-if [ -f .h2load/h2load.tar.xz ] && [ ! -x .h2load/root/usr/bin/h2load ]; then tar xJf .h2load/h2load.tar.xz -C .h2load; fi
-if [ -x .h2load/root/usr/bin/h2load ]; then
-    export PATH="$PWD/.h2load/root/usr/bin:$PATH" LD_LIBRARY_PATH="$PWD/.h2load/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-fi
 # shellcheck source=scripts/gpu_host_prologue.sh
 source scripts/gpu_host_prologue.sh
 SERVER_CORES="${SERVER_CORES:-0-11}" GENERATOR_CORES="${GENERATOR_CORES:-12-15}"

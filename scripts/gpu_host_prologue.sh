@@ -3,7 +3,7 @@
 # its default output folder:
 #   OUT="${OUT:-build/gpu-host}"
 #   source scripts/gpu_host_prologue.sh
-# 1. makes $OUT;
+# 1. makes $OUT, and puts a carried h2load on PATH;
 # 2. sets the host up (scripts/gpu_host_env.sh: the offline bundle, the project, the model files),
 #    its output in $OUT/setup.log, shown and the script stopped if it fails; a script started by
 #    another one that already did it (FUSEDRESNET_GPU_HOST_READY=1) skips it;
@@ -11,6 +11,12 @@
 #    name, driver, memory), the CPU cores, the code's commit (fusedresnet.backend.provenance:
 #    FUSEDRESNET_GIT_COMMIT when set, else the checkout's) and the versions of torch, CUDA, CuPy, NumPy.
 mkdir -p "$OUT"
+# h2load (plain gRPC load), where the call carried it: .h2load/root, or .h2load/h2load.tar.xz of that root
+# (scripts/gpu_host_front_door.sh says how to make it); the host has none.
+if [ -f .h2load/h2load.tar.xz ] && [ ! -x .h2load/root/usr/bin/h2load ]; then tar xJf .h2load/h2load.tar.xz -C .h2load; fi
+if [ -x .h2load/root/usr/bin/h2load ]; then
+    export PATH="$PWD/.h2load/root/usr/bin:$PATH" LD_LIBRARY_PATH="$PWD/.h2load/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+fi
 if [[ ${FUSEDRESNET_GPU_HOST_READY:-} != 1 ]]; then
     # shellcheck source=scripts/gpu_host_env.sh
     source scripts/gpu_host_env.sh > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
