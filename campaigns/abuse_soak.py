@@ -8,7 +8,9 @@ cores not in `--load-cores` (default: the last quarter of this process's cores, 
 gives its load generators); the valid processes and the abuse loop run on `--load-cores`.
 
 Valid load: `--valid-processes` processes of `client_abuse valid`, each keeping `--valid-in-flight` calls of
-`--images-per-request` images in flight for the whole soak, as a real client of the project sends them: on
+`--images-per-request` images in flight for the whole soak (past `--seconds`, until a server other than an aborted
+one has served long enough to be judged, below: a restart that is slow on a busy host leaves no server unjudged; at
+most SETTLE_S more), as a real client of the project sends them: on
 the clients' gRPC channel (its retry policy) and retried on UNAVAILABLE with backoff up to `--deadline-s`
 after the request was first sent (a restarting server refuses connections for longer than gRPC's own
 retries last). A valid request is LOST only when it never got an answer; every answer is compared with that
@@ -18,7 +20,10 @@ Abuse, in a loop until the end (`--abuse` picks the behaviours): a round of aban
 one connection, closed after 1 s), a burst of 500 calls with a 5 ms deadline, an RST_STREAM storm of 1,000
 calls, or the abandonment storm (16 connections x 16 calls closed together after 2 s), then `--pause`; each
 cycle on the next of the `--model` models in turn. `--abort-server-at S` also sends SIGABRT to tritonserver S
-seconds in, once it serves (the crash the launcher must recover from).
+seconds in, once it serves and every valid process has had an answer (the crash the launcher must recover from);
+the report's `aborted` says when, when the launcher's "ready again" line was seen and its recovery time, and the
+valid requests each process had answered before the SIGABRT and after that line (from each answer's own time, to
+a tenth of a second: answers of the aborted server and of the restarted one).
 
 Several processes behind one port (`-- --processes-per-gpu N`): `--model` and `--images-per-request` may be
 lists (valid process i sends the i-th of their combinations, in turn); a sample whose ServerReady on the shared
@@ -40,7 +45,8 @@ beside it), at most max(128 MiB, 10%) of it, and at most 256 MiB of GPU memory.
 
 Passes (exit 0) when: no valid request was lost, no valid answer differed, every restart was followed by a
 ready server (and the server is ready at the end), the valid load over the whole soak reached
---min-images-per-s, and every server's memory stayed flat (at least one server judged). Writes <out>.json/.md.
+--min-images-per-s, every server's memory stayed flat (at least one server judged), and with --abort-server-at
+the server was aborted. Writes <out>.json/.md.
 """
 
 from __future__ import annotations
@@ -91,6 +97,7 @@ FAILURE_LINE = re.compile(r"^fusedresnet: (?:tritonserver\S* .*(?:exited unasked
                           r"Python stub of .* died)", re.MULTILINE)
 RECOVERY_LINE = re.compile(re.escape(READY_AGAIN_LINE) + r".*?: ([\d.]+) s after the failure was seen")
 SETTLE_S = 120.0          # after the soak, at most this long for a restart under way to end with a ready server
+                          # (and, before it, for the valid load to go on until a server is judged)
 
 
 # The valid processes' numerical thread pools at one thread each. With the default (a BLAS thread per core of
@@ -257,16 +264,47 @@ def shm_region_bytes(server: psutil.Process) -> int:
     return total
 
 
-def abort_server(launcher: subprocess.Popen, grpc_url: str, started: float, aborted: dict):
-    """SIGABRT to the launcher's tritonserver once it serves (the crash it must recover from); `aborted` says
-    when and which."""
-    server = tritonserver_of(launcher.pid)
-    while (server is None or not grpc_ready(grpc_url)) and launcher.poll() is None:
-        time.sleep(0.5)
-        server = tritonserver_of(launcher.pid)
-    if server is not None:
-        server.send_signal(signal.SIGABRT)
-        aborted.update(t=round(time.time() - started, 1), pid=server.pid)
+def abort_server(server: LaunchedServer, started: float, aborted: dict, answered: list[Path], done: threading.Event):
+    """SIGABRT to the launcher's tritonserver once it serves and every valid process has been answered (each wrote
+    its file in `answered`): the crash it must recover from, with valid answers of the old server before it. Then
+    waits for the launcher's next "ready again" line. `aborted` says when (s of the soak, `t`, and the epoch, `at`)
+    and which pid, when that line was seen (`ready_again_t`, `ready_again_at`) and the recovery it gives; nothing
+    happens once `done` is set."""
+    def serving() -> psutil.Process | None:
+        triton = tritonserver_of(server.process.pid)
+        return triton if triton is not None and all(path.exists() for path in answered) \
+            and grpc_ready(server.grpc_url) else None
+
+    triton = serving()
+    while triton is None:
+        if server.process.poll() is not None or done.wait(0.2):
+            return
+        triton = serving()
+    recoveries_before = len(RECOVERY_LINE.findall(server.output()))
+    triton.send_signal(signal.SIGABRT)
+    at = time.time()
+    aborted.update(t=round(at - started, 1), at=at, pid=triton.pid, ready_again_t=None, ready_again_at=None,
+                   recovery_s=None)
+    while not done.wait(0.2):
+        recoveries = RECOVERY_LINE.findall(server.output())
+        if len(recoveries) > recoveries_before:
+            seen = time.time()
+            aborted.update(ready_again_t=round(seen - started, 1), ready_again_at=seen,
+                           recovery_s=float(recoveries[recoveries_before]))
+            return
+
+
+def judged_besides(samples: list[dict], warm_up_s: float, pid: int | None) -> bool:
+    """Whether a server other than `pid` has served long enough for its memory to be judged."""
+    return any(m["span_s"] and m["pid"] != pid for m in memory_by_server(samples, warm_up_s))
+
+
+def answered_around(result: dict, before: float, after: float) -> tuple[int, int]:
+    """(requests a valid process had answered before the epoch time `before`, those it was answered at or after
+    `after`), from its answers per tenth of a second: only whole tenths on either side count."""
+    tenths = {int(tenth): count for tenth, count in result["answered_by_tenth_s"].items()}
+    return (sum(count for tenth, count in tenths.items() if (tenth + 1) / 10 <= before),
+            sum(count for tenth, count in tenths.items() if tenth / 10 >= after))
 
 
 def add_valid_rates(samples: list[dict], valid_results: list[dict]):
@@ -350,7 +388,8 @@ def write_markdown(report: dict, path: Path):
     valid = report.get("valid")
     if valid:
         lines += ["", f"Valid: {valid['answered']} of {valid['sent']} requests answered, {valid['lost']} lost, "
-                  f"{valid['mismatched_answers']} wrong; {valid['images_per_s']} img/s over the soak "
+                  f"{valid['mismatched_answers']} wrong; {valid['images_per_s']} img/s over its "
+                  f"{report.get('valid_load_s')} s "
                   f"(at least {report['min_images_per_s']} asked).", "",
                   "| process | sent | answered first time | answered after retry | lost | retries "
                   "| longest to answer (s) |",
@@ -359,6 +398,13 @@ def write_markdown(report: dict, path: Path):
                   f"{p['retries']} | {p['longest_to_answer_s']} |" for i, p in enumerate(valid["per_process"])]
         for example in valid["lost_examples"] + valid["retry_examples"]:
             lines.append(f"- {example}")
+    aborted = report.get("aborted")
+    if aborted:
+        around = [(p.get("answered_before_abort"), p.get("answered_after_ready_again"))
+                  for p in (valid or {}).get("per_process", [])]
+        lines += ["", f"SIGABRT to tritonserver {aborted['pid']} at {aborted['t']} s; the launcher's ready-again line "
+                  f"seen at {aborted.get('ready_again_t')} s (recovery {aborted.get('recovery_s')} s after it saw the "
+                  f"failure); valid requests answered before the abort / after that line, per process: {around}."]
     if "restarts" in report:
         lines += ["", f"Server processes behind the port: {report.get('processes', 1)}; crashes (the launcher's "
                   f"failure lines): {report.get('crashes')}; restarts: {report['restarts']} (each ready again after "
@@ -429,7 +475,7 @@ def main(argv=None) -> int:
 
 def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_cores: set[int]) -> int:
     """The soak against the started launcher: its report in args.out (.json, .md); 0 if it passed, else 1."""
-    launcher, grpc_url = server.process, server.grpc_url
+    grpc_url = server.grpc_url
     argv = args.argv   # main's arguments, for the report's command line
     report = {"device": describe_device(), "commit": git_commit(), "seconds": args.seconds, "model": args.model,
               "valid_kinds": [f"{model} x{images}" for model, images in args.valid_kinds],
@@ -437,7 +483,7 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
               "command": "python -m fusedresnet.campaigns.abuse_soak " + " ".join(argv or sys.argv[1:]),
               "server_cores": cpu_text(server_cores), "load_cores": cpu_text(load_cores),
               "min_images_per_s": args.min_images_per_s}
-    valid, sampler, abort_timer = [], None, None
+    valid, sampler, abort_timer, abort_done = [], None, None, threading.Event()
     try:
         try:
             server.wait_ready(600)
@@ -449,7 +495,9 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
         valid = [started_with_output([sys.executable, "-m", "fusedresnet.campaigns.client_abuse", "valid",
                                       "--url", grpc_url, "--model", kinds[i][0], "--seconds", str(args.seconds),
                                       "--in-flight", str(args.valid_in_flight), "--deadline-s", str(args.deadline_s),
-                                      "--images-per-request", str(kinds[i][1]), "--seed", str(i)],
+                                      "--images-per-request", str(kinds[i][1]), "--seed", str(i),
+                                      "--first-answer-file", str(work / f"valid{i}.answered"),
+                                      "--until-file", str(work / "valid.stop")],
                                      work / f"valid{i}.json", work / f"valid{i}.err",
                                      env=dict(os.environ, **ONE_THREAD_PER_POOL))
                  for i in range(args.valid_processes)]
@@ -460,7 +508,8 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
                     for model in args.models}
         abuse, aborted = [], {}
         if args.abort_server_at is not None:
-            abort_timer = threading.Timer(args.abort_server_at, abort_server, (launcher, grpc_url, started, aborted))
+            abort_timer = threading.Timer(args.abort_server_at, abort_server, (
+                server, started, aborted, [work / f"valid{i}.answered" for i in range(len(valid))], abort_done))
             abort_timer.daemon = True
             abort_timer.start()
         end = time.monotonic() + args.seconds
@@ -471,6 +520,14 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
                 cycle[behaviour] = ABUSE[behaviour](grpc_url, requests[model])
             abuse.append(cycle)
             time.sleep(max(0.0, min(args.pause, end - time.monotonic())))
+        # The valid load goes on until a server, not the aborted one, has been judged (at most SETTLE_S more)
+        extend_by = time.monotonic() + SETTLE_S
+        while time.monotonic() < extend_by and not judged_besides(list(sampler.samples), args.warm_up_s,
+                                                                  aborted.get("pid")):
+            time.sleep(0.5)
+        (work / "valid.stop").write_text("")
+        load_s = max(args.seconds, time.time() - started)
+        report["valid_load_s"] = round(load_s, 1)
         valid_results = []
         for i, process in enumerate(valid):
             process.wait(timeout=args.deadline_s + 120)
@@ -490,12 +547,21 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
             time.sleep(1)
         sampler.stop.set()
         sampler.join(timeout=60)
+        abort_done.set()
+        if abort_timer is not None:
+            abort_timer.cancel()
+            if abort_timer.is_alive():
+                abort_timer.join(timeout=10)
         add_valid_rates(sampler.samples, valid_results)
         answered = sum(r["statuses"].get("OK", 0) for r in valid_results)
         answered_images = sum(r["statuses"].get("OK", 0) * images for r, (_, images) in zip(valid_results, kinds))
         per_process = [{key: r[key] for key in ("sent", "answered_first_time", "answered_after_retry", "lost",
                                                 "retries", "longest_to_answer_s", "mismatched")}
                        for r in valid_results]
+        if aborted.get("ready_again_at"):
+            for entry, result in zip(per_process, valid_results):
+                entry["answered_before_abort"], entry["answered_after_ready_again"] = answered_around(
+                    result, aborted["at"], aborted["ready_again_at"])
         memory = memory_by_server(sampler.samples, args.warm_up_s)
         restarts = len(sampler.pids_seen) - sampler.processes
         output = server.output()
@@ -503,7 +569,7 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
         report.update({
             "valid": {"sent": sum(r["sent"] for r in valid_results), "answered": answered,
                       "lost": sum(r["lost"] for r in valid_results),
-                      "images_per_s": round(answered_images / args.seconds, 1),
+                      "images_per_s": round(answered_images / load_s, 1),
                       "mismatched_answers": sum(r["mismatched"] for r in valid_results),
                       "retries": sum(r["retries"] for r in valid_results),
                       "longest_to_answer_s": max(r["longest_to_answer_s"] for r in valid_results),
@@ -540,6 +606,9 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
         reasons += [f"server {m['pid']}: memory grew (its own {m['own_growth_mib']} MiB, RSS "
                     f"{m['rss_growth_mib']} MiB, GPU {m['gpu_growth_mib']} MiB)"
                     for m in judged if not m["flat"]]
+        if args.abort_server_at is not None and not aborted:
+            reasons.append(f"the server was not aborted (--abort-server-at {args.abort_server_at:g}): no valid "
+                           "process answered, or the soak ended first")
         if sampler.processes > 1 and report["capacity_zero_s"]:
             reasons.append(f"the shared port answered no ServerReady for {report['capacity_zero_s']} s")
         report["failed_because"] = reasons
@@ -557,6 +626,7 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
                        f"{', '.join(args.models)}; capacity sampled every {args.sample_every_s:g} s "
                        f"(ServerReady on the shared port)."}
     finally:
+        abort_done.set()
         if abort_timer is not None:
             abort_timer.cancel()               # an abort time past the soak's end fires into nothing
         if sampler is not None:

@@ -42,7 +42,6 @@ import numpy as np
 
 from fusedresnet.backend.spec import INPUT_UINT8, NUM_CLASSES, OUTPUT_LOGITS
 from fusedresnet.client.resnet_client import RETRY_BACKOFF_S
-from fusedresnet.loadtest.h2load_step import parse_h2load
 from fusedresnet.loadtest.raw_grpc import MODEL_INFER, grpc_frame, infer_request
 
 ABANDONED = "ABANDONED"
@@ -212,10 +211,12 @@ VALID_RETRY_BACKOFF_S = RETRY_BACKOFF_S   # first and longest wait before a retr
 # gRPC waits up to 120 s between reconnection attempts (1 s, x1.6 each): after a 10-s restart a channel would
 # stay down for seconds more with the server back; the valid clients try again every second at most
 VALID_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.max_reconnect_backoff_ms", 1000)]
+VALID_UNTIL_FILE_MAX_S = 600.0   # past `seconds`, at most this long waiting for `until_file`
 
 
 async def _valid_for(url: str, requests: list[bytes], seconds: float, in_flight: int,
-                     deadline_s: float = VALID_DEADLINE_S) -> dict:
+                     deadline_s: float = VALID_DEADLINE_S, first_answer_file: Path | None = None,
+                     until_file: Path | None = None) -> dict:
     """Valid calls kept `in_flight` for `seconds`, each answered one replaced by the next, sent as a real client
     of the project does: on channels with its retry policy (client/resnet_client.grpc_channel; reconnection
     attempts at most VALID_RECONNECT apart), and retried here
@@ -223,7 +224,11 @@ async def _valid_for(url: str, requests: list[bytes], seconds: float, in_flight:
     with backoff, until `deadline_s` after the request was first sent. A request is lost only if it never got
     an answer (another status, or UNAVAILABLE past its deadline); every answer is compared with this run's first
     answer to the same request (relative L2 within IMAGE_REL_L2_TOLERANCE). Answered images are counted per
-    second of the epoch ("answered_images_by_second") for the soak's timeline."""
+    second of the epoch ("answered_images_by_second") for the soak's timeline, answered requests per tenth of a
+    second of the epoch ("answered_by_tenth_s": bin b holds the answers received in [b/10, (b+1)/10) s) for its
+    judgement around a restart. `first_answer_file` (optional) is written with the time of the first answer (the
+    soak aborts the server once every valid process has been answered); with `until_file`, calls go on past
+    `seconds` until that file exists (at most VALID_UNTIL_FILE_MAX_S more: the soak says when it has seen enough)."""
     import grpc
 
     from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, relative_l2
@@ -234,6 +239,7 @@ async def _valid_for(url: str, requests: list[bytes], seconds: float, in_flight:
     figures = Counter()            # sent, answered_first_time, answered_after_retry, lost, retries, mismatched
     statuses, lost_examples, retry_examples = Counter(), [], []
     by_second: Counter = Counter()
+    by_tenth: Counter = Counter()
     longest_s = 0.0
     channels = [grpc.aio.insecure_channel(target, options=[*channel_args, *VALID_RECONNECT,
                                                             ("grpc.use_local_subchannel_pool", 1)])
@@ -242,9 +248,14 @@ async def _valid_for(url: str, requests: list[bytes], seconds: float, in_flight:
                                  response_deserializer=_response_type().FromString) for channel in channels]
     end = time.monotonic() + seconds
 
+    def going() -> bool:
+        now = time.monotonic()
+        return now < end or (until_file is not None and now < end + VALID_UNTIL_FILE_MAX_S
+                             and not Path(until_file).exists())
+
     async def worker(slot: int):
         nonlocal longest_s
-        while time.monotonic() < end:
+        while going():
             index = (slot + figures["sent"]) % len(requests)
             figures["sent"] += 1
             first_sent, attempt, backoff = time.monotonic(), 0, VALID_RETRY_BACKOFF_S[0]
@@ -264,7 +275,11 @@ async def _valid_for(url: str, requests: list[bytes], seconds: float, in_flight:
                 statuses["OK"] += 1
                 figures["answered_after_retry" if attempt else "answered_first_time"] += 1
                 longest_s = max(longest_s, time.monotonic() - first_sent)
-                by_second[int(time.time())] += len(outcome)
+                answered_at = time.time()
+                by_second[int(answered_at)] += len(outcome)
+                by_tenth[int(answered_at * 10)] += 1
+                if first_answer_file is not None and statuses["OK"] == 1:
+                    Path(first_answer_file).write_text(f"{answered_at}\n")
                 reference = first_answers.setdefault(index, outcome)
                 figures["mismatched"] += relative_l2(outcome, reference) > IMAGE_REL_L2_TOLERANCE
             else:
@@ -281,7 +296,8 @@ async def _valid_for(url: str, requests: list[bytes], seconds: float, in_flight:
                                                    "retries", "mismatched")},
             "statuses": dict(statuses), "longest_to_answer_s": round(longest_s, 3), "deadline_s": deadline_s,
             "failures": lost_examples, "retry_examples": retry_examples,
-            "answered_images_by_second": {str(second): count for second, count in sorted(by_second.items())}}
+            "answered_images_by_second": {str(second): count for second, count in sorted(by_second.items())},
+            "answered_by_tenth_s": {str(tenth): count for tenth, count in sorted(by_tenth.items())}}
 
 
 def _response_type():
@@ -290,8 +306,9 @@ def _response_type():
 
 
 def valid_for(url: str, requests: list[bytes], seconds: float, in_flight: int = 16,
-              deadline_s: float = VALID_DEADLINE_S) -> dict:
-    return asyncio.run(_valid_for(url, requests, seconds, in_flight, deadline_s))
+              deadline_s: float = VALID_DEADLINE_S, first_answer_file: Path | None = None,
+              until_file: Path | None = None) -> dict:
+    return asyncio.run(_valid_for(url, requests, seconds, in_flight, deadline_s, first_answer_file, until_file))
 
 
 # ---------------------------------------------------------------- connections
@@ -418,6 +435,10 @@ def connection_storm(url: str, connections: int = 1000, grpc_method: str | None 
     """h2load opens `connections` connections at once, one request each: a gRPC call of `grpc_method`
     with `request` (HTTP/2 to Triton's gRPC port), or with grpc_method=None an HTTP/1.1 GET of
     `http_path`. Returns h2load's counts (its statuses are HTTP statuses, not gRPC ones)."""
+    # here, not at the top: loadtest.h2load_step imports torch (5-6 s of a core), which the valid clients, started
+    # by the soak on a busy load core, do not need before their first answer
+    from fusedresnet.loadtest.h2load_step import parse_h2load
+
     binary = h2load_binary()
     if binary is None:
         raise FileNotFoundError("h2load not found: install Debian's nghttp2-client")
@@ -453,6 +474,11 @@ def main(argv=None):
     parser.add_argument("--seconds", type=float, default=60.0, help="valid: seconds of valid load")
     parser.add_argument("--deadline-s", type=float, default=VALID_DEADLINE_S,
                         help="valid: a request unanswered this long after it was first sent (retries included) is lost")
+    parser.add_argument("--first-answer-file", type=Path,
+                        help="valid: written with the time of the first answer")
+    parser.add_argument("--until-file", type=Path,
+                        help=f"valid: after --seconds, go on until this file exists (at most "
+                             f"{VALID_UNTIL_FILE_MAX_S:.0f} s more)")
     parser.add_argument("--seed", type=int, default=3, help="of the images")
     args = parser.parse_args(argv)
     images = np.random.default_rng(args.seed).integers(0, 256, (8 + args.images_per_request, 224, 224, 3),
@@ -460,7 +486,8 @@ def main(argv=None):
     requests = [infer_request(args.model, images[i:i + args.images_per_request])
                 for i in range(8)]
     if args.behaviour == "valid":
-        print(json.dumps(valid_for(args.url, requests, args.seconds, args.in_flight, args.deadline_s)))
+        print(json.dumps(valid_for(args.url, requests, args.seconds, args.in_flight, args.deadline_s,
+                                   args.first_answer_file, args.until_file)))
         return
     if args.behaviour == "abandon":
         rounds = abandon(args.url, requests, args.rounds, args.in_flight, args.hold, args.connections)

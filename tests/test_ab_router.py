@@ -9,11 +9,13 @@ as docs/AB_LIVE.md says), with small test arms written here (`arm`: deterministi
 engine name its config gives; one arm reverses the class order, one sleeps, one fails):
 - a 10 % split lands within a binomial bound and is sticky per request id and per `ab_key`;
 - a slow canary holds up no request to the primary: with one router instance, a request to the primary is
-  answered while an earlier one waits at the slow candidate;
+  answered while an earlier one waits at the slow candidate (the slow arm writes when each execution starts and
+  ends: the test sends once the slow request is in the candidate's sleep, and the answer must come before it ends);
 - concurrent shadow requests (queued for the router, batched) each get their own answer, and every one is
   compared;
-- a slow candidate neither fails nor delays the client's answer, and its lateness is counted as a timeout at its
-  deadline, before its late answer comes;
+- a slow candidate neither fails nor delays the client's answer (it comes before the candidate's execution ends),
+  and its lateness is counted as a timeout at its deadline, before its late answer comes (the candidate's execution
+  ends, and Triton's statistics count it, after the timeout was counted; the late answer is not compared);
 - a failing candidate does not fail the request, and is counted;
 - disagreeing requests are recorded (request id, both top-5) and counted;
 - bad parameters are refused with the parameter named: by client.ab_mode before it sends them (the configuration
@@ -26,6 +28,7 @@ import json
 import math
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,7 +49,9 @@ from fusedresnet.backend.spec import (
     AB_STICKY_PARAMETER,
     AB_TIMEOUTS_METRIC,
     AB_TOP5_OVERLAP_METRIC,
+    GRPC_ADMIN_TOKEN_HEADER,
     INPUT_UINT8,
+    METRICS_FLUSH_S,
     MODEL_CUDNN,
     MODEL_REPOSITORY,
     OUTPUT_ENGINE,
@@ -56,12 +61,17 @@ from fusedresnet.backend.triton_install import ServerError
 from fusedresnet.client.ab_mode import RouterConfigError, load_router_config, router_config
 from fusedresnet.loadtest.triton_metrics import SUCCESS, ab_delta, scrape
 
+from robustness_helpers import read_until
+
 SLOW_ARM_SLEEP_S = 2.0
 SHADOW_TIMEOUT_MS = 300.0
 METRICS_DEADLINE_S = 10.0
+EVENT_DEADLINE_S = 60.0      # for a request to reach an arm, or an arm's execution to end (a busy 2-core host)
+EXECUTIONS_FILE = "arm_slow_executions.jsonl"   # next to the test server's repository
 
 # A test arm: the IMAGE contract, logits a fixed function of the image (the class order reversed when its
-# config says so), the engine name its config gives; it sleeps or fails when its config says so.
+# config says so), the engine name its config gives; it sleeps or fails when its config says so. With an
+# `executions` file it appends the time each execution starts (before its sleep) and ends (before its answers go).
 ARM_MODEL = '''
 import json, time
 import torch
@@ -75,8 +85,15 @@ class TritonPythonModel:
         self.reverse = parameters.get("reverse") == "true"
         self.sleep_s = float(parameters.get("sleep_s", "0"))
         self.fail = parameters.get("fail") == "true"
+        self.executions = parameters.get("executions")
+
+    def note(self, event):
+        if self.executions:
+            with open(self.executions, "a") as log:
+                log.write(json.dumps({"event": event, "t": time.time()}) + "\\n")
 
     def execute(self, requests):
+        self.note("start")
         time.sleep(self.sleep_s)
         responses = []
         for request in requests:
@@ -91,6 +108,7 @@ class TritonPythonModel:
             engine = self.name.expand(image.shape[0], -1).contiguous()
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("LOGITS", logits),
                                                          pb_utils.Tensor.from_dlpack("ENGINE", engine)]))
+        self.note("end")
         return responses
 '''
 
@@ -144,6 +162,45 @@ def wait_for_metric(metrics_url: str, name: str, expected: float, **labels) -> f
 def wait_for_increase(metrics_url: str, name: str, before: float, increase: float, **labels) -> float:
     """How much the metric rose from `before`, once it rose by `increase` or at the deadline."""
     return wait_for_metric(metrics_url, name, before + increase, **labels) - before
+
+
+def executions_file(server) -> Path:
+    return Path(server.model_repository).parent / EXECUTIONS_FILE
+
+
+def slow_executions(server) -> list[dict]:
+    """The slow arm's executions so far, in order: {"start": epoch s, "end": epoch s or None while it sleeps}."""
+    path = executions_file(server)
+    executions = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        if line.endswith("}"):                      # a line being written is read next time
+            event = json.loads(line)
+            if event["event"] == "start":
+                executions.append({"start": event["t"], "end": None})
+            else:
+                executions[-1]["end"] = event["t"]
+    return executions
+
+
+def wait_for_slow_execution(server, index: int, ended: bool) -> dict:
+    """The slow arm's execution number `index` once it has started (or ended, with `ended`)."""
+    deadline = time.monotonic() + EVENT_DEADLINE_S
+    while True:
+        executions = slow_executions(server)
+        if len(executions) > index and (not ended or executions[index]["end"] is not None):
+            return executions[index]
+        assert time.monotonic() < deadline, \
+            f"the slow arm's execution {index} has not {'ended' if ended else 'started'} in {EVENT_DEADLINE_S:.0f} s"
+        time.sleep(0.02)
+
+
+def slow_successes(server, admin_token: str) -> int:
+    """Requests the slow arm has answered, from Triton's statistics (the admin token's API): Triton counts one
+    once its execution has returned."""
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        stats = client.get_inference_statistics("arm_slow", headers={GRPC_ADMIN_TOKEN_HEADER: admin_token},
+                                                as_json=True)["model_stats"][0]
+    return int(stats["inference_stats"]["success"].get("count", 0))
 
 
 # ---------------------------------------------------------------- the shipped router on the session server
@@ -204,6 +261,8 @@ def ab_server(admin_token, tmp_path_factory):
     for name, parameters in ARMS.items():
         (repository / name / "1").mkdir(parents=True)
         (repository / name / "1" / "model.py").write_text(ARM_MODEL)
+        if name == "arm_slow":
+            parameters = {**parameters, "executions": str(scratch / EXECUTIONS_FILE)}
         (repository / name / "config.pbtxt").write_text(ARM_CONFIG.format(parameters=pbtxt_parameters(parameters)))
     (repository / AB_ROUTER_MODEL / "1").mkdir(parents=True)     # the router has no model file (a C++ backend)
     shipped = (MODEL_REPOSITORY / AB_ROUTER_MODEL / "config.pbtxt").read_text()
@@ -304,16 +363,20 @@ def test_a_slow_canary_does_not_hold_up_the_primarys_requests(ab_server, admin_t
 
     with grpcclient.InferenceServerClient(ab_server.grpc_url) as client:
         infer(client, AB_ROUTER_MODEL, varied_images[:1], parameters={AB_STICKY_PARAMETER: fast_key})  # warm
+        index = len(slow_executions(ab_server))
         slow = threading.Thread(target=slow_request)
         slow.start()
-        time.sleep(0.3)    # the slow request is at the slow candidate
-        started = time.monotonic()
+        wait_for_slow_execution(ab_server, index, ended=False)     # the slow request is in the candidate's sleep
         engine = infer(client, AB_ROUTER_MODEL, varied_images[1:2], parameters={AB_STICKY_PARAMETER: fast_key})[1]
-        elapsed = time.monotonic() - started
+        answered_at = time.time()
     slow.join()
     assert engine == "engine-a" and answers["slow"][0] == "engine-slow"
     assert answers["slow"][1] >= SLOW_ARM_SLEEP_S * 0.9
-    assert elapsed < SLOW_ARM_SLEEP_S / 4, f"the primary's request waited for the slow candidate's: {elapsed:.2f} s"
+    # A router that waited for the slow candidate could take the primary's request only once the candidate's
+    # execution had returned: the answer came while the slow one was still in the candidate's sleep.
+    slow_end = wait_for_slow_execution(ab_server, index, ended=True)["end"]
+    assert answered_at < slow_end, \
+        f"the primary's request waited for the slow candidate's: answered {answered_at - slow_end:.2f} s after it"
 
 
 def test_slow_candidate_neither_fails_nor_delays_the_answer_and_counts_a_timeout(ab_server, admin_token,
@@ -322,20 +385,29 @@ def test_slow_candidate_neither_fails_nor_delays_the_answer_and_counts_a_timeout
                   shadow_timeout_ms=str(SHADOW_TIMEOUT_MS))
     url = ab_server.metrics_url
     before_timeouts, before_compared = metric(url, AB_TIMEOUTS_METRIC), metric(url, AB_COMPARED_METRIC)
+    before_slow = slow_successes(ab_server, admin_token)
+    index = len(slow_executions(ab_server))
     with grpcclient.InferenceServerClient(ab_server.grpc_url) as client:
         expected, _ = infer(client, "arm_a", varied_images[:2])
-        started = time.monotonic()
         logits, engine = infer(client, AB_ROUTER_MODEL, varied_images[:2], request_id="slow-1")
-        elapsed = time.monotonic() - started
+        answered_at = time.time()
     assert engine == "engine-a"
     np.testing.assert_array_equal(logits, expected)
-    assert elapsed < SLOW_ARM_SLEEP_S / 2, f"the answer waited for the slow candidate: {elapsed:.2f} s"
     assert wait_for_increase(url, AB_TIMEOUTS_METRIC, before_timeouts, 1) == 1
-    # Counted at the deadline (300 ms after the call left, seen within a flush), not when the late answer came.
-    counted_after = time.monotonic() - started
-    assert counted_after < SLOW_ARM_SLEEP_S, f"the timeout was counted {counted_after:.2f} s after the request"
-    time.sleep(SLOW_ARM_SLEEP_S)   # the slow answer arrives after all: too late to be compared
-    assert metric(url, AB_COMPARED_METRIC) == before_compared
+    counted_at = time.time()
+    # The candidate's execution of the shadow copy ends after the client had its answer (a router that waited for
+    # the candidate answers only after it), and after the timeout was counted: at the deadline (300 ms after the
+    # call left, seen within a flush), not when the late answer came.
+    slow_end = wait_for_slow_execution(ab_server, index, ended=True)["end"]
+    assert answered_at < slow_end, f"the answer waited for the slow candidate: {answered_at - slow_end:.2f} s after"
+    assert counted_at < slow_end, f"the timeout was counted {counted_at - slow_end:.2f} s after the late answer"
+    # The late answer came after all (Triton counts the candidate's request once its execution returned): it is
+    # not compared, neither when it came nor within the flushes after.
+    assert read_until(lambda: slow_successes(ab_server, admin_token), lambda n: n > before_slow,
+                      EVENT_DEADLINE_S) == before_slow + 1
+    compared = read_until(lambda: metric(url, AB_COMPARED_METRIC), lambda n: n != before_compared,
+                          4 * METRICS_FLUSH_S, 0.1)
+    assert compared == before_compared
 
 
 def test_failing_candidate_does_not_fail_the_request_and_is_counted(ab_server, admin_token, varied_images):
