@@ -27,7 +27,8 @@ a tenth of a second: answers of the aborted server and of the restarted one).
 
 Several processes behind one port (`-- --processes-per-gpu N`): `--model` and `--images-per-request` may be
 lists (valid process i sends the i-th of their combinations, in turn); a sample whose ServerReady on the shared
-port went unanswered is a second of zero capacity; crashes and restarts are the launcher's lines, the longest
+port went unanswered (on a new connection per try, up to one more try than there are processes, as a client
+that reconnects) is a second of zero capacity; crashes and restarts are the launcher's lines, the longest
 recovery its own "ready again ... s after the failure was seen". The report's `front_door` block is what
 results/front_door.json keeps of it (campaigns/front_door.py --abandonment).
 
@@ -164,13 +165,19 @@ class Sampler(threading.Thread):
                 pass
             self.stop.wait(0.5)
 
+    def port_answers(self) -> bool:
+        """Whether a client gets ServerReady answered on the port. With several processes behind it a client that
+        meets a dying one (its socket still listening in its abort handler) connects again, and the kernel hands
+        the new connection to a process of its choice: up to one more try per process, each on a new connection."""
+        return any(grpc_ready(self.grpc_url) for _ in range(1 if self.processes == 1 else self.processes + 1))
+
     def poll(self, answered_at: float, pid: int | None, next_sample: float) -> tuple[float, int | None, float]:
         """One look: the serving pids, the port's readiness (with one process, a new ready pid closes a restart
         window), a sample if due."""
         servers = tritonservers_of(self.launcher.pid)
         self.pids_seen += [server.pid for server in servers if server.pid not in self.pids_seen]
         server = servers[0] if servers else None
-        ready = server is not None and grpc_ready(self.grpc_url)
+        ready = server is not None and self.port_answers()
         if ready and pid is not None and server.pid != pid and self.processes == 1:
             self.windows.append([answered_at, time.time()])
         if ready:
