@@ -5,7 +5,8 @@
 #   bash scripts/gpu_host_front_end.sh levers       # its settings: processes per GPU, gRPC infer threads (custom)
 #   bash scripts/gpu_host_front_end.sh throughput   # both: custom, cuDNN, zero at 1 and 32 images/request over
 #                                                   # gRPC, and CUDA shared memory at 32 (about 7 min)
-#   bash scripts/gpu_host_front_end.sh soak SECONDS # both at once, each beside abusive clients of every kind
+#   bash scripts/gpu_host_front_end.sh soak SECONDS [LAUNCHER ARGS]  # both at once, each beside abusive clients of
+#                                                   # every kind, each launcher as the README starts it (plus ARGS)
 # The servers run on SERVER_CORES (default 0-11), the load generators on GENERATOR_CORES (12-15). h2load comes
 # carried as .h2load/h2load.tar.xz (scripts/gpu_host_front_door.sh says how to make it).
 # Writes $OUT (default build/gpu-host): device.txt, <task>.log, front_end_*.json/.md, logs.tgz.
@@ -64,7 +65,7 @@ throughput)
 soak)
     seconds="${2:-600}"
     python3 -m fusedresnet.campaigns.front_end_soak --seconds "$seconds" --out "$OUT/front_end_soak" \
-        --server-cores "$SERVER_CORES" --generator-cores "$GENERATOR_CORES" 2>&1 | tee "$OUT/soak.log"
+        --server-cores "$SERVER_CORES" --generator-cores "$GENERATOR_CORES" -- "${@:3}" 2>&1 | tee "$OUT/soak.log"
     status=${PIPESTATUS[0]}
     ;;
 *)
