@@ -2,8 +2,8 @@
 
 Each model instance of the Python backend is a process with its own CUDA context, and a GPU
 time-slices the contexts of several processes. Under MPS their kernels share the GPU instead:
-on the H100 (2026-11-26, results/loadtest_ab.md, the serving story) the custom model over CUDA
-shared memory went from 60.3k to 90.5k img/s at 32 images per request.
+the custom model over CUDA shared memory serves 90.5k img/s at 32 images per request under MPS
+against 60.3k without (H100, 2026-11-26, results/loadtest_ab.md).
 
 `private_mps(folder)` starts `nvidia-cuda-mps-control -d` with its pipe and log directories under
 `folder` (so it neither needs nor disturbs a host-wide daemon) and yields the environment that

@@ -1,7 +1,7 @@
 """Which code produced a result: the commit recorded in every results file.
 
 `FUSEDRESNET_GIT_COMMIT` wins when set: on a GPU host the tree is a copy whose `.git` may not
-be the code that runs (seen 2026-11-26: the copy reported the session's starting commit), so the
+be the code that runs (a copied `.git` can name the commit a session started from), so the
 command that starts the run names the commit. Otherwise `git rev-parse`, with `+dirty` when
 tracked files differ from it; None outside a git checkout.
 """

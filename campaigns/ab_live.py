@@ -4,7 +4,7 @@
 
 For each mode it starts Triton on free loopback ports on a copy of the shipped repository whose router
 config names that mode (a mode change by the load API, `client.ab_mode`, is what a user does; on the GPU host
-Triton 2.51 crashed seconds after such a reload under load, 2026-11-28, so the measurement does not reload).
+Triton 2.51 can crash seconds after such a reload under load, docs/HISTORY.md, so the measurement does not reload).
 A step during which the server died is measured again once on a fresh server (`restarts` in the results).
 For each mode (shadow, split with
 the shipped candidate_percent) and each case (1 image per request with one request in flight: the latency;

@@ -14,6 +14,23 @@ from pathlib import Path
 ENGINES = (("custom", "custom"), ("custom_no_pdl", "custom without PDL"), ("custom_mma", "custom mma.sync"),
            ("custom_wgmma", "custom wgmma"), ("ts_fp32", "TS fp32"), ("ts_fp16", "TS fp16 CL"),
            ("graph_fp16", "fp16 CL + graph"), ("compile_max_autotune", "compile max-autotune"))
+# The committed benchmark: a report made without `--compile` quotes torch.compile's timings from it.
+COMMITTED_BENCHMARK = Path(__file__).resolve().parent.parent / "results" / "kernels_bench.json"
+
+
+def compile_reference(path: Path = COMMITTED_BENCHMARK) -> str:
+    """A sentence quoting torch.compile's timings from the committed benchmark (device, date and file named), for a
+    report that did not compile; empty when that file is absent or has no compile timings."""
+    try:
+        bench = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return ""
+    rows = [r for r in bench.get("whole_network", []) if r.get("compile_max_autotune_ms")]
+    if not rows:
+        return ""
+    return (f" Measured on the {bench.get('device', '?')} on {bench.get('date', '?')} ({path.parent.name}/{path.name}),"
+            " back-to-back / one at a time: "
+            + ", ".join(f"{both(r, 'compile_max_autotune')} ms at batch {r['batch']}" for r in rows) + ".")
 
 
 def plot(rows, path: Path, device: str):
@@ -102,9 +119,7 @@ def markdown(result: dict) -> str:
                      + f" | {r['custom_img_s']:,.0f} | {ratio(r, 'graph_fp16')} | {ratio(r, 'compile_max_autotune')} |")
     if not any(r.get("compile_max_autotune_ms") for r in result["whole_network"]):
         lines += ["", "torch.compile(mode=\"max-autotune\") fp16 channels-last was not run here (`--compile`; minutes "
-                      "of compiling per batch size). Measured on the H100 on 2026-11-25 (one process, the project at "
-                      "60dc795), back-to-back / one at a time: 0.290 / 0.374 ms at batch 1, 0.635 / 0.839 ms at "
-                      "batch 32, 1.930 / 2.018 ms at batch 128."]
+                      "of compiling per batch size)." + compile_reference()]
     if result.get("shortcut_fusion"):
         lines += ["", "## Fused shortcut", "",
                   "A downsampling block's conv2 with the block's 1x1 projection fused into its reduction (as the "

@@ -205,8 +205,8 @@ __device__ __forceinline__ void pdl_begin() {
 // calls pdl_wait() itself, later: what it does in between (index arithmetic,
 // copies of its weights) reads nothing another kernel writes, and runs while
 // the kernel before it finishes. The sm_90a convolutions set up that way (their
-// address arithmetic and fast_divmod builds were ~450 instructions between the
-// wait and the first copy of the main loop: SASS, 2026-11-23).
+// address arithmetic and fast_divmod builds are ~450 instructions between the
+// wait and the first copy of the main loop: SASS, kernels/NOTES.md).
 __device__ __forceinline__ void pdl_begin_prefetch_l2(const void *base, int rows, unsigned int bytes, u64 stride,
                                                       bool trigger_now = true, bool wait_now = true) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

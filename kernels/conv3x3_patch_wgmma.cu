@@ -120,9 +120,9 @@ conv3x3_patch_wgmma(const half_bits *__restrict__ x, const half_bits *__restrict
                     16);
     }
 
-    // Positions to (image, row, column) of the padded grid: common.cuh's fast_divmod. The integer
-    // division sequences were 70 of the ~85 instructions per patch row (SASS, 2026-11-23), and a
-    // tile's patch is ~12 rows per thread.
+    // Positions to (image, row, column) of the padded grid: common.cuh's fast_divmod. Integer
+    // division sequences would be 70 of the ~85 instructions per patch row (SASS, kernels/NOTES.md),
+    // and a tile's patch is ~12 rows per thread.
     const fast_divmod by_plane(plane), by_pw(pw);
 
     // The patch of the tile starting at position q0: row j = position q0 + j, zeros at padding. Pixel

@@ -90,8 +90,8 @@ __device__ __forceinline__ void igemm_load_a(half_bits *sA, const half_bits *__r
 }
 
 // The same with the two divisions by common.cuh's fast_divmod (by_ctiles: C / 64, by_s: S), built once
-// per kernel from its arguments: per k-tile they were ~55 of conv_wgmma's ~225 instructions (SASS,
-// 2026-11-23), in a main loop that issues little else besides the copies and four wgmma.
+// per kernel from its arguments: per k-tile the hardware divisions would be ~55 of conv_wgmma's ~225
+// instructions (SASS, kernels/NOTES.md), in a main loop that issues little else besides the copies and four wgmma.
 template <int A_ITERS, int ROW_STEP>
 __device__ __forceinline__ void igemm_load_a(half_bits *sA, const half_bits *__restrict__ x,
                                              const int (&a_base)[A_ITERS], const int (&a_ih)[A_ITERS],

@@ -45,10 +45,10 @@
 // 16-byte chunks from the one holding its first byte, so any alignment of the
 // input works) are copied by cp.async while this tile's wgmma, epilogue and
 // pool run; at the top of the tile a shared-memory pass normalises them into
-// the fp16 patch (0 outside the image). Before (the global loads at the top of
-// the tile, as stem.cu still does): ~3.5 of the ~11 cycles between a warp's
-// instructions were spent waiting on them (ncu, 2026-11-23), and the 3-byte
-// pixel loads were 44% of the tile loop's instructions. FP32_NCHW
+// the fp16 patch (0 outside the image). Global loads at the top of the tile
+// (as stem.cu does) leave a warp waiting on them for ~3.5 of the ~11 cycles
+// between its instructions (ncu), and the 3-byte pixel loads make 44% of the
+// tile loop's instructions (kernels/NOTES.md). FP32_NCHW
 // keeps the synchronous stem_load_patch.
 //
 // SHARED MEMORY. A warp's A load reads the 8 stem pixels g = 0..7 of its rows:

@@ -125,10 +125,9 @@ def tune_shared_key(lib, families, n, h, w, c, k, r, stride, pad, uses: dict):
 
     `uses` maps (relu, residual, shortcut) to how many of the network's convolutions with this key have
     that epilogue: a stage's conv1 and conv2 have the same shape, and only conv2 adds the residual, which
-    changes what is fastest (layer1 at batch 128 on the H100: in the tune of 2026-11-23 18:23 UTC
-    pwg256g2s3 was the fastest without the residual, 0.0761 ms against pwg128g2s4's 0.0776; with it, the
-    bench's per-layer table read 0.095 ms on pwg256g2s3 in that run and 0.086 on pwg128g2s4 in the run
-    before). Only candidates timed for every epilogue are ranked.
+    changes what is fastest (layer1 at batch 128 on the H100: the fastest plan without the residual is not
+    the fastest with it; the runs that showed it are in docs/HISTORY.md). Only candidates timed for every
+    epilogue are ranked.
     """
     total = sum(uses.values())
     mean, plans, timed = {}, {}, {}

@@ -180,7 +180,8 @@ def command(binary: Path, model: str, protocol: str, url: str, images_per_reques
 # connection) among up to 6 of them; SPREAD_ENVIRONMENT gives each of its workers its own. Its shared-memory runs
 # need the opposite: perf_analyzer registers its regions over one connection, with one process, and every call
 # naming them must reach that process, so all its clients share one channel (ONE_CHANNEL_ENVIRONMENT; with the
-# default its 16 workers opened 3 and their calls failed, "Unable to find shared memory region", H100 2026-11-28).
+# default its 16 workers open 3 connections and the calls on the others fail, "Unable to find shared memory
+# region"; docs/HISTORY.md).
 SPREAD_ENVIRONMENT = {"TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT": "1"}
 ONE_CHANNEL_ENVIRONMENT = {"TRITON_CLIENT_GRPC_CHANNEL_MAX_SHARE_COUNT": "1024"}
 SPREAD_THREADS = 16      # --max-threads of the spread runs: that many workers, each with its own connection
@@ -189,8 +190,8 @@ SPREAD_THREADS = 16      # --max-threads of the spread runs: that many workers, 
 def run_environment(protocol: str, shared_memory: str, concurrency: int) -> dict[str, str]:
     """The variables a perf_analyzer run gets beside this process's own: over gRPC, spread over connections when
     several requests are in flight, else on one channel (shared memory; and one request in flight: spread, its
-    warm-up and its measurement reached different processes and its statistics client a third, which failed the
-    run, "failed to find the requested model version", H100 2026-11-28)."""
+    warm-up, its measurement and its statistics client can reach three different processes, which fails the
+    run, "failed to find the requested model version"; docs/HISTORY.md)."""
     if protocol != "grpc":
         return {}
     spread = shared_memory == "none" and concurrency > 1
