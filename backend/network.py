@@ -5,6 +5,7 @@ Standard library only, so a client-only install can use it.
 
 from __future__ import annotations
 
+import http.client
 import socket
 import urllib.error
 import urllib.request
@@ -56,5 +57,6 @@ def http_ready(http_url: str) -> bool:
     try:
         with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=2) as response:
             return response.status == 200
-    except (urllib.error.URLError, OSError):
+    except (urllib.error.URLError, OSError, http.client.HTTPException):   # HTTPException: a probe of a port
+        # no one listens on yet can connect to itself (TCP self-connect in the ephemeral range) and read its request
         return False

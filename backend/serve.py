@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import os
 import queue
 import re
@@ -164,7 +165,8 @@ def metrics_list_models(metrics_url: str, models: list[str], timeout_s: float = 
     try:
         with urllib.request.urlopen(metrics_url, timeout=timeout_s) as response:
             text = response.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError):
+    except (urllib.error.URLError, OSError, http.client.HTTPException):   # HTTPException: a probe of a port
+        # no one listens on yet can connect to itself (TCP self-connect in the ephemeral range) and read its request
         return False
     loaded = set(re.findall(r'^nv_inference_count\{[^}]*model="([^"]+)"', text, re.MULTILINE))
     return set(models) <= loaded
