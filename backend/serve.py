@@ -122,9 +122,6 @@ READY_LINE, READY_AGAIN_LINE = "fusedresnet: Triton ready on", "fusedresnet: Tri
 CRASH_LINE = re.compile(rb"Signal \((4|6|7|8|11)\) received|ASSERTION FAILED|"
                         rb"Fatal Python error: (Segmentation fault|Aborted|Bus error|Floating point exception|"
                         rb"Illegal instruction)")
-# The in-process front end's settings that differ from the 2.73 frontends' defaults (docs/CONFIGURATION.md says
-# how they were chosen); the binary's are its own.
-INPROCESS_FLAGS: tuple[str, ...] = ()
 
 
 def exit_cause(returncode: int) -> str:
@@ -228,7 +225,7 @@ class TritonServer:
     def command(self, triton: TritonInstallation, backends: Path) -> list[str]:
         restricted = ",".join(RESTRICTED_APIS)
         if self.inprocess:
-            executable = [sys.executable, "-m", "fusedresnet.backend.inprocess_server", *INPROCESS_FLAGS,
+            executable = [sys.executable, "-m", "fusedresnet.backend.inprocess_server",
                           f"--allow-client-shm={str(self.client_shared_memory).lower()}"]
         else:
             executable = [str(triton.binary)]   # Triton 2.51 lets every client register regions (with the token)
