@@ -280,6 +280,9 @@ def main(argv=None) -> int:
     parser.add_argument("--launcher-args", default="", help="more launcher options, e.g. '--instances gpu'")
     parser.add_argument("--abandonment", type=Path,
                         help="an abandonment soak's report (campaigns/abuse_soak.py --out, .json) to include")
+    parser.add_argument("--no-generator-check", action="store_true",
+                        help="skip the step that drives custom's first series from twice the generator")
+    parser.add_argument("--no-recovery", action="store_true", help="skip killing each layout's last process")
     parser.add_argument("--series", default=",".join(":".join(map(str, item)) for item in SERIES),
                         help="generator:images:shared-memory:in-flight of each step, comma-separated")
     args = parser.parse_args(argv)
@@ -314,7 +317,8 @@ def main(argv=None) -> int:
             try:
                 steps = [(model, *item, 1) for model in args.models.split(",") for item in series]
                 # the generator check: the first series of custom again from twice the generator
-                steps.insert(1, (MODEL_CUSTOM, *series[0], 2))
+                if not args.no_generator_check:
+                    steps.insert(1, (MODEL_CUSTOM, *series[0], 2))
                 for model, generator, images, shared_memory, concurrency, scale in steps:
                     try:
                         record = run_series_step(layout, model, generator, images, shared_memory, concurrency, args,
@@ -338,8 +342,9 @@ def main(argv=None) -> int:
                           f"failures {row['failures']} {row['problems'][:2]}", flush=True)
                     write()
                 results["crashes"] = results.get("crashes", 0) + len(layout.crash_lines())
-                results["recoveries"].append({"processes_per_gpu": processes, "mps": mps, **recovery(layout)})
-                print(f"  recovery: {results['recoveries'][-1]}", flush=True)
+                if not args.no_recovery:
+                    results["recoveries"].append({"processes_per_gpu": processes, "mps": mps, **recovery(layout)})
+                    print(f"  recovery: {results['recoveries'][-1]}", flush=True)
                 write()
             finally:
                 layout.stop()

@@ -274,6 +274,35 @@ def front_end_results(soak: dict, throughput: list[dict], notes: list[str]) -> d
             "notes": notes}
 
 
+def best_setting(levers: list[dict], model: str = MODEL_CUSTOM) -> tuple[int, str, dict]:
+    """The launcher setting of campaigns/front_door.py's lever reports (each its `launcher_args`, each layout its
+    processes per GPU) that serves `model` fastest over plain gRPC: the highest geometric mean of its img/s at every
+    images/request measured. Returns (processes per GPU, launcher args, {images/request: img/s})."""
+    scored = []
+    for report in levers:
+        for processes in sorted({row["processes_per_gpu"] for row in report["layouts"]}):
+            figures = {row["images_per_request"]: row["img_per_s"] for row in report["layouts"]
+                       if (row["processes_per_gpu"], row["model"], row["shared_memory"]) == (processes, model, False)}
+            if figures:
+                score = float(np.prod(list(figures.values()))) ** (1 / len(figures))
+                scored.append((score, processes, report.get("launcher_args", ""), figures))
+    if not scored:
+        raise ValueError(f"no plain gRPC figures of {model} in the lever reports")
+    _, processes, launcher_args, figures = max(scored, key=lambda item: item[0])
+    return processes, launcher_args, figures
+
+
+def choose_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="front_end_soak choose", description=best_setting.__doc__)
+    parser.add_argument("levers", type=Path, nargs="+", help="front_door.py reports (.json)")
+    args = parser.parse_args(argv)
+    processes, launcher_args, figures = best_setting([json.loads(path.read_text()) for path in args.levers])
+    print(f"chosen: {processes} process(es) per GPU, launcher args {launcher_args!r}: {figures}", file=sys.stderr)
+    print(processes)
+    print(launcher_args)
+    return 0
+
+
 def plain_client_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="front_end_soak plain-client")
     parser.add_argument("--url", required=True)
@@ -325,6 +354,8 @@ def main(argv=None) -> int:
         return plain_client_main(argv[1:])
     if argv[:1] == ["results"]:
         return results_main(argv[1:])
+    if argv[:1] == ["choose"]:
+        return choose_main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=600.0)
     parser.add_argument("--front-ends", default="binary,inprocess")

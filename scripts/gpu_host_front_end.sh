@@ -2,9 +2,12 @@
 # The two front ends on a GPU host (results/front_end.md, docs/ROBUSTNESS.md): the in-process one (Triton 2.73's
 # frontends on the 2.51 core, backend/front_end.py) against the tritonserver 2.51 binary.
 #   bash scripts/gpu_host_front_end.sh check        # the tests against the in-process front end (about 5 min)
-#   bash scripts/gpu_host_front_end.sh levers       # its settings: processes per GPU, gRPC infer threads (custom)
+#   bash scripts/gpu_host_front_end.sh levers       # its settings: processes per GPU x gRPC infer threads and
+#                                                   # allocation pool, custom at 1 and 32 images/request (4 min)
 #   bash scripts/gpu_host_front_end.sh throughput   # both: custom, cuDNN, zero at 1 and 32 images/request over
-#                                                   # gRPC, and CUDA shared memory at 32 (about 7 min)
+#                                                   # gRPC, and CUDA shared memory at 32 (about 5 min); the
+#                                                   # in-process one with the setting the levers chose, if run
+#   bash scripts/gpu_host_front_end.sh levers,throughput,check   # several, one after the other
 #   bash scripts/gpu_host_front_end.sh soak SECONDS [LAUNCHER ARGS]  # both at once, each beside abusive clients of
 #                                                   # every kind, each launcher as the README starts it (plus ARGS)
 # The servers run on SERVER_CORES (default 0-11), the load generators on GENERATOR_CORES (12-15). h2load comes
@@ -12,7 +15,7 @@
 # Writes $OUT (default build/gpu-host): device.txt, <task>.log, front_end_*.json/.md, logs.tgz.
 set -uo pipefail
 OUT="${OUT:-build/gpu-host}"
-task="${1:?check, levers, throughput or soak}"
+tasks="${1:?check, levers, throughput or soak (several: comma-separated)}"
 # shellcheck source=scripts/gpu_host_prologue.sh
 source scripts/gpu_host_prologue.sh
 SERVER_CORES="${SERVER_CORES:-0-11}" GENERATOR_CORES="${GENERATOR_CORES:-12-15}"
@@ -22,57 +25,83 @@ front_door() {   # name, then campaigns/front_door.py's arguments
         --generator-cores "$GENERATOR_CORES" "$@" 2>&1 | tee -a "$OUT/$task.log"
 }
 status=0
+IFS=, read -ra task_list <<< "$tasks"
+for task in "${task_list[@]}"; do
 case $task in
 check)
-    # the launcher as the README starts it, then the photos through both models over gRPC, HTTP and CUDA shared memory
-    python3 -m fusedresnet.backend.serve --front-end inprocess --client-shared-memory --log-file "$OUT/smoke_server.log" \
-        > "$OUT/smoke_launcher.log" 2>&1 &
-    launcher=$!
-    for _ in $(seq 240); do grep -q "Triton ready on" "$OUT/smoke_launcher.log" && break; sleep 0.5; done
-    cat "$OUT/smoke_launcher.log"
-    for protocol in "--protocol grpc" "--protocol http" "--shared-memory cuda"; do
-        # shellcheck disable=SC2086  # two words on purpose
-        python3 -m fusedresnet.client.classify client/samples/*.png client/samples/*.jpg $protocol --model resnet18_custom --top-k 1 2>&1 \
-            | tee -a "$OUT/smoke_classify.log" | tail -n 3
+    # the README's two starts and its two perf_analyzer commands (the shared-memory one against
+    # --client-shared-memory), the photos through the models over gRPC, HTTP and CUDA shared memory; then the tests
+    export FUSEDRESNET_ADMIN_TOKEN="${FUSEDRESNET_ADMIN_TOKEN:-$(python3 -c 'import secrets; print(secrets.token_hex(24))')}"
+    pa="$(python3 -c 'from fusedresnet.loadtest.perf_analyzer import binary_path; print(binary_path())')"
+    for start in "--client-shared-memory" ""; do
+        name=smoke${start:+_shm}
+        # shellcheck disable=SC2086  # no word or one on purpose
+        taskset -c "$SERVER_CORES" python3 -m fusedresnet.backend.serve $start --log-file "$OUT/${name}_server.log" \
+            > "$OUT/${name}_launcher.log" 2>&1 &
+        launcher=$!
+        for _ in $(seq 240); do grep -q "Triton ready on" "$OUT/${name}_launcher.log" && break; sleep 0.5; done
+        cat "$OUT/${name}_launcher.log"
+        if [[ -n $start ]]; then
+            timeout 120 taskset -c "$GENERATOR_CORES" "$pa" -m resnet18_custom -i grpc -u 127.0.0.1:8001 -b 32 \
+                --concurrency-range 32 --shared-memory cuda --output-shared-memory-size 128000 \
+                -H "triton-grpc-protocol-admin-key:$FUSEDRESNET_ADMIN_TOKEN" 2>&1 | tee -a "$OUT/smoke_perf_analyzer.log"
+            protocols=("--shared-memory cuda")
+        else
+            timeout 120 taskset -c "$GENERATOR_CORES" "$pa" -m resnet18_custom -i http -u 127.0.0.1:8000 \
+                -H "admin-key:$FUSEDRESNET_ADMIN_TOKEN" 2>&1 | tee -a "$OUT/smoke_perf_analyzer.log"
+            protocols=("--protocol grpc" "--protocol http")
+        fi
+        status=$((status | PIPESTATUS[0]))
+        for protocol in "${protocols[@]}"; do
+            # shellcheck disable=SC2086  # two words on purpose
+            python3 -m fusedresnet.client.classify client/samples/*.png client/samples/*.jpg $protocol \
+                --model resnet18_custom --top-k 1 2>&1 | tee -a "$OUT/smoke_classify.log" | tail -n 3
+        done
+        kill -INT "$launcher"; wait "$launcher"; echo "launcher exit status $?"; tail -n 5 "$OUT/${name}_launcher.log"
     done
-    kill -INT "$launcher"; wait "$launcher"; echo "launcher exit status $?"; tail -n 5 "$OUT/smoke_launcher.log"
     FUSEDRESNET_FRONT_END=inprocess timeout "${CHECK_TIMEOUT_S:-420}" python3 -m pytest -q -p no:cacheprovider --durations=10 \
         tests/test_front_end.py tests/test_security.py tests/test_serving.py tests/test_client_abuse.py \
         tests/test_front_door.py 2>&1 | tee "$OUT/check.log"
-    status=${PIPESTATUS[0]}
+    status=$((status | PIPESTATUS[0]))
     ;;
 levers)
-    # processes per GPU under MPS with the frontends' defaults, then more gRPC infer threads for each
-    front_door inprocess_levers --processes "${PROCESSES:-1,2}" --mps on --models resnet18_custom \
-        --series h2load:1:none:512,h2load:32:none:64 --launcher-args "--front-end inprocess"
-    status=$?
-    front_door inprocess_threads4 --processes "${PROCESSES:-1,2}" --mps on --models resnet18_custom \
-        --series h2load:1:none:512,h2load:32:none:64 \
-        --launcher-args "--front-end inprocess -- --grpc-infer-thread-count=4 --grpc-infer-allocation-pool-size=64"
-    status=$((status | $?))
+    # processes per GPU under MPS with the frontends' defaults, then more gRPC infer threads and a larger pool
+    for setting in "threads2:" "threads4:-- --grpc-infer-thread-count=4 --grpc-infer-allocation-pool-size=64"; do
+        front_door "lever_${setting%%:*}" --processes "${PROCESSES:-1,2}" --mps on --models resnet18_custom \
+            --series h2load:1:none:512,h2load:32:none:64 --no-generator-check --no-recovery \
+            --launcher-args "--front-end inprocess ${setting#*:}"
+        status=$((status | $?))
+    done
     ;;
 throughput)
-    # as each front end is shipped, then the in-process one with client shared memory chosen (one process)
+    # as each front end is shipped, then client shared memory chosen (--client-shared-memory: one process, the binary)
     front_door binary --processes 2 --mps on --launcher-args "--front-end binary"
-    status=$?
-    front_door inprocess --processes "${INPROCESS_PROCESSES:-2}" --mps on --launcher-args "--front-end inprocess" \
+    status=$((status | $?))
+    inprocess_processes=2 inprocess_args="--front-end inprocess"
+    if compgen -G "$OUT/front_end_lever_*.json" > /dev/null; then   # the fastest setting of the levers' run
+        mapfile -t chosen < <(python3 -m fusedresnet.campaigns.front_end_soak choose "$OUT"/front_end_lever_*.json \
+                              2>> "$OUT/$task.log")
+        inprocess_processes=${chosen[0]:-2} inprocess_args=${chosen[1]:-$inprocess_args}
+    fi
+    front_door inprocess --processes "$inprocess_processes" --mps on --launcher-args "$inprocess_args" \
         --series h2load:1:none:512,h2load:32:none:64
     status=$((status | $?))
-    front_door inprocess_shm --processes 1 --mps on --series grpc_flood:32:cuda:64 \
-        --launcher-args "--front-end inprocess --client-shared-memory"
+    front_door client_shm --processes 1 --mps on --series grpc_flood:32:cuda:64 --no-recovery \
+        --launcher-args "--front-end binary --client-shared-memory"
     status=$((status | $?))
     ;;
 soak)
     seconds="${2:-600}"
     python3 -m fusedresnet.campaigns.front_end_soak --seconds "$seconds" --out "$OUT/front_end_soak" \
         --server-cores "$SERVER_CORES" --generator-cores "$GENERATOR_CORES" -- "${@:3}" 2>&1 | tee "$OUT/soak.log"
-    status=${PIPESTATUS[0]}
+    status=$((status | PIPESTATUS[0]))
     ;;
 *)
     echo "unknown task $task: check, levers, throughput or soak" >&2
     exit 2
     ;;
 esac
-tar czf "$OUT/logs_$task.tgz" /tmp/front_door_*/launcher-* /tmp/abuse_soak_*/launcher.out /tmp/pytest-of-*/pytest-*/*/*.out \
+done
+tar czf "$OUT/logs_${tasks//,/_}.tgz" /tmp/front_door_*/launcher-* /tmp/abuse_soak_*/launcher.out /tmp/pytest-of-*/pytest-*/*/*.out \
     2>/dev/null || true
 exit "$status"
