@@ -26,7 +26,10 @@ def free_ports(count: int, host: str = DEFAULT_HOST) -> list[int]:
 
 
 def port_is_free(port: int, host: str = DEFAULT_HOST) -> bool:
+    """Whether a server could listen on `port` now. SO_REUSEADDR, as Triton's frontends bind: the closed
+    connections of a server just stopped (TIME_WAIT) don't make the port taken; a socket listening on it does."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
             return True

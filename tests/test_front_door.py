@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 
-from fusedresnet.backend.network import http_ready
+from fusedresnet.backend.network import http_ready, port_is_free
 from fusedresnet.backend.serve import (
     CRASH_LOOP_S,
     EXIT_SERVER_DIED,
@@ -367,3 +368,24 @@ def test_processes_starting_together_make_the_private_backend_tree_once(tmp_path
     stub = trees[0] / "python" / "triton_python_backend_stub"
     assert stub.is_file() and os.access(stub, os.X_OK)
     assert [p.name for p in tmp_path.iterdir()] == [trees[0].name]   # no scratch folder left behind
+
+
+def test_a_port_that_a_stopped_server_left_in_time_wait_is_free_and_one_listened_on_is_not():
+    """Seen on the H200 (2026-12-02): the launcher started right after another one stopped refused with 'port(s)
+    8000 on 127.0.0.1 already in use', though nothing listened: the stopped server's closed connections were in
+    TIME_WAIT, which a bind without SO_REUSEADDR counts. Triton binds with SO_REUSEADDR, so the check must too."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        accepted.close()                  # the server closes first: its side of the connection goes to TIME_WAIT
+        assert client.recv(1) == b""
+        client.close()
+        assert not port_is_free(port), "a port someone listens on is taken"
+    with socket.socket() as plain:       # the condition is real: a bind without SO_REUSEADDR still fails here
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))
+    assert port_is_free(port), "only TIME_WAIT connections are left on the port: a server can listen on it"
