@@ -42,7 +42,7 @@ from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, STARTUP_PHASES_T
 from fusedresnet.campaigns.launched_server import LaunchedServer
 from fusedresnet.loadtest.grpc_flood import run_step
 from fusedresnet.loadtest.h2load_step import run_h2load_step
-from fusedresnet.loadtest.measurements import cpu_list, cpu_text
+from fusedresnet.loadtest.measurements import cpu_list, cpu_text, tree_thread_cpu_seconds
 from fusedresnet.loadtest.perf_analyzer import build_repository
 from fusedresnet.loadtest.sweep import describe_device
 
@@ -75,10 +75,10 @@ class Layout(LaunchedServer):
     """One launcher, ready: `processes` per GPU on `gpu`, with or without MPS, on `server_cores`."""
 
     def __init__(self, processes: int, mps: bool, gpu: str, repository: Path, server_cores: list[int], work: Path,
-                 launcher_args: list[str] = ()):
+                 launcher_args: list[str] = (), env: dict | None = None):
         super().__init__(work / f"launcher-n{processes}{'-mps' if mps else ''}.out", repository=repository,
                          admin_token=secrets.token_urlsafe(24), processes=processes, gpus=gpu or None,
-                         args=["--mps", "on" if mps else "off", *launcher_args], cores=server_cores)
+                         args=["--mps", "on" if mps else "off", *launcher_args], cores=server_cores, env=env)
         self.processes, self.mps = processes, mps
         self.start(READY_TIMEOUT_S)
 
@@ -111,7 +111,9 @@ def step_row(layout: Layout, model: str, images: int, shared_memory: str, record
             "load_generator": record.get("load_generator"), "server_cpu_percent": record.get("server_cpu_percent"),
             "avg_batch": record.get("avg_batch"), "cancelled_at_end": record.get("triton_cancelled"),
             "queue_us": record.get("queue_us"),
-            "compute_infer_us": record.get("compute_infer_us"), "problems": record.get("problems", [])}
+            "compute_infer_us": record.get("compute_infer_us"),
+            "server_cpu_percent_by_thread": record.get("server_cpu_percent_by_thread", {}),
+            "problems": record.get("problems", [])}
 
 
 def run_series_step(layout: Layout, model: str, generator: str, images: int, shared_memory: str, in_flight: int,
@@ -119,6 +121,7 @@ def run_series_step(layout: Layout, model: str, generator: str, images: int, sha
     """One step of a series (`scale` x the generator's connections and threads: the generator check), with the
     server's CPU (launcher, tritonservers and stubs, in % of one core) over it."""
     url = f"127.0.0.1:{layout.grpc_port}"
+    threads_before = tree_thread_cpu_seconds(psutil.Process(layout.process.pid))
     cpu_before, started = layout.cpu_seconds()[0], time.monotonic()
     if generator == "h2load":
         connections = min(H2LOAD_CONNECTIONS, in_flight) * scale
@@ -129,8 +132,14 @@ def run_series_step(layout: Layout, model: str, generator: str, images: int, sha
         record = run_step(model, url, layout.metrics_url, in_flight * scale, images, args.generator_processes * scale,
                           args.warmup_s, args.seconds, shared_memory=shared_memory, admin_token=layout.admin_token,
                           server_processes=layout.processes)
-    record["server_cpu_percent"] = round(100 * (layout.cpu_seconds()[0] - cpu_before)
-                                         / (time.monotonic() - started), 1)
+    window_s = time.monotonic() - started
+    record["server_cpu_percent"] = round(100 * (layout.cpu_seconds()[0] - cpu_before) / window_s, 1)
+    threads_after = tree_thread_cpu_seconds(psutil.Process(layout.process.pid))
+    # where the server's CPU went, by thread pool, in % of one core over the same window
+    record["server_cpu_percent_by_thread"] = dict(sorted(
+        ((group, round(100 * (seconds - threads_before.get(group, 0.0)) / window_s, 1))
+         for group, seconds in threads_after.items() if seconds - threads_before.get(group, 0.0) > 0.005 * window_s),
+        key=lambda item: -item[1]))
     return record
 
 
@@ -280,6 +289,8 @@ def main(argv=None) -> int:
     parser.add_argument("--launcher-args", default="", help="more launcher options, e.g. '--instances gpu'")
     parser.add_argument("--abandonment", type=Path,
                         help="an abandonment soak's report (campaigns/abuse_soak.py --out, .json) to include")
+    parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set in the launcher's environment (and its servers'), e.g. LD_PRELOAD=<allocator>")
     parser.add_argument("--no-generator-check", action="store_true",
                         help="skip the step that drives custom's first series from twice the generator")
     parser.add_argument("--no-recovery", action="store_true", help="skip killing each layout's last process")
@@ -300,7 +311,8 @@ def main(argv=None) -> int:
         timespec="seconds"), "git_commit": git_commit(), "gpu": args.gpu,
         "server_cores": cpu_text(server_cores), "generator_cores": cpu_text(generator_cores),
         "command": "python -m fusedresnet.campaigns.front_door " + " ".join(argv or sys.argv[1:]),
-        "launcher_args": args.launcher_args, "layouts": [], "generator_checks": [], "recoveries": [],
+        "launcher_args": args.launcher_args, "server_env": args.server_env, "layouts": [], "generator_checks": [],
+        "recoveries": [],
         "crashed_steps": [], "targets": [], "ready_s": {}, "work": str(work)}
 
     def write():
@@ -310,7 +322,8 @@ def main(argv=None) -> int:
     status = 0
     for mps in [m == "on" for m in args.mps.split(",")]:
         for processes in (int(p) for p in args.processes.split(",")):
-            layout = Layout(processes, mps, args.gpu, repository, server_cores, work, shlex.split(args.launcher_args))
+            layout = Layout(processes, mps, args.gpu, repository, server_cores, work, shlex.split(args.launcher_args),
+                            dict(item.split("=", 1) for item in args.server_env))
             results["ready_s"][f"n{processes}{'-mps' if mps else ''}"] = round(layout.ready_s, 1)
             print(f"== {processes} process(es) per GPU, MPS {'on' if mps else 'off'}: ready in {layout.ready_s:.1f} s",
                   flush=True)

@@ -83,6 +83,32 @@ def tree_cpu_seconds(root: psutil.Process) -> tuple[float, float]:
     return total, triton
 
 
+def thread_group(process_name: str, thread_name: str) -> str:
+    """A thread's place in a server's tree: its process's name and its own with a trailing index dropped
+    ("tritonserver/grpc_global_tim", "triton_python_b/pb_stub" and "tritonserver/resnet18_custom_"): threads
+    of one pool fall in one group."""
+    return f"{process_name}/{thread_name.rstrip('0123456789') or thread_name}"
+
+
+def tree_thread_cpu_seconds(root: psutil.Process) -> dict[str, float]:
+    """CPU seconds (user + system) so far of every thread of `root` and its descendants, summed per
+    thread_group (the thread's name from /proc/<pid>/task/<tid>/comm); sampled around a window, where the
+    server's CPU went, by thread pool. Threads and processes that ended meanwhile count as nothing."""
+    groups: dict[str, float] = {}
+    with contextlib.suppress(psutil.Error):
+        for process in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                name = process.name()
+                for thread in process.threads():
+                    try:
+                        comm = Path(f"/proc/{process.pid}/task/{thread.id}/comm").read_text().strip()
+                    except OSError:
+                        continue
+                    key = thread_group(name, comm)
+                    groups[key] = groups.get(key, 0.0) + thread.user_time + thread.system_time
+    return groups
+
+
 def read_request_records(folder: Path) -> RequestRecords:
     logs = [np.load(path) for path in sorted(Path(folder).glob(REQUEST_LOG_PATTERN))]
     if not logs:

@@ -7,6 +7,8 @@
 #   bash scripts/gpu_host_front_end.sh throughput   # both: custom, cuDNN, zero at 1 and 32 images/request over
 #                                                   # gRPC, and CUDA shared memory at 32 (about 5 min); the
 #                                                   # in-process one with the setting the levers chose, if run
+#   bash scripts/gpu_host_front_end.sh profile      # where each one's server CPU goes, by thread pool, at 1 and
+#                                                   # 32 images/request, with glibc's allocator and jemalloc
 #   bash scripts/gpu_host_front_end.sh levers,throughput,check   # several, one after the other
 #   bash scripts/gpu_host_front_end.sh soak SECONDS [LAUNCHER ARGS]  # both at once, each beside abusive clients of
 #                                                   # every kind, each launcher as the README starts it (plus ARGS)
@@ -89,6 +91,48 @@ throughput)
     front_door client_shm --processes 1 --mps on --series grpc_flood:32:cuda:64 --no-recovery \
         --launcher-args "--front-end binary --client-shared-memory"
     status=$((status | $?))
+    ;;
+profile)
+    # front_door's steps keep the server's CPU by thread pool (server_cpu_percent_by_thread); jemalloc is the one
+    # that h2load's Debian packages carry (Triton's docs advise it for the Python backend)
+    jemalloc=$(find "$PWD/.h2load/root" -name libjemalloc.so.2 | head -n 1)
+    for front_end in binary inprocess; do
+        front_door "profile_$front_end" --processes 2 --mps on --models resnet18_custom,resnet18_cudnn,zero_answer \
+            --series h2load:1:none:512,h2load:32:none:64 --no-generator-check --no-recovery \
+            --launcher-args "--front-end $front_end"
+        status=$((status | $?))
+        front_door "profile_${front_end}_jemalloc" --processes 2 --mps on --models resnet18_custom,resnet18_cudnn \
+            --series h2load:1:none:512,h2load:32:none:64 --no-generator-check --no-recovery \
+            --launcher-args "--front-end $front_end" --server-env "LD_PRELOAD=$jemalloc"
+        status=$((status | $?))
+    done
+    front_door lever_threads8 --processes 2 --mps on --models resnet18_custom --series h2load:1:none:512,h2load:32:none:64 \
+        --no-generator-check --no-recovery \
+        --launcher-args "--front-end inprocess -- --grpc-infer-thread-count=8 --grpc-infer-allocation-pool-size=64"
+    status=$((status | $?))
+    # native and Python stacks (loadtest/stack_samples.py) of the launcher as shipped while custom runs at 32,
+    # then at 1 image/request: each tritonserver and one custom stub of the first
+    taskset -c "$SERVER_CORES" python3 -m fusedresnet.backend.serve --log-file "$OUT/stacks_server.log" \
+        > "$OUT/stacks_launcher.log" 2>&1 &
+    launcher=$!
+    for _ in $(seq 240); do grep -q "Triton ready on" "$OUT/stacks_launcher.log" && break; sleep 0.5; done
+    for images in 32 1; do
+        taskset -c "$GENERATOR_CORES" python3 -m fusedresnet.loadtest.h2load_step --model resnet18_custom \
+            --metrics-url http://127.0.0.1:8002/metrics,http://127.0.0.1:8003/metrics --images-per-request "$images" \
+            --streams $((images == 1 ? 8 : 1)) --seconds 45 > "$OUT/stacks_h2load_$images.json" 2>&1 &
+        load=$!
+        sleep 5
+        pids=$(python3 -c "
+import psutil
+from fusedresnet.backend.stub_processes import python_stubs
+servers = [p.pid for p in psutil.process_iter(['name']) if p.info['name'] == 'tritonserver']
+stubs = [s.pid for name, s in sorted(python_stubs(min(servers)).items()) if name.startswith('resnet18_custom')]
+print(','.join(map(str, servers + stubs[:1])))")
+        timeout 120 taskset -c "$GENERATOR_CORES" python3 -m fusedresnet.loadtest.stack_samples --pids "$pids" \
+            --samples 6 --timeout-s 20 --out "$OUT/stacks_custom_$images.folded" 2>&1 | tee -a "$OUT/$task.log"
+        wait "$load"
+    done
+    kill -INT "$launcher"; wait "$launcher"
     ;;
 soak)
     seconds="${2:-600}"
