@@ -337,10 +337,11 @@ def results_main(argv: list[str]) -> int:
     rows = [(f["name"], row) for f in results["front_ends"] for row in f["throughput"]]
     lines += ["", "## Throughput", ""]
     if rows:
-        lines += ["| front end | model | images/request | shared memory | img/s | p50 ms | p99 ms |",
-                  "|---|---|---:|---|---:|---:|---:|"]
-        lines += [f"| {name} | {r['model']} | {r['images_per_request']} | {'CUDA' if r['shared_memory'] else '-'} | "
-                  f"{r['img_per_s']:,.0f} | {r['p50_ms']} | {r['p99_ms']} |" for name, r in rows]
+        lines += ["| front end | processes/GPU | model | images/request | shared memory | img/s | p50 ms | p99 ms |",
+                  "|---|---:|---|---:|---|---:|---:|---:|"]
+        lines += [f"| {name} | {r['processes_per_gpu']} | {r['model']} | {r['images_per_request']} | "
+                  f"{'CUDA' if r['shared_memory'] else '-'} | {r['img_per_s']:,.0f} | {r['p50_ms']} | {r['p99_ms']} |"
+                  for name, r in rows]
     else:
         lines.append("Not measured in this run.")
     lines += ["", "## Notes", "", *(f"- {note}" for note in results["notes"]), ""]

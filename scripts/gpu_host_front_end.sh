@@ -110,29 +110,6 @@ profile)
         --no-generator-check --no-recovery \
         --launcher-args "--front-end inprocess -- --grpc-infer-thread-count=8 --grpc-infer-allocation-pool-size=64"
     status=$((status | $?))
-    # native and Python stacks (loadtest/stack_samples.py) of the launcher as shipped while custom runs at 32,
-    # then at 1 image/request: each tritonserver and one custom stub of the first
-    taskset -c "$SERVER_CORES" python3 -m fusedresnet.backend.serve --log-file "$OUT/stacks_server.log" \
-        > "$OUT/stacks_launcher.log" 2>&1 &
-    launcher=$!
-    for _ in $(seq 240); do grep -q "Triton ready on" "$OUT/stacks_launcher.log" && break; sleep 0.5; done
-    for images in 32 1; do
-        taskset -c "$GENERATOR_CORES" python3 -m fusedresnet.loadtest.h2load_step --model resnet18_custom \
-            --metrics-url http://127.0.0.1:8002/metrics,http://127.0.0.1:8003/metrics --images-per-request "$images" \
-            --streams $((images == 1 ? 8 : 1)) --seconds 45 > "$OUT/stacks_h2load_$images.json" 2>&1 &
-        load=$!
-        sleep 5
-        pids=$(python3 -c "
-import psutil
-from fusedresnet.backend.stub_processes import python_stubs
-servers = [p.pid for p in psutil.process_iter(['name']) if p.info['name'] == 'tritonserver']
-stubs = [s.pid for name, s in sorted(python_stubs(min(servers)).items()) if name.startswith('resnet18_custom')]
-print(','.join(map(str, servers + stubs[:1])))")
-        timeout 120 taskset -c "$GENERATOR_CORES" python3 -m fusedresnet.loadtest.stack_samples --pids "$pids" \
-            --samples 6 --timeout-s 20 --out "$OUT/stacks_custom_$images.folded" 2>&1 | tee -a "$OUT/$task.log"
-        wait "$load"
-    done
-    kill -INT "$launcher"; wait "$launcher"
     ;;
 soak)
     seconds="${2:-600}"

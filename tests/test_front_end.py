@@ -190,3 +190,24 @@ def test_the_front_end_soak_drives_every_abuse_kind_and_both_kinds_of_valid_clie
     plain = json.loads((work / "valid_no_retries0.json").read_text())
     with_retries = json.loads((work / "valid_retries0.json").read_text())
     assert plain["answered"] > 0 and with_retries["statuses"].get("OK", 0) > 0
+
+
+def test_the_levers_choose_the_setting_fastest_at_every_request_size_together():
+    """campaigns/front_end_soak.best_setting, which scripts/gpu_host_front_end.sh uses to pick the in-process
+    setting that the throughput run then measures: the highest geometric mean of custom's img/s at 1 and 32
+    images/request over plain gRPC, shared-memory steps and other models left out."""
+    from fusedresnet.campaigns.front_end_soak import best_setting
+
+    def report(launcher_args, rows):
+        return {"launcher_args": launcher_args, "layouts": [
+            {"processes_per_gpu": p, "model": model, "shared_memory": shm, "images_per_request": images,
+             "img_per_s": value} for p, model, shm, images, value in rows]}
+    defaults = report("--front-end inprocess", [(1, MODEL_CUSTOM, False, 1, 100), (1, MODEL_CUSTOM, False, 32, 400),
+                                                (2, MODEL_CUSTOM, False, 1, 300), (2, MODEL_CUSTOM, False, 32, 300),
+                                                (2, MODEL_CUSTOM, True, 32, 9000), (2, MODEL_CUDNN, False, 32, 9000)])
+    threads = report("--front-end inprocess -- --grpc-infer-thread-count=4",
+                     [(1, MODEL_CUSTOM, False, 1, 150), (1, MODEL_CUSTOM, False, 32, 500)])
+    # geometric means: 200, 300 (2 processes), ~273.9 (4 threads): 2 processes with the defaults
+    assert best_setting([defaults, threads]) == (2, "--front-end inprocess", {1: 300, 32: 300})
+    with pytest.raises(ValueError):
+        best_setting([report("--front-end inprocess", [(1, MODEL_CUDNN, False, 1, 5)])])

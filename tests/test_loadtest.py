@@ -255,3 +255,67 @@ def test_locust_response_length_is_the_bytes_received_not_the_image_count(triton
             received = response_bytes(client.client.infer(MODEL_CUSTOM, inputs, outputs=outputs))
             logits = count * 1000 * 4     # fp32 [count, 1000] on the wire, plus a header of a few hundred bytes
             assert logits < received < logits + 512, (count, received)
+
+
+def test_the_server_cpu_by_thread_pool_counts_a_busy_named_thread_and_not_an_idle_one():
+    """loadtest/measurements.tree_thread_cpu_seconds, as front_door samples it around a step: a child process with
+    a thread named 'spinner7' that computes for a while and one named 'sleeper' that waits. The busy pool shows the
+    time it computed, under its name without the index; the idle one next to nothing."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from fusedresnet.loadtest.measurements import thread_group, tree_thread_cpu_seconds
+
+    child_code = """
+import ctypes, threading, time
+libc = ctypes.CDLL(None)
+def named(name, work):
+    def run():
+        libc.prctl(15, name.encode(), 0, 0, 0)   # PR_SET_NAME: the thread's own comm
+        work()
+    return threading.Thread(target=run)
+def spin():
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        sum(range(1000))
+    time.sleep(30)                              # alive, idle, while sampled
+threads = [named("spinner7", spin), named("sleeper", lambda: time.sleep(30))]
+for t in threads: t.start()
+print("started", flush=True)
+time.sleep(30)
+"""
+    child = subprocess.Popen([sys.executable, "-c", child_code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "started"
+        time.sleep(1.7)
+        pools = tree_thread_cpu_seconds(psutil.Process(child.pid))
+        name = psutil.Process(child.pid).name()
+    finally:
+        child.kill()
+        child.wait()
+    assert pools[thread_group(name, "spinner7")] == pytest.approx(1.5, abs=0.5), pools
+    assert thread_group(name, "spinner7") == f"{name}/spinner"
+    assert pools.get(f"{name}/sleeper", 0.0) < 0.1, pools
+
+
+def test_serving_cost_divides_each_stage_by_the_images_served():
+    """campaigns/serving_cost.stage_rows on a front_door step: 1,000 img/s with 200% of a core in the EventEngine
+    threads, 100% in tritonserver's others and 50% in the stubs is 2,000, 1,000 and 500 µs of CPU per image."""
+    from fusedresnet.campaigns import serving_cost
+
+    step = {"processes_per_gpu": 2, "model": MODEL_CUSTOM, "images_per_request": 32, "shared_memory": False,
+            "img_per_s": 1000.0, "server_cpu_percent": 350.0,
+            "server_cpu_percent_by_thread": {"tritonserver/event_engine": 200.0, "tritonserver/tritonserver": 60.0,
+                                             "tritonserver/default-executo": 40.0,
+                                             "triton_python_backend_stub/triton_python_b": 50.0}}
+    stages, runs = serving_cost.stage_rows("before", "inprocess", {"layouts": [step]})
+    per_stage = {row["name"]: row["cpu_us_per_image_32"] for row in stages}
+    names = [name for name, _ in serving_cost.STAGES]
+    assert per_stage == {names[0]: 2000.0, names[1]: 1000.0, names[2]: 500.0}
+    assert all(row["cpu_us_per_image_1"] is None for row in stages)
+    assert runs == [{"code": "before", "front_end": "inprocess", "model": MODEL_CUSTOM, "images_per_request": 32,
+                     "shared_memory": False, "processes_per_gpu": 2, "img_per_s": 1000.0, "server_cpu_cores": 3.5,
+                     "cpu_us_per_image": 3500.0, "gpu_util": None}]

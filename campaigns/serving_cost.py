@@ -1,0 +1,117 @@
+"""The serving cost per image, stage by stage: results/serving_cost.json (+ .md) from campaigns/front_door.py's
+reports, whose steps keep the server's CPU by thread pool (`server_cpu_percent_by_thread`, from
+loadtest/measurements.tree_thread_cpu_seconds).
+
+    python -m fusedresnet.campaigns.serving_cost --code before \\
+        --report binary=results/front_end_logs/front_end_profile_binary.json \\
+        --report inprocess=results/front_end_logs/front_end_profile_inprocess.json --out results/serving_cost.json
+
+Each step's server CPU (launcher, tritonservers, stubs; % of one core over the step) divided by its img/s is
+the CPU per image; the thread pools fall in the stages of STAGES (the first pattern that a pool's
+"process/thread" name starts with). `--code` labels the reports (`before`: today's code, `after`: the levers
+kept); a report already in `--out` keeps its rows of the other label.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# stage -> the thread pools ("process/thread name", loadtest/measurements.thread_group) that do its work
+STAGES = (
+    ("gRPC EventEngine threads (the 2.73 frontend's reads and writes)", ("tritonserver/event_engine",)),
+    ("tritonserver's other threads: core, input buffers, the Python backend's messages (the binary: its gRPC too)",
+     ("tritonserver/",)),
+    ("Python-backend stubs: the shared-memory message, torch, the copy to the GPU, the model, the outputs",
+     ("triton_python_backend_stub/", "triton_python_b")),
+    ("the launcher", ("python",)),
+)
+OTHER_STAGE = "other"
+
+
+def stage_of(pool: str) -> str:
+    return next((name for name, prefixes in STAGES if pool.startswith(prefixes)), OTHER_STAGE)
+
+
+def stage_rows(code: str, front_end: str, report: dict) -> tuple[list[dict], list[dict]]:
+    """(stages, runs) of one front_door report: per model, each stage's CPU µs per image at 1 and at 32
+    images/request over plain gRPC; per step, its run row."""
+    stages, runs = [], []
+    steps = [row for row in report["layouts"] if not row["shared_memory"]]
+    for row in report["layouts"]:
+        runs.append({"code": code, "front_end": front_end, "model": row["model"],
+                     "images_per_request": row["images_per_request"], "shared_memory": row["shared_memory"],
+                     "processes_per_gpu": row["processes_per_gpu"], "img_per_s": row["img_per_s"],
+                     "server_cpu_cores": round(row["server_cpu_percent"] / 100, 2),
+                     "cpu_us_per_image": round(1e4 * row["server_cpu_percent"] / row["img_per_s"], 1),
+                     "gpu_util": row.get("gpu_util")})
+    for model in dict.fromkeys(row["model"] for row in steps):
+        per_images = {}
+        for row in steps:
+            if row["model"] == model and row.get("server_cpu_percent_by_thread"):
+                spent: dict[str, float] = {}
+                for pool, percent in row["server_cpu_percent_by_thread"].items():
+                    spent[stage_of(pool)] = spent.get(stage_of(pool), 0.0) + percent
+                per_images[row["images_per_request"]] = {stage: 1e4 * percent / row["img_per_s"]
+                                                         for stage, percent in spent.items()}
+        names = [name for name, _ in STAGES] + [OTHER_STAGE]
+        for name in names:
+            values = {images: round(spent[name], 1) for images, spent in per_images.items() if name in spent}
+            if values:
+                stages.append({"code": code, "front_end": front_end, "model": model, "name": name,
+                               "cpu_us_per_image_1": values.get(1), "cpu_us_per_image_32": values.get(32)})
+    return stages, runs
+
+
+def markdown(results: dict) -> str:
+    lines = [f"# Serving cost per image, stage by stage ({results['date']})", "",
+             f"{results['device']}; code {results['git_commit']}; server on cores {results['server_cores']}, load "
+             f"generator on {results['generator_cores']}. From: " + ", ".join(f"`{c}`" for c in results["commands"]),
+             "", "Server CPU per image (µs) by stage, plain gRPC, uint8 224x224x3, LOGITS only:", "",
+             "| code | front end | model | stage | 1 image/request | 32 images/request |",
+             "|---|---|---|---|---:|---:|"]
+
+    def cell(value):
+        return "-" if value is None else value
+    lines += [f"| {s['code']} | {s['front_end']} | {s['model']} | {s['name']} | {cell(s['cpu_us_per_image_1'])} | "
+              f"{cell(s['cpu_us_per_image_32'])} |" for s in results["stages"]]
+    lines += ["", "| code | front end | model | images/request | img/s | server CPU (cores) | CPU µs/image |",
+              "|---|---|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['code']} | {r['front_end']} | {r['model']} | {r['images_per_request']} | {r['img_per_s']:,.0f} | "
+              f"{r['server_cpu_cores']} | {r['cpu_us_per_image']} |" for r in results["runs"]]
+    lines += ["", "## Notes", "", *(f"- {note}" for note in results["notes"]), ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--code", choices=("before", "after"), required=True)
+    parser.add_argument("--report", action="append", required=True, metavar="FRONT_END=PATH",
+                        help="a front_door.py report (.json) and the front end it measured")
+    parser.add_argument("--note", action="append", default=[])
+    parser.add_argument("--out", type=Path, default=Path("results/serving_cost.json"))
+    args = parser.parse_args(argv)
+    reports = [(name, json.loads(Path(path).read_text()))
+               for name, path in (item.split("=", 1) for item in args.report)]
+    old = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    first = reports[0][1]
+    results = {"device": first["device"], "date": first["date"], "git_commit": first["git_commit"],
+               "server_cores": first["server_cores"], "generator_cores": first["generator_cores"],
+               "commands": [report["command"] for _, report in reports],
+               "stages": [s for s in old.get("stages", []) if s["code"] != args.code],
+               "runs": [r for r in old.get("runs", []) if r["code"] != args.code],
+               "notes": args.note or old.get("notes", [])}
+    for front_end, report in reports:
+        stages, runs = stage_rows(args.code, front_end, report)
+        results["stages"] += stages
+        results["runs"] += runs
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
