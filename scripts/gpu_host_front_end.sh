@@ -110,6 +110,12 @@ profile)
         --no-generator-check --no-recovery \
         --launcher-args "--front-end inprocess -- --grpc-infer-thread-count=8 --grpc-infer-allocation-pool-size=64"
     status=$((status | $?))
+    # the in-process gRPC's EventEngine threads are its largest extra cost: gRPC's own switches back to the
+    # completion-queue polling that the 2.51 binary's gRPC does (its experiments, read from GRPC_EXPERIMENTS)
+    front_door lever_grpc_polling --processes 2 --mps on --models resnet18_custom,zero_answer \
+        --series h2load:1:none:512,h2load:32:none:64 --no-generator-check --no-recovery --launcher-args "--front-end inprocess" \
+        --server-env "GRPC_EXPERIMENTS=-event_engine_listener,-event_engine_for_all_other_endpoints,-event_engine_callback_cq"
+    status=$((status | $?))
     ;;
 soak)
     seconds="${2:-600}"
