@@ -114,7 +114,7 @@ _WHY_NOT: dict[tuple, str | None] = {}   # unavailable_because, once per environ
 
 # CUDA shared memory does not register through the in-process frontends: the frontend's cudaIpcOpenMemHandle fails
 # ("failed to register shared memory region ...: invalid args"), with or without MPS, where the binary maps the same
-# client's regions (H200, 2026-12-01; system shared memory registers and serves). Clients that share memory with the
+# client's regions (system shared memory registers and serves; results/front_end.md). Clients that share memory with the
 # server are local and ask for it (--client-shared-memory): they get the binary, with its crash exposure.
 CUDA_SHM_UNSUPPORTED = "CUDA shared-memory regions do not register through the in-process frontends"
 

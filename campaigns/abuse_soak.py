@@ -130,6 +130,13 @@ class CpuMeter:
         return round(total, 1)
 
 
+def port_answers(grpc_url: str, processes: int) -> bool:
+    """Whether a client gets ServerReady answered on the port. With several processes behind it a client that
+    meets a dying one (its socket still listening in its abort handler) connects again, and the kernel hands
+    the new connection to a process of its choice: up to one more try per process, each on a new connection."""
+    return any(grpc_ready(grpc_url) for _ in range(1 if processes == 1 else processes + 1))
+
+
 class Sampler(threading.Thread):
     """Every 0.5 s: which tritonservers serve and whether the gRPC port answers ServerReady (a server hung in its
     abort handler still answers HTTP): with one process, the restart windows; every `every_s` a timeline sample.
@@ -166,10 +173,7 @@ class Sampler(threading.Thread):
             self.stop.wait(0.5)
 
     def port_answers(self) -> bool:
-        """Whether a client gets ServerReady answered on the port. With several processes behind it a client that
-        meets a dying one (its socket still listening in its abort handler) connects again, and the kernel hands
-        the new connection to a process of its choice: up to one more try per process, each on a new connection."""
-        return any(grpc_ready(self.grpc_url) for _ in range(1 if self.processes == 1 else self.processes + 1))
+        return port_answers(self.grpc_url, self.processes)
 
     def poll(self, answered_at: float, pid: int | None, next_sample: float) -> tuple[float, int | None, float]:
         """One look: the serving pids, the port's readiness (with one process, a new ready pid closes a restart

@@ -49,7 +49,13 @@ from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.serve import grpc_ready
 from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM
 from fusedresnet.campaigns import client_abuse
-from fusedresnet.campaigns.abuse_soak import FAILURE_LINE, ONE_THREAD_PER_POOL, RECOVERY_LINE, started_with_output
+from fusedresnet.campaigns.abuse_soak import (
+    FAILURE_LINE,
+    ONE_THREAD_PER_POOL,
+    RECOVERY_LINE,
+    port_answers,
+    started_with_output,
+)
 from fusedresnet.campaigns.launched_server import LaunchedServer
 from fusedresnet.loadtest.measurements import cpu_list, cpu_text
 from fusedresnet.loadtest.raw_grpc import MODEL_INFER, grpc_frame
@@ -202,7 +208,7 @@ class FrontEndUnderAbuse:
 
     def sample_capacity(self):
         while not self.stop.wait(SAMPLE_EVERY_S):
-            if not grpc_ready(self.server.grpc_url, timeout_s=SAMPLE_EVERY_S * 4):
+            if not port_answers(self.server.grpc_url, len(self.server.metrics_ports)):
                 self.unanswered_samples += 1
 
     def report(self) -> dict:
@@ -384,7 +390,8 @@ def main(argv=None) -> int:
               "pattern": f"Valid, per front end: {args.valid_processes} client processes with the project's retries "
                          f"and {args.valid_processes} without, {args.valid_in_flight} single-image calls in flight "
                          f"each ({', '.join(VALID_MODELS)} in turn); abuse, per front end, every cycle: "
-                         f"{', '.join(ABUSE_KINDS)}; ServerReady on each port every {SAMPLE_EVERY_S} s."}
+                         f"{', '.join(ABUSE_KINDS)}; ServerReady on each port every {SAMPLE_EVERY_S} s (on up to "
+                         "N+1 new connections where N processes share it, as a reconnecting client gets it)."}
     try:
         began = time.monotonic()
         for front_end in front_ends:   # one after the other: their model loads do not compete
