@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -42,6 +41,7 @@ import numpy as np
 
 from fusedresnet.backend.spec import INPUT_UINT8, NUM_CLASSES, OUTPUT_LOGITS
 from fusedresnet.client.resnet_client import RETRY_BACKOFF_S
+from fusedresnet.loadtest.h2load_step import h2load_path
 from fusedresnet.loadtest.raw_grpc import MODEL_INFER, grpc_frame, infer_request
 
 ABANDONED = "ABANDONED"
@@ -422,10 +422,6 @@ def keepalive_abuse(host: str, port: int, sequential: int = 200, pipelined: int 
             "unread_requests_each": unread_requests}
 
 
-def h2load_binary() -> str | None:
-    return shutil.which("h2load")
-
-
 SERVER_LIVE = "/inference.GRPCInferenceService/ServerLive"
 
 
@@ -439,7 +435,7 @@ def connection_storm(url: str, connections: int = 1000, grpc_method: str | None 
     # by the soak on a busy load core, do not need before their first answer
     from fusedresnet.loadtest.h2load_step import parse_h2load
 
-    binary = h2load_binary()
+    binary = h2load_path()
     if binary is None:
         raise FileNotFoundError("h2load not found: install Debian's nghttp2-client")
     common = ["-c", str(connections), "-n", str(connections), "-t", str(threads), "-m", "1",

@@ -39,7 +39,7 @@ import psutil
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.serve import READY_AGAIN_LINE, metrics_list_models
 from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, STARTUP_PHASES_TEXT, ZERO_MODEL
-from fusedresnet.campaigns.launched_server import LaunchedServer
+from fusedresnet.campaigns.launched_server import DEFAULT_READY_TIMEOUT_S, LaunchedServer
 from fusedresnet.loadtest.grpc_flood import run_step
 from fusedresnet.loadtest.h2load_step import run_h2load_step
 from fusedresnet.loadtest.measurements import cpu_list, cpu_text, tree_thread_cpu_seconds
@@ -52,7 +52,6 @@ MODELS_MEASURED = (MODEL_CUSTOM, MODEL_CUDNN, ZERO_MODEL)
 SERIES = (("h2load", 1, "none", 512), ("h2load", 32, "none", 64), ("grpc_flood", 32, "cuda", 64))
 H2LOAD_CONNECTIONS, H2LOAD_THREADS = 64, 8
 TARGETS = {"grpc32_vs_cudnn": 2.0, "grpc32_vs_n1": 1.8, "grpc1_vs_n1": 1.8, "cuda_shm_img_per_s": 95_000}
-READY_TIMEOUT_S = 300
 RECOVERY_TARGET_S = 5.0
 STEP_TABLE_HEADER = ("| processes/GPU | MPS | model | images/request | shared memory | generator | img/s | p50 ms | "
                      "p99 ms | generator CPU % | server CPU % | mean batch |",
@@ -80,7 +79,7 @@ class Layout(LaunchedServer):
                          admin_token=secrets.token_urlsafe(24), processes=processes, gpus=gpu or None,
                          args=["--mps", "on" if mps else "off", *launcher_args], cores=server_cores, env=env)
         self.processes, self.mps = processes, mps
-        self.start(READY_TIMEOUT_S)
+        self.start(DEFAULT_READY_TIMEOUT_S)
 
     def crash_lines(self) -> list[str]:
         return [line for line in self.output().splitlines()
@@ -88,7 +87,7 @@ class Layout(LaunchedServer):
 
     def wait_all_ready(self):
         """Until every process lists its models again (the launcher restarts a crashed one)."""
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        deadline = time.monotonic() + DEFAULT_READY_TIMEOUT_S
         while not all(metrics_list_models(url, list(MODELS_MEASURED)) for url in self.metrics_url.split(",")):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"a process not ready again:\n{self.output()[-3000:]}")
@@ -153,7 +152,7 @@ def recovery(layout: Layout) -> dict:
     killed = time.monotonic()
     victim.kill()
     while layout.output().count(READY_AGAIN_LINE) == seen:
-        if time.monotonic() - killed > READY_TIMEOUT_S:
+        if time.monotonic() - killed > DEFAULT_READY_TIMEOUT_S:
             return {"killed_pid": victim.pid, "ready_again_s": None}
         time.sleep(0.05)
     ready_again_s = time.monotonic() - killed

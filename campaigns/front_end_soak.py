@@ -57,6 +57,7 @@ from fusedresnet.campaigns.abuse_soak import (
     started_with_output,
 )
 from fusedresnet.campaigns.launched_server import LaunchedServer
+from fusedresnet.loadtest.h2load_step import h2load_path
 from fusedresnet.loadtest.measurements import cpu_list, cpu_text
 from fusedresnet.loadtest.raw_grpc import MODEL_INFER, grpc_frame
 from fusedresnet.loadtest.sweep import describe_device
@@ -120,7 +121,7 @@ def stopped_generator(url: str, request: bytes, folder: Path) -> dict:
     body = folder / "request.grpc"
     if not body.is_file():
         body.write_bytes(grpc_frame(request))
-    binary = client_abuse.h2load_binary()
+    binary = h2load_path()
     if binary is None:
         raise FileNotFoundError("h2load not found: install Debian's nghttp2-client")
     done = subprocess.run([binary, f"http://{url}{MODEL_INFER}", "-c", "8", "-m", "64", "-t", "1", "-D", "1",
@@ -373,7 +374,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("build/front_end_soak"))
     parser.add_argument("launcher_args", nargs="*", help="more launcher arguments, after --")
     args = parser.parse_args(argv)
-    if client_abuse.h2load_binary() is None:
+    if h2load_path() is None:
         parser.error("h2load not found (the stopped generators): install Debian's nghttp2-client")
     names = [name for name in args.front_ends.split(",") if name]
     server_cores, generator_cores = cpu_list(args.server_cores), cpu_list(args.generator_cores)

@@ -24,12 +24,10 @@ from pathlib import Path
 import psutil
 
 from fusedresnet.backend.network import http_ready, server_ports
-from fusedresnet.backend.serve import READY_LINE
+from fusedresnet.backend.serve import DEFAULT_READY_TIMEOUT_S, READY_LINE
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV
 from fusedresnet.backend.stub_processes import SERVER_BINARY, live_children, python_stubs, tritonserver_of
 from fusedresnet.loadtest.measurements import tree_cpu_seconds
-
-DEFAULT_READY_TIMEOUT_S = 300.0
 
 
 def metrics_url_of(port: int) -> str:

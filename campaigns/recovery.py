@@ -32,8 +32,8 @@ from pathlib import Path
 from fusedresnet.backend.cuda_context import EARLY_CONTEXT_ENV
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.spec import MODEL_REPOSITORY
-from fusedresnet.campaigns.front_door import READY_TIMEOUT_S, RECOVERY_TARGET_S, recovery
-from fusedresnet.campaigns.launched_server import LaunchedServer
+from fusedresnet.campaigns.front_door import RECOVERY_TARGET_S, recovery
+from fusedresnet.campaigns.launched_server import DEFAULT_READY_TIMEOUT_S, LaunchedServer
 from fusedresnet.loadtest.measurements import cpu_list, cpu_text
 from fusedresnet.loadtest.sweep import describe_device
 
@@ -52,7 +52,7 @@ def measure_variant(mps: bool, early_context: bool, args, work: Path) -> dict:
                             args=["--mps", "on" if mps else "off", *shlex.split(args.launcher_args)],
                             cores=cpu_list(args.server_cores),
                             env={EARLY_CONTEXT_ENV: "1" if early_context else "0"})
-    server.start(READY_TIMEOUT_S)
+    server.start(DEFAULT_READY_TIMEOUT_S)
     kills = []
     try:
         for _ in range(args.kills):

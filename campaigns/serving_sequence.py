@@ -47,12 +47,11 @@ from fusedresnet.backend.spec import (
     MODELS,
     model_config,
 )
-from fusedresnet.campaigns.launched_server import LaunchedServer
+from fusedresnet.campaigns.launched_server import DEFAULT_READY_TIMEOUT_S, LaunchedServer
 from fusedresnet.loadtest import grpc_flood
 from fusedresnet.loadtest.sweep import describe_device
 
 PACKAGE_DIRS = ("backend", "kernels", "client", "loadtest")
-READY_TIMEOUT_S = 300
 
 
 @dataclass
@@ -114,7 +113,7 @@ def start_server(repository: Path, token_file: Path, log_file: Path, env: dict |
     return LaunchedServer(log_file.with_suffix(".out"), log_file=log_file, repository=repository, gpus=gpus, env=env,
                           cwd=cwd, cores=cores, ready_line=ready_line,
                           args=["--admin-token-file", str(token_file), "--no-restart",
-                                "--ready-timeout", str(READY_TIMEOUT_S)]).start(READY_TIMEOUT_S)
+                                "--ready-timeout", str(DEFAULT_READY_TIMEOUT_S)]).start(DEFAULT_READY_TIMEOUT_S)
 
 
 def measure(configuration: Configuration, loads: list[Load], models: list[str], tree: Path, shipped: Path | None,

@@ -38,8 +38,13 @@ from fusedresnet.loadtest.raw_grpc import MODEL_INFER, grpc_frame, infer_request
 LOAD_GENERATOR = "h2load"
 
 
+def h2load_path() -> str | None:
+    """Where h2load is (PATH), None where it is not installed."""
+    return shutil.which("h2load")
+
+
 def h2load_binary() -> str:
-    binary = shutil.which("h2load")
+    binary = h2load_path()
     if binary is None:
         raise FileNotFoundError("h2load not found: install Debian's nghttp2-client (or put its h2load on PATH)")
     return binary

@@ -33,6 +33,7 @@ from fusedresnet.backend.serve import WEDGED_AFTER_S
 from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, OUTPUT_LOGITS
 from fusedresnet.backend.triton_install import host_gpus
 from fusedresnet.campaigns import client_abuse
+from fusedresnet.loadtest.h2load_step import h2load_path
 
 from robustness_helpers import (
     Launcher,
@@ -61,7 +62,7 @@ MODEL = MODEL_CUSTOM            # the model every behaviour abuses
 QUIET_MODEL = MODEL_CUDNN       # the model no behaviour touches
 IMAGES = 8
 
-needs_h2load = pytest.mark.skipif(client_abuse.h2load_binary() is None and os.environ.get("CI") != "true",
+needs_h2load = pytest.mark.skipif(h2load_path() is None and os.environ.get("CI") != "true",
                                   reason="h2load not installed (Debian nghttp2-client; .ci/apt-packages/robustness)")
 
 
