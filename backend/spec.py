@@ -123,6 +123,15 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 8001
 DEFAULT_METRICS_PORT = 8002
+
+
+def metrics_url(host: str, port: int) -> str:
+    """Triton's Prometheus endpoint on `host`:`port`."""
+    return f"http://{host}:{port}/metrics"
+
+
+DEFAULT_GRPC_URL = f"{DEFAULT_HOST}:{DEFAULT_GRPC_PORT}"
+DEFAULT_METRICS_URL = metrics_url(DEFAULT_HOST, DEFAULT_METRICS_PORT)
 ADMIN_TOKEN_ENV = "FUSEDRESNET_ADMIN_TOKEN"
 ADMIN_TOKEN_HEADER = "admin-key"      # HTTP header; gRPC metadata key is GRPC_ADMIN_TOKEN_HEADER
 GRPC_ADMIN_TOKEN_HEADER = "triton-grpc-protocol-" + ADMIN_TOKEN_HEADER  # Triton's gRPC frontend prefixes it

@@ -31,7 +31,14 @@ from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.repository_copy import both, copy_repository, with_instances, with_parameters
 from fusedresnet.backend.serve import TritonServer
-from fusedresnet.backend.spec import AB_ROUTER_MODEL, BUILD_DIR, METRICS_FLUSH_S, MODEL_REPOSITORY, SERVED_ENTRIES
+from fusedresnet.backend.spec import (
+    AB_ROUTER_MODEL,
+    BUILD_DIR,
+    DEFAULT_HOST,
+    METRICS_FLUSH_S,
+    MODEL_REPOSITORY,
+    SERVED_ENTRIES,
+)
 from fusedresnet.client.ab_mode import router_config
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.loadtest import grpc_flood, triton_metrics
@@ -202,7 +209,7 @@ def main(argv=None) -> int:
             repository = repository_in_mode(mode, Path(scratch) / mode, args.router_instances)
             for attempt in range(2):
                 http_port, grpc_port, metrics_port = free_ports(3)
-                server = TritonServer(repository, "127.0.0.1", http_port, grpc_port, metrics_port,
+                server = TritonServer(repository, DEFAULT_HOST, http_port, grpc_port, metrics_port,
                                       log_file=args.out / f"ab_live_server_{mode}_{attempt}.log")
                 try:
                     with server:

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fusedresnet.backend.spec import INPUT_UINT8, NUM_CLASSES, OUTPUT_LOGITS
+from fusedresnet.backend.spec import DEFAULT_GRPC_URL, INPUT_UINT8, NUM_CLASSES, OUTPUT_LOGITS
 from fusedresnet.client.resnet_client import RETRY_BACKOFF_S
 from fusedresnet.loadtest.h2load_step import h2load_path
 from fusedresnet.loadtest.raw_grpc import MODEL_INFER, grpc_frame, infer_request
@@ -458,7 +458,7 @@ def connection_storm(url: str, connections: int = 1000, grpc_method: str | None 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("behaviour", choices=("abandon", "deadlines", "rst-storm", "valid"))
-    parser.add_argument("--url", default="127.0.0.1:8001")
+    parser.add_argument("--url", default=DEFAULT_GRPC_URL)
     parser.add_argument("--model", default="resnet18_custom")
     parser.add_argument("--images-per-request", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=10, help="abandon: rounds")

@@ -119,7 +119,7 @@ def run_series_step(layout: Layout, model: str, generator: str, images: int, sha
                     args, scale: int = 1) -> dict:
     """One step of a series (`scale` x the generator's connections and threads: the generator check), with the
     server's CPU (launcher, tritonservers and stubs, in % of one core) over it."""
-    url = f"127.0.0.1:{layout.grpc_port}"
+    url = layout.grpc_url
     threads_before = tree_thread_cpu_seconds(psutil.Process(layout.process.pid))
     cpu_before, started = layout.cpu_seconds()[0], time.monotonic()
     if generator == "h2load":

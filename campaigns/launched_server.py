@@ -25,13 +25,13 @@ import psutil
 
 from fusedresnet.backend.network import http_ready, server_ports
 from fusedresnet.backend.serve import DEFAULT_READY_TIMEOUT_S, READY_LINE
-from fusedresnet.backend.spec import ADMIN_TOKEN_ENV
+from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, DEFAULT_HOST, metrics_url
 from fusedresnet.backend.stub_processes import SERVER_BINARY, live_children, python_stubs, tritonserver_of
 from fusedresnet.loadtest.measurements import tree_cpu_seconds
 
 
 def metrics_url_of(port: int) -> str:
-    return f"http://127.0.0.1:{port}/metrics"
+    return metrics_url(DEFAULT_HOST, port)
 
 
 class LaunchedServer:
@@ -64,8 +64,8 @@ class LaunchedServer:
         self.started: float | None = None     # time.monotonic() at the launcher's start
         self.ready_s: float | None = None     # its start to ready
 
-    http_url = property(lambda self: f"127.0.0.1:{self.http_port}")
-    grpc_url = property(lambda self: f"127.0.0.1:{self.grpc_port}")
+    http_url = property(lambda self: f"{DEFAULT_HOST}:{self.http_port}")
+    grpc_url = property(lambda self: f"{DEFAULT_HOST}:{self.grpc_port}")
     url = grpc_url
     # every process's metrics, comma-separated: triton_metrics.scrape sums them
     metrics_url = property(lambda self: ",".join(metrics_url_of(port) for port in self.metrics_ports))

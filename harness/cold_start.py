@@ -27,7 +27,7 @@ import numpy as np
 from ..backend.network import free_ports
 from ..backend.provenance import git_commit
 from ..backend.serve import TritonServer
-from ..backend.spec import IMAGE_SIZE, MODEL_CUSTOM, MODELS
+from ..backend.spec import DEFAULT_HOST, IMAGE_SIZE, MODEL_CUSTOM, MODELS
 from ..backend.triton_install import host_gpus
 from ..client.resnet_client import ResNetClient
 from ..kernels.nvrtc_build import CACHE_PREFIX
@@ -41,7 +41,7 @@ def start_once(cache_dir: Path, log: Path, ready_timeout_s: float) -> dict:
     instances' load lines."""
     os.environ["CUPY_CACHE_DIR"] = str(cache_dir)   # the server's environment, hence every model instance's
     http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonServer(host="127.0.0.1", http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+    server = TritonServer(host=DEFAULT_HOST, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
                           log_file=log)
     started = time.monotonic()
     server.start(ready_timeout_s)

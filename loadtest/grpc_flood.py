@@ -53,9 +53,8 @@ import psutil
 
 from fusedresnet.backend.spec import (
     AB_ROUTER_MODEL,
-    DEFAULT_GRPC_PORT,
-    DEFAULT_HOST,
-    DEFAULT_METRICS_PORT,
+    DEFAULT_GRPC_URL,
+    DEFAULT_METRICS_URL,
     INPUT_UINT8,
     MODEL_CUSTOM,
     MODELS,
@@ -378,9 +377,9 @@ def drive(workers, results, go, start_at, settings: FloodSettings, metrics_url: 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=(*MODELS, AB_ROUTER_MODEL, ZERO_MODEL), default=MODEL_CUSTOM)
-    parser.add_argument("--url", default=f"{DEFAULT_HOST}:{DEFAULT_GRPC_PORT}",
+    parser.add_argument("--url", default=DEFAULT_GRPC_URL,
                         help="Triton's gRPC endpoint; several: host:port,host:port or dns:///name:port")
-    parser.add_argument("--metrics-url", default=f"http://{DEFAULT_HOST}:{DEFAULT_METRICS_PORT}/metrics",
+    parser.add_argument("--metrics-url", default=DEFAULT_METRICS_URL,
                         help="Triton's metrics; with several servers, each one's URL, comma-separated")
     parser.add_argument("--concurrency", type=int, required=True, help="requests in flight, over all processes")
     parser.add_argument("--images-per-request", type=int, default=1)

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from fusedresnet.backend.images import smooth_random_images
+from fusedresnet.backend.spec import DEFAULT_GRPC_URL, DEFAULT_METRICS_URL
 from fusedresnet.loadtest import triton_metrics
 from fusedresnet.loadtest.raw_grpc import MODEL_INFER, grpc_frame, infer_request
 
@@ -135,8 +136,8 @@ def run_h2load_step(model: str, url: str, metrics_url: str, images_per_request: 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
-    parser.add_argument("--url", default="127.0.0.1:8001")
-    parser.add_argument("--metrics-url", default="http://127.0.0.1:8002/metrics",
+    parser.add_argument("--url", default=DEFAULT_GRPC_URL)
+    parser.add_argument("--metrics-url", default=DEFAULT_METRICS_URL,
                         help="every server process's metrics URL, comma-separated")
     parser.add_argument("--images-per-request", type=int, default=1)
     parser.add_argument("--connections", type=int, default=64)
