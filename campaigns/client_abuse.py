@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from fusedresnet.backend.spec import DEFAULT_GRPC_URL, INPUT_UINT8, NUM_CLASSES, OUTPUT_LOGITS
-from fusedresnet.client.resnet_client import RETRY_BACKOFF_S
+from fusedresnet.client.resnet_client import RETRY_BACKOFF_S, backoff_waits
 from fusedresnet.loadtest.h2load_step import h2load_path
 from fusedresnet.loadtest.raw_grpc import MODEL_INFER, grpc_frame, infer_request
 
@@ -258,19 +258,19 @@ async def _valid_for(url: str, requests: list[bytes], seconds: float, in_flight:
         while going():
             index = (slot + figures["sent"]) % len(requests)
             figures["sent"] += 1
-            first_sent, attempt, backoff = time.monotonic(), 0, VALID_RETRY_BACKOFF_S[0]
+            first_sent, attempt, waits = time.monotonic(), 0, backoff_waits(*VALID_RETRY_BACKOFF_S)
             while True:
                 left = deadline_s - (time.monotonic() - first_sent)
                 outcome = await _outcome(infer[slot % len(infer)](requests[index], timeout=max(left, 0.001)))
+                wait = next(waits)
                 if isinstance(outcome, np.ndarray) or outcome[0] != "UNAVAILABLE" \
-                        or time.monotonic() - first_sent + backoff >= deadline_s:
+                        or time.monotonic() - first_sent + wait >= deadline_s:
                     break
                 attempt += 1
                 figures["retries"] += 1
                 if len(retry_examples) < 5:
                     retry_examples.append((time.time(), f"{outcome[0]}: {outcome[1][:160]}"))
-                await asyncio.sleep(backoff)
-                backoff = min(2 * backoff, VALID_RETRY_BACKOFF_S[1])
+                await asyncio.sleep(wait)
             if isinstance(outcome, np.ndarray):
                 statuses["OK"] += 1
                 figures["answered_after_retry" if attempt else "answered_first_time"] += 1

@@ -35,6 +35,7 @@ import ipaddress
 import json
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -257,6 +258,14 @@ def check_logits_received(result, images_sent: int, in_shared_memory: bool):
         raise ValueError(f"expected logits {list(expected)}, got {None if shape is None else list(shape)}")
 
 
+def backoff_waits(first_s: float = RETRY_BACKOFF_S[0], longest_s: float = RETRY_BACKOFF_S[1]) -> Iterator[float]:
+    """The waits before each retry of one request: `first_s`, doubling, at most `longest_s`."""
+    wait = first_s
+    while True:
+        yield wait
+        wait = min(2 * wait, longest_s)
+
+
 def http_infer_with_retries(client, model: str, inputs: list, outputs: list, headers: dict | None):
     """An HTTP inference resent, as the gRPC channels' retry policy does (grpc_service_config: up to
     GRPC_RETRY_ATTEMPTS tries, RETRY_BACKOFF_S), when its connection broke or was refused
@@ -265,15 +274,14 @@ def http_infer_with_retries(client, model: str, inputs: list, outputs: list, hea
     included, is never resent."""
     from geventhttpclient.response import HTTPConnectionClosed  # tritonclient.http's transport
 
-    backoff_s = RETRY_BACKOFF_S[0]
+    waits = backoff_waits()
     for attempt in range(GRPC_RETRY_ATTEMPTS):
         try:
             return client.infer(model, inputs, outputs=outputs, headers=headers)
         except (ConnectionError, HTTPConnectionClosed):
             if attempt == GRPC_RETRY_ATTEMPTS - 1:
                 raise
-            time.sleep(backoff_s)
-            backoff_s = min(2 * backoff_s, RETRY_BACKOFF_S[1])
+            time.sleep(next(waits))
     raise AssertionError("unreachable")
 
 

@@ -319,3 +319,15 @@ def test_serving_cost_divides_each_stage_by_the_images_served():
     assert runs == [{"code": "before", "front_end": "inprocess", "model": MODEL_CUSTOM, "images_per_request": 32,
                      "shared_memory": False, "processes_per_gpu": 2, "img_per_s": 1000.0, "server_cpu_cores": 3.5,
                      "cpu_us_per_image": 3500.0, "gpu_util": None}]
+
+
+def test_retries_wait_the_first_backoff_then_double_up_to_the_longest():
+    """client/resnet_client.backoff_waits, the one retry schedule of the project's HTTP client and of the soaks'
+    valid clients: 0.1 s, doubling, capped at 1 s (RETRY_BACKOFF_S)."""
+    from itertools import islice
+
+    from fusedresnet.client.resnet_client import RETRY_BACKOFF_S, backoff_waits
+
+    assert RETRY_BACKOFF_S == (0.1, 1.0)
+    assert list(islice(backoff_waits(), 6)) == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0, 1.0])
+    assert list(islice(backoff_waits(0.25, 0.5), 3)) == [0.25, 0.5, 0.5]
