@@ -27,6 +27,8 @@ STARTUP_PHASES_TEXT = "start phases"
 INPUT_UINT8 = "IMAGE"                  # UINT8 [224, 224, 3], HWC, RGB, not normalised
 INPUT_FP32 = "IMAGE_NORMALIZED"        # FP32 [3, 224, 224], CHW, normalised by the client
 INPUTS = (INPUT_UINT8, INPUT_FP32)     # the input kinds
+# each input's shape per image (the config's dims; requests add the batch dimension in front)
+INPUT_SHAPES = {INPUT_UINT8: (IMAGE_SIZE, IMAGE_SIZE, CHANNELS), INPUT_FP32: (CHANNELS, IMAGE_SIZE, IMAGE_SIZE)}
 # Each model entry declares exactly one input, required: Triton's own tools need that (perf_analyzer's
 # shared-memory modes refuse models with optional inputs). A network's IMAGE entry bears the network's
 # name; its IMAGE_NORMALIZED entry adds this suffix (resnet18_custom_normalized), same engine and weights.

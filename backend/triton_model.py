@@ -63,14 +63,13 @@ import triton_python_backend_utils as pb_utils
 from .engine_config import ConfigError, EngineConfig, parse_engine_config
 from .engines import EngineUnavailable, ServingEngine, create_engine, input_shape
 from .spec import (
-    CHANNELS,
     EXECUTE_PHASE_METRIC,
     EXECUTE_PHASES,
     EXECUTIONS_METRIC,
     FP32_INPUT_ABS_LIMIT,
-    IMAGE_SIZE,
     IMAGES_METRIC,
     INPUT_FP32,
+    INPUT_SHAPES,
     INPUT_UINT8,
     INPUTS,
     METRIC_LABELS,
@@ -138,10 +137,7 @@ def read_request(request, name: str, max_batch: int) -> torch.Tensor:
     Triton has already refused a request without the input or with another one, a wrong dtype or
     a wrong shape; those checks stay here as the engine buffers' guard, the value checks are the model's own."""
     tensor = torch.from_dlpack(pb_utils.get_input_tensor_by_name(request, name).to_dlpack())
-    if name == INPUT_UINT8:
-        expected_dtype, expected_shape = torch.uint8, (IMAGE_SIZE, IMAGE_SIZE, CHANNELS)
-    else:
-        expected_dtype, expected_shape = torch.float32, (CHANNELS, IMAGE_SIZE, IMAGE_SIZE)
+    expected_dtype, expected_shape = torch.uint8 if name == INPUT_UINT8 else torch.float32, INPUT_SHAPES[name]
     if tensor.dtype != expected_dtype:
         raise RequestError(f"input {name} must be {expected_dtype}, got {tensor.dtype}")
     if tensor.dim() != 4 or tuple(tensor.shape[1:]) != expected_shape:

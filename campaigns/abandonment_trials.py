@@ -31,7 +31,7 @@ import numpy as np
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.serve import TritonServer, exit_cause, grpc_ready
-from fusedresnet.backend.spec import ZERO_MODEL
+from fusedresnet.backend.spec import INPUT_SHAPES, INPUT_UINT8, ZERO_MODEL
 from fusedresnet.campaigns.client_abuse import abandon, infer_request
 from fusedresnet.loadtest.perf_analyzer import zero_model_repository
 from fusedresnet.loadtest.sweep import describe_device
@@ -57,7 +57,7 @@ def crashed(server: TritonServer) -> str | None:
 
 def run_candidate(name: str, flags: list[str], rounds: int, in_flight: int, hold_s: float, log_dir: Path,
                   admin_token: str, repository: Path) -> dict:
-    request = [infer_request(ZERO_MODEL, np.zeros((1, 224, 224, 3), np.uint8))]
+    request = [infer_request(ZERO_MODEL, np.zeros((1, *INPUT_SHAPES[INPUT_UINT8]), np.uint8))]
     http_port, grpc_port, metrics_port = free_ports(3)
     slug = re.sub(r"\W+", "_", name).strip("_")
     server = TritonServer(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,

@@ -72,7 +72,7 @@ import psutil
 
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.serve import READY_AGAIN_LINE, grpc_ready, shm_prefix_of, shm_region_paths
-from fusedresnet.backend.spec import MODEL_CUSTOM
+from fusedresnet.backend.spec import INPUT_SHAPES, INPUT_UINT8, MODEL_CUSTOM
 from fusedresnet.backend.stub_processes import python_stubs, tritonserver_of, tritonservers_of
 from fusedresnet.campaigns import client_abuse
 from fusedresnet.campaigns.launched_server import LaunchedServer, metrics_url_of
@@ -514,7 +514,7 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
                  for i in range(args.valid_processes)]
         sampler = Sampler(server, args.models, valid, args.sample_every_s)
         sampler.start()
-        images = np.random.default_rng(5).integers(0, 256, (8, 224, 224, 3), dtype=np.uint8)
+        images = np.random.default_rng(5).integers(0, 256, (8, *INPUT_SHAPES[INPUT_UINT8]), dtype=np.uint8)
         requests = {model: [client_abuse.infer_request(model, images[i:i + 1]) for i in range(8)]
                     for model in args.models}
         abuse, aborted = [], {}

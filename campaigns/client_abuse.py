@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fusedresnet.backend.spec import DEFAULT_GRPC_URL, INPUT_UINT8, NUM_CLASSES, OUTPUT_LOGITS
+from fusedresnet.backend.spec import DEFAULT_GRPC_URL, INPUT_SHAPES, INPUT_UINT8, NUM_CLASSES, OUTPUT_LOGITS
 from fusedresnet.client.resnet_client import RETRY_BACKOFF_S, backoff_waits
 from fusedresnet.loadtest.h2load_step import h2load_path
 from fusedresnet.loadtest.raw_grpc import MODEL_INFER, grpc_frame, infer_request
@@ -477,8 +477,8 @@ def main(argv=None):
                              f"{VALID_UNTIL_FILE_MAX_S:.0f} s more)")
     parser.add_argument("--seed", type=int, default=3, help="of the images")
     args = parser.parse_args(argv)
-    images = np.random.default_rng(args.seed).integers(0, 256, (8 + args.images_per_request, 224, 224, 3),
-                                                       dtype=np.uint8)
+    images = np.random.default_rng(args.seed).integers(
+        0, 256, (8 + args.images_per_request, *INPUT_SHAPES[INPUT_UINT8]), dtype=np.uint8)
     requests = [infer_request(args.model, images[i:i + args.images_per_request])
                 for i in range(8)]
     if args.behaviour == "valid":

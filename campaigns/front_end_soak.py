@@ -47,7 +47,7 @@ import numpy as np
 
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.serve import grpc_ready
-from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM
+from fusedresnet.backend.spec import INPUT_SHAPES, INPUT_UINT8, MODEL_CUDNN, MODEL_CUSTOM
 from fusedresnet.campaigns import client_abuse
 from fusedresnet.campaigns.abuse_soak import (
     FAILURE_LINE,
@@ -75,10 +75,10 @@ def plain_client(url: str, model: str, seconds: float, in_flight: int, seed: int
     Every answer is compared with the first answer to the same image."""
     import tritonclient.grpc as grpcclient
 
-    from fusedresnet.backend.spec import INPUT_UINT8, OUTPUT_LOGITS
+    from fusedresnet.backend.spec import OUTPUT_LOGITS
     from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, relative_l2
 
-    images = np.random.default_rng(seed).integers(0, 256, (4, 224, 224, 3), dtype=np.uint8)
+    images = np.random.default_rng(seed).integers(0, 256, (4, *INPUT_SHAPES[INPUT_UINT8]), dtype=np.uint8)
     first: dict[int, np.ndarray] = {}
     counts = {"sent": 0, "answered": 0, "lost": 0, "mismatched": 0}
     failures: list[str] = []
@@ -91,7 +91,7 @@ def plain_client(url: str, model: str, seconds: float, in_flight: int, seed: int
         while time.monotonic() < end:
             index = n % len(images)
             n += in_flight
-            request = grpcclient.InferInput(INPUT_UINT8, [1, 224, 224, 3], "UINT8")
+            request = grpcclient.InferInput(INPUT_UINT8, [1, *INPUT_SHAPES[INPUT_UINT8]], "UINT8")
             request.set_data_from_numpy(images[index:index + 1])
             try:
                 logits = client.infer(model, [request], outputs=[grpcclient.InferRequestedOutput(OUTPUT_LOGITS)],
@@ -187,7 +187,7 @@ class FrontEndUnderAbuse:
                                                                 env=dict(os.environ, **ONE_THREAD_PER_POOL))))
 
     def abuse_loop(self, end: float):
-        images = np.random.default_rng(11).integers(0, 256, (4, 224, 224, 3), dtype=np.uint8)
+        images = np.random.default_rng(11).integers(0, 256, (4, *INPUT_SHAPES[INPUT_UINT8]), dtype=np.uint8)
         requests = {model: [client_abuse.infer_request(model, images[i:i + 1]) for i in range(4)]
                     for model in VALID_MODELS}
         while time.monotonic() < end and not self.stop.is_set():

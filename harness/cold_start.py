@@ -27,7 +27,7 @@ import numpy as np
 from ..backend.network import free_ports
 from ..backend.provenance import git_commit
 from ..backend.serve import TritonServer
-from ..backend.spec import DEFAULT_HOST, IMAGE_SIZE, MODEL_CUSTOM, MODELS
+from ..backend.spec import DEFAULT_HOST, INPUT_SHAPES, INPUT_UINT8, MODEL_CUSTOM, MODELS
 from ..backend.triton_install import host_gpus
 from ..client.resnet_client import ResNetClient
 from ..kernels.nvrtc_build import CACHE_PREFIX
@@ -47,7 +47,7 @@ def start_once(cache_dir: Path, log: Path, ready_timeout_s: float) -> dict:
     server.start(ready_timeout_s)
     try:
         ready_s = time.monotonic() - started
-        images = np.random.default_rng(0).integers(0, 256, (1, IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8)
+        images = np.random.default_rng(0).integers(0, 256, (1, *INPUT_SHAPES[INPUT_UINT8]), dtype=np.uint8)
         engines = {}
         for model in MODELS:
             with ResNetClient(model, protocol="grpc", url=server.grpc_url) as client:

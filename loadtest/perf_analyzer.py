@@ -55,6 +55,8 @@ from fusedresnet.backend.spec import (
     ADMIN_TOKEN_HEADER,
     BUILD_DIR,
     GRPC_ADMIN_TOKEN_HEADER,
+    INPUT_SHAPES,
+    INPUT_UINT8,
     MODEL_CUDNN,
     MODEL_CUSTOM,
     MODEL_ENTRIES,
@@ -515,7 +517,7 @@ def main(argv=None) -> int:
         from fusedresnet.client.resnet_client import ResNetClient
         for model in (MODEL_CUSTOM, MODEL_CUDNN):
             with ResNetClient(model, "grpc", server.grpc_url) as client:
-                engines[model] = client.infer(np.zeros((1, 224, 224, 3), np.uint8)).engine
+                engines[model] = client.infer(np.zeros((1, *INPUT_SHAPES[INPUT_UINT8]), np.uint8)).engine
         for s in series:
             for level in s.levels:
                 for model in models:

@@ -19,11 +19,14 @@ from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import (
     INPUT_FP32,
+    INPUT_SHAPES,
     INPUT_UINT8,
     MODEL_CUDNN,
     MODEL_CUSTOM,
     MODELS,
     OUTPUT_LOGITS,
+    SERVED_ENTRIES,
+    entry_input,
     load_labels,
     model_config,
     served_model,
@@ -302,3 +305,15 @@ def test_normalized_entry_config_differs_from_its_networks_only_in_input_name_an
         for group in config.instance_group:
             group.count = 0
     assert text_format.MessageToString(normalized) == text_format.MessageToString(network)
+
+
+@pytest.mark.parametrize("entry", SERVED_ENTRIES)
+def test_every_entry_declares_its_input_with_the_shape_the_contract_gives(entry):
+    """backend/spec.INPUT_SHAPES is the one place the inputs' shapes are written for code (the model's checks, the
+    load generators, the campaigns); each config.pbtxt must declare the same dims and type, or clients built from
+    the contract would be refused."""
+    [declared] = model_config(entry).input
+    kind = entry_input(entry)
+    dtype = model_config_pb2.TYPE_UINT8 if kind == INPUT_UINT8 else model_config_pb2.TYPE_FP32
+    assert (declared.name, declared.data_type, tuple(declared.dims)) == (kind, dtype, INPUT_SHAPES[kind])
+    assert INPUT_SHAPES == {INPUT_UINT8: (224, 224, 3), INPUT_FP32: (3, 224, 224)}
