@@ -29,6 +29,7 @@ from pathlib import Path
 
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.provenance import git_commit
+from fusedresnet.backend.report_format import number, table
 from fusedresnet.backend.repository_copy import both, copy_repository, with_instances, with_parameters
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import (
@@ -107,9 +108,9 @@ def measure_mode(server: TritonServer, mode: str, args, order_start: int) -> tup
             "problems": direct["problems"] + router["problems"], "arms": steps["ab"]["arms"],
             "shadow_timeouts": steps["ab"]["shadow_timeouts"], "shadow_skipped": steps["ab"]["shadow_skipped"],
             "triton_during_router_step": steps["triton"]})
-        print(f"{mode:6s} x{images:<3d} in flight {in_flight:3d}: direct {fmt(direct['img_per_s'], 1)} img/s p50 "
-              f"{fmt(direct['p50_ms'])} ms; router {fmt(router['img_per_s'], 1)} img/s p50 {fmt(router['p50_ms'])} ms "
-              f"p99 {fmt(router['p99_ms'])} ms", flush=True)
+        print(f"{mode:6s} x{images:<3d} in flight {in_flight:3d}: direct {number(direct['img_per_s'])} img/s "
+              f"p50 {number(direct['p50_ms'], 2)} ms; router {number(router['img_per_s'])} img/s p50 "
+              f"{number(router['p50_ms'], 2)} ms p99 {number(router['p99_ms'], 2)} ms", flush=True)
     agreement = None
     if mode == "shadow":
         time.sleep(3 * METRICS_FLUSH_S)
@@ -118,10 +119,6 @@ def measure_mode(server: TritonServer, mode: str, args, order_start: int) -> tup
                                                    "images", "disagreeing_requests", "shadow_timeouts",
                                                    "shadow_skipped")}
     return rows, agreement
-
-
-def fmt(value, digits: int = 2) -> str:
-    return "n/a" if value is None else f"{value:,.{digits}f}"
 
 
 def targets(rows: list[dict]) -> list[dict]:
@@ -143,7 +140,6 @@ def targets(rows: list[dict]) -> list[dict]:
 
 
 def markdown(results: dict) -> str:
-    f = fmt
     lines = [f"# Live A/B: the router's own cost ({AB_ROUTER_MODEL})", "",
              f"- Device: {results['device']}", f"- Date: {results['date']}, commit {results['git_commit']}",
              f"- Command: `{results['command']}`",
@@ -152,26 +148,27 @@ def markdown(results: dict) -> str:
              f"({results['modes'][0]['direct_model'] if results['modes'] else 'n/a'}) called directly, in the same "
              "run, back to back with the router's step. Router parameters: "
              + ", ".join(f"{k} {v}" for k, v in results["router_parameters"].items()) + ".", "",
-             "| mode | images/request | in flight | direct img/s | router img/s | router / direct | direct p50 ms "
-             "| router p50 ms | extra p50 ms | router p99 ms | primary arm p50 ms | candidate arm p50 ms |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in results["modes"]:
-        arms = r["arms"]
-        lines.append(f"| {r['mode']} | {r['images_per_request']} | {r['in_flight']} | {f(r['direct_img_per_s'], 1)} "
-                     f"| {f(r['router_img_per_s'], 1)} | {f(r['throughput_share'], 3)} | {f(r['direct_p50_ms'])} "
-                     f"| {f(r['router_p50_ms'])} | {f(r['extra_p50_ms'])} | {f(r['router_p99_ms'])} "
-                     f"| {f(arms.get('primary', {}).get('p50_ms'))} | {f(arms.get('candidate', {}).get('p50_ms'))} |")
-    lines += ["", "## Targets", "", "| target | limit | measured | |", "|---|---|---:|---|"]
-    lines += [f"| {t['target']} | {t['limit']} | {t['value']} | {'met' if t['met'] else '**not met**'} |"
-              for t in results["targets"]]
+             *table(["mode", "images/request", "in flight", "direct img/s", "router img/s", "router / direct",
+                     "direct p50 ms", "router p50 ms", "extra p50 ms", "router p99 ms", "primary arm p50 ms",
+                     "candidate arm p50 ms"],
+                    ([r["mode"], r["images_per_request"], r["in_flight"], number(r["direct_img_per_s"]),
+                      number(r["router_img_per_s"]), number(r["throughput_share"], 3),
+                      *(number(r[key], 2) for key in ("direct_p50_ms", "router_p50_ms", "extra_p50_ms",
+                                                      "router_p99_ms")),
+                      *(number(r["arms"].get(arm, {}).get("p50_ms"), 2) for arm in ("primary", "candidate"))]
+                     for r in results["modes"]), "l" + "r" * 11)]
+    lines += ["", "## Targets", "",
+              *table(["target", "limit", "measured", ""],
+                     ([t["target"], t["limit"], t["value"], "met" if t["met"] else "**not met**"]
+                      for t in results["targets"]), "llr")]
     a = results.get("agreement")
     if a:
         lines += ["", "## Agreement on the shadow traffic (the router's metrics)", "",
-                  "| requests compared | images | top-1 agree | mean top-5 overlap | logits rel. L2 p99 | disagreeing "
-                  "requests | shadow late / skipped |", "|---:|---:|---:|---:|---:|---:|---|",
-                  f"| {a['requests']} | {a['images']} | {f(a['top1_agree'] and a['top1_agree'] * 100)} % "
-                  f"| {f(a['top5_overlap_mean'])} / 5 | {f(a['rel_l2_p99'], 4)} | {a['disagreeing_requests']} "
-                  f"| {a['shadow_timeouts']} / {a['shadow_skipped']} |",
+                  *table(["requests compared", "images", "top-1 agree", "mean top-5 overlap", "logits rel. L2 p99",
+                          "disagreeing requests", "shadow late / skipped"],
+                         [[a["requests"], a["images"], f"{number(a['top1_agree'] and a['top1_agree'] * 100, 2)} %",
+                           f"{number(a['top5_overlap_mean'], 2)} / 5", number(a["rel_l2_p99"], 4),
+                           a["disagreeing_requests"], f"{a['shadow_timeouts']} / {a['shadow_skipped']}"]], "rrrrrr"),
                   "", "Relative L2 p99: interpolated within the histogram's buckets (as Prometheus's "
                   "histogram_quantile), so it is as coarse as they are."]
     problems = [p for r in results["modes"] for p in r["problems"]]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import re
 import secrets
 import sys
@@ -30,6 +29,7 @@ import numpy as np
 
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.provenance import git_commit
+from fusedresnet.backend.report_format import table, write_json_and_markdown
 from fusedresnet.backend.serve import TritonServer, exit_cause, grpc_ready
 from fusedresnet.backend.spec import INPUT_SHAPES, INPUT_UINT8, ZERO_MODEL
 from fusedresnet.campaigns.client_abuse import abandon, infer_request
@@ -120,21 +120,19 @@ def main(argv=None):
 
 
 def write_report(report: dict, out: Path):
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     lines = ["# Triton 2.51 under repeated gRPC abandonment: crash rate per candidate", "",
              f"{report['device']}, {report['date']}, commit {report['commit']}; model {report['model']}; each round "
              f"keeps {report['in_flight']} calls in flight for {report['hold_s']} s on a fresh connection, then "
-             "closes it with whatever is in flight.", "", f"`{report['command']}`", "",
-             "| candidate | tritonserver flags | rounds | crashes | per 100 rounds | calls answered | calls abandoned "
-             "| crashed at rounds (cause) |", "|---|---|---|---|---|---|---|---|"]
-    for row in report["candidates"]:
+             "closes it with whatever is in flight.", "", f"`{report['command']}`", ""]
+
+    def cells(row):
         where = ", ".join(f"{c['round']} ({c['cause']}{', sync.cc:105' if c['assertion'] else ''})"
                           for c in row["crash_details"]) or "-"
-        flags = " ".join(row["flags"]) or "-"
-        lines.append(f"| {row['candidate']} | {flags} | {row['rounds']} | {row['crashes']} | "
-                     f"{row['crashes_per_100_rounds']} | {row['calls_answered']} | {row['calls_abandoned']} "
-                     f"| {where} |")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        return [row["candidate"], " ".join(row["flags"]) or "-", row["rounds"], row["crashes"],
+                row["crashes_per_100_rounds"], row["calls_answered"], row["calls_abandoned"], where]
+    lines += table(["candidate", "tritonserver flags", "rounds", "crashes", "per 100 rounds", "calls answered",
+                    "calls abandoned", "crashed at rounds (cause)"], map(cells, report["candidates"]))
+    write_json_and_markdown(out, report, "\n".join(lines) + "\n", indent=2)
 
 
 if __name__ == "__main__":

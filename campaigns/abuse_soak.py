@@ -71,6 +71,7 @@ import numpy as np
 import psutil
 
 from fusedresnet.backend.provenance import git_commit
+from fusedresnet.backend.report_format import table, write_json_and_markdown
 from fusedresnet.backend.serve import READY_AGAIN_LINE, grpc_ready, shm_prefix_of, shm_region_paths
 from fusedresnet.backend.spec import INPUT_SHAPES, INPUT_UINT8, MODEL_CUSTOM
 from fusedresnet.backend.stub_processes import python_stubs, tritonserver_of, tritonservers_of
@@ -388,7 +389,7 @@ def timeline_rows(samples: list[dict], started: float) -> list[list]:
     return rows
 
 
-def write_markdown(report: dict, path: Path):
+def markdown(report: dict) -> str:
     lines = [f"# abuse soak: {'PASSED' if report.get('ok') else 'FAILED'}", "",
              f"{report['device']}, {report['date']}, commit {report['commit']}", "", f"`{report['command']}`", "",
              f"Cores: server {report.get('server_cores')}, load (valid processes, abuse loop) "
@@ -402,11 +403,10 @@ def write_markdown(report: dict, path: Path):
                   f"{valid['mismatched_answers']} wrong; {valid['images_per_s']} img/s over its "
                   f"{report.get('valid_load_s')} s "
                   f"(at least {report['min_images_per_s']} asked).", "",
-                  "| process | sent | answered first time | answered after retry | lost | retries "
-                  "| longest to answer (s) |",
-                  "|---|---|---|---|---|---|---|"]
-        lines += [f"| {i} | {p['sent']} | {p['answered_first_time']} | {p['answered_after_retry']} | {p['lost']} | "
-                  f"{p['retries']} | {p['longest_to_answer_s']} |" for i, p in enumerate(valid["per_process"])]
+                  *table(["process", "sent", "answered first time", "answered after retry", "lost", "retries",
+                          "longest to answer (s)"],
+                         ([i, p["sent"], p["answered_first_time"], p["answered_after_retry"], p["lost"], p["retries"],
+                           p["longest_to_answer_s"]] for i, p in enumerate(valid["per_process"])))]
         for example in valid["lost_examples"] + valid["retry_examples"]:
             lines.append(f"- {example}")
     aborted = report.get("aborted")
@@ -420,21 +420,22 @@ def write_markdown(report: dict, path: Path):
         lines += ["", f"Server processes behind the port: {report.get('processes', 1)}; crashes (the launcher's "
                   f"failure lines): {report.get('crashes')}; restarts: {report['restarts']} (each ready again after "
                   f"{report.get('recoveries_s')} s); seconds the port answered no ServerReady: "
-                  f"{report.get('capacity_zero_s')}; servers (pids) seen: {report['servers_seen']}.", "",
-                  "| server pid | samples | memory span (s of the soak) | own memory first/last (MiB) | own growth / "
-                  "bound | RSS first/last (MiB) | GPU growth / bound (MiB) | flat |", "|---" * 8 + "|"]
+                  f"{report.get('capacity_zero_s')}; servers (pids) seen: {report['servers_seen']}.", ""]
         started = report["started_at"]
-        for m in report["memory_by_server"]:
+
+        def memory_cells(m):
             span = "-" if m["span_s"] is None else f"{m['span_s'][0] - started:.0f}-{m['span_s'][1] - started:.0f}"
-            lines.append(f"| {m['pid']} | {m['samples']} | {span} | {m.get('own_first_last_mib') or '-'} | "
-                         f"{m.get('own_growth_mib', '-')} / {m.get('own_bound_mib', '-')} | "
-                         f"{m.get('rss_first_last_mib') or '-'} | "
-                         f"{m.get('gpu_growth_mib', '-')} / {m.get('gpu_bound_mib', '-')} | {m.get('flat', '-')} |")
+            return [m["pid"], m["samples"], span, m.get("own_first_last_mib") or "-",
+                    f"{m.get('own_growth_mib', '-')} / {m.get('own_bound_mib', '-')}",
+                    m.get("rss_first_last_mib") or "-",
+                    f"{m.get('gpu_growth_mib', '-')} / {m.get('gpu_bound_mib', '-')}", m.get("flat", "-")]
+        lines += table(["server pid", "samples", "memory span (s of the soak)", "own memory first/last (MiB)",
+                        "own growth / bound", "RSS first/last (MiB)", "GPU growth / bound (MiB)", "flat"],
+                       map(memory_cells, report["memory_by_server"]))
         lines += ["", "Timeline (s of the soak; CPU in % of one core; Triton's figures for the model, per interval):",
-                  "", "| t | " + " | ".join(TIMELINE_COLUMNS) + " |", "|---" * (len(TIMELINE_COLUMNS) + 1) + "|"]
-        lines += ["| " + " | ".join(map(str, row)) + " |" for row in timeline_rows(report["timeline"], started)]
+                  "", *table(["t", *TIMELINE_COLUMNS], timeline_rows(report["timeline"], started))]
         lines += ["", f"Abuse cycles: {report['abuse_cycles']}; the first: {json.dumps(report['abuse_first_cycle'])}"]
-    path.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -647,8 +648,7 @@ def soak(args, server: LaunchedServer, work: Path, server_cores: set[int], load_
                 process.kill()
         server.stop(90)
         report["work_dir"] = str(work)
-        args.out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-        write_markdown(report, args.out.with_suffix(".md"))
+        write_json_and_markdown(args.out, report, markdown(report))
     print(args.out.with_suffix(".md").read_text())
     return 0 if report.get("ok") else 1
 

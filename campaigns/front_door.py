@@ -37,6 +37,7 @@ from pathlib import Path
 import psutil
 
 from fusedresnet.backend.provenance import git_commit
+from fusedresnet.backend.report_format import table, write_json_and_markdown
 from fusedresnet.backend.serve import READY_AGAIN_LINE, metrics_list_models
 from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, STARTUP_PHASES_TEXT, ZERO_MODEL
 from fusedresnet.campaigns.launched_server import DEFAULT_READY_TIMEOUT_S, LaunchedServer
@@ -53,9 +54,9 @@ SERIES = (("h2load", 1, "none", 512), ("h2load", 32, "none", 64), ("grpc_flood",
 H2LOAD_CONNECTIONS, H2LOAD_THREADS = 64, 8
 TARGETS = {"grpc32_vs_cudnn": 2.0, "grpc32_vs_n1": 1.8, "grpc1_vs_n1": 1.8, "cuda_shm_img_per_s": 95_000}
 RECOVERY_TARGET_S = 5.0
-STEP_TABLE_HEADER = ("| processes/GPU | MPS | model | images/request | shared memory | generator | img/s | p50 ms | "
-                     "p99 ms | generator CPU % | server CPU % | mean batch |",
-                     "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+STEP_TABLE_HEADER = ("processes/GPU", "MPS", "model", "images/request", "shared memory", "generator", "img/s", "p50 ms",
+                     "p99 ms", "generator CPU %", "server CPU %", "mean batch")
+STEP_TABLE_ALIGN = "llllllrrrrrr"
 ABANDONMENT_FIELDS = ("duration_s", "valid_sent", "valid_failed", "capacity_zero_s", "crashes", "restarts",
                       "max_recovery_s")
 
@@ -65,8 +66,8 @@ def abandonment_markdown(abandonment: dict) -> str:
     return (f"{abandonment['device']}, {abandonment['date']}, code {abandonment['git_commit']}; "
             f"`{abandonment['command']}`; server on cores {abandonment['server_cores']}, valid clients and the "
             f"abandoning ones on {abandonment['load_cores']}.\n\n"
-            + "| " + " | ".join(ABANDONMENT_FIELDS) + " |\n|" + "---:|" * len(ABANDONMENT_FIELDS) + "\n| "
-            + " | ".join(str(abandonment[key]) for key in ABANDONMENT_FIELDS) + " |\n\n"
+            + "\n".join(table(ABANDONMENT_FIELDS, [[abandonment[key] for key in ABANDONMENT_FIELDS]],
+                              "r" * len(ABANDONMENT_FIELDS))) + "\n\n"
             + abandonment.get("pattern", ""))
 
 
@@ -216,6 +217,21 @@ def targets(rows: list[dict]) -> list[dict]:
     return checks
 
 
+def on_off(flag) -> str:
+    return "on" if flag else "off"
+
+
+def step_table(steps: list[dict]) -> list[str]:
+    """The steps' table: one row per step (a layout's, or the generator check's)."""
+    def cells(r):
+        generator = f"{r['load_generator']}{' x2' if r.get('generator_scale', 1) > 1 else ''}"
+        return [r["processes_per_gpu"], on_off(r["mps"]), r["model"], r["images_per_request"],
+                "CUDA" if r["shared_memory"] else "-", generator, f"{r['img_per_s']:,.0f}", r["p50_ms"], r["p99_ms"],
+                r["client_cpu_percent"], r["server_cpu_percent"],
+                "-" if r["avg_batch"] is None else round(r["avg_batch"], 1)]
+    return table(STEP_TABLE_HEADER, map(cells, steps), STEP_TABLE_ALIGN)
+
+
 def markdown(results: dict) -> str:
     lines = [f"# Several server processes behind one port ({results['date']})", "",
              f"{results['device']}; code {results['git_commit']}; server on cores {results['server_cores']} and "
@@ -224,32 +240,22 @@ def markdown(results: dict) -> str:
              "Command: `" + results["command"] + "`.", "",
              *([f"Launcher options of every layout: `{results['launcher_args']}`.", ""]
                if results.get("launcher_args") else []),
-             *STEP_TABLE_HEADER]
-
-    def row(r):
-        generator = f"{r['load_generator']}{' x2' if r.get('generator_scale', 1) > 1 else ''}"
-        return (f"| {r['processes_per_gpu']} | {'on' if r['mps'] else 'off'} | {r['model']} | "
-                f"{r['images_per_request']} | {'CUDA' if r['shared_memory'] else '-'} | {generator} | "
-                f"{r['img_per_s']:,.0f} | {r['p50_ms']} | {r['p99_ms']} | {r['client_cpu_percent']} | "
-                f"{r['server_cpu_percent']} | {'-' if r['avg_batch'] is None else round(r['avg_batch'], 1)} |")
-    lines += [row(r) for r in results["layouts"]]
+             *step_table(results["layouts"])]
     lines += ["", "The generator check: custom's first series again from twice the generator (connections and "
               "threads); no more img/s than the row above means the generator was not the limit.", "",
-              *STEP_TABLE_HEADER, *(row(r) for r in results["generator_checks"])]
+              *step_table(results["generator_checks"])]
     lines += ["", "Targets for custom (" + ", ".join(f"{k} >= {v}" for k, v in TARGETS.items()) + "):", "",
-              "| processes/GPU | MPS | " + " | ".join(TARGETS) + " |", "|---|---|" + "---|" * len(TARGETS)]
-    for check in results["targets"]:
-        cells = [f"{check[key]}{'' if check['met'][key] else ' (missed)'}" for key in TARGETS]
-        mps = "on" if check["mps"] else "off"
-        lines.append(f"| {check['processes_per_gpu']} | {mps} | " + " | ".join(cells) + " |")
+              *table(["processes/GPU", "MPS", *TARGETS],
+                     ([check["processes_per_gpu"], on_off(check["mps"]),
+                       *(f"{check[key]}{'' if check['met'][key] else ' (missed)'}" for key in TARGETS)]
+                      for check in results["targets"]))]
     lines += ["", "Launcher start to ready: " + ", ".join(f"{k}: {v} s" for k, v in results["ready_s"].items()), ""]
     lines += ["Recovery: the last process of each layout killed (SIGKILL) after its steps; seconds until the launcher "
               "had it ready again, and from the new process's first log line to each model loaded:", "",
-              "| processes/GPU | MPS | ready again s | models loaded (s from the process's first log line) |",
-              "|---|---|---:|---|"]
-    lines += [f"| {r['processes_per_gpu']} | {'on' if r['mps'] else 'off'} | {r['ready_again_s']} | "
-              f"{', '.join(f'{k} {v}' for k, v in r.get('model_loads', {}).items() if k != 'start_phases')} |"
-              for r in results["recoveries"]]
+              *table(["processes/GPU", "MPS", "ready again s", "models loaded (s from the process's first log line)"],
+                     ([r["processes_per_gpu"], on_off(r["mps"]), r["ready_again_s"],
+                       ", ".join(f"{k} {v}" for k, v in r.get("model_loads", {}).items() if k != "start_phases")]
+                      for r in results["recoveries"]), "llr")]
     lines += ["", f"Where each restarted model's start went (its slowest instance, s; target: ready again within "
               f"{RECOVERY_TARGET_S:.0f} s of the crash):", ""]
     for r in results["recoveries"]:
@@ -268,8 +274,7 @@ def write_report(results: dict, args):
     if args.abandonment and args.abandonment.is_file():
         results["abandonment"] = json.loads(args.abandonment.read_text()).get("front_door")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1, default=lambda value: value.item()) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(results))
+    write_json_and_markdown(args.out, results, markdown(results), default=lambda value: value.item())
 
 
 def main(argv=None) -> int:

@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from fusedresnet.backend.provenance import git_commit
+from fusedresnet.backend.report_format import table, write_json_and_markdown
 from fusedresnet.backend.serve import grpc_ready
 from fusedresnet.backend.spec import INPUT_SHAPES, INPUT_UINT8, MODEL_CUDNN, MODEL_CUSTOM
 from fusedresnet.campaigns import client_abuse
@@ -241,15 +242,17 @@ class FrontEndUnderAbuse:
                 "failure_lines": FAILURE_LINE.findall(output)[:10], "valid_failure_examples": examples[:10]}
 
 
+# The soak's figures per front end, in its reports' tables.
+SOAK_FIELDS = ("duration_s", "valid_sent", "valid_failed_with_retries", "valid_failed_without_retries",
+               "capacity_zero_s", "crashes", "restarts", "abuse_cycles")
+
+
 def markdown(report: dict) -> str:
-    fields = ("duration_s", "valid_sent", "valid_failed_with_retries", "valid_failed_without_retries",
-              "capacity_zero_s", "crashes", "restarts", "abuse_cycles")
     lines = [f"# Front ends under client abuse ({report['date']})", "", f"{report['device']}; code "
              f"{report['git_commit']}; `{report['command']}`; servers on cores {report['server_cores']}, clients on "
-             f"{report['generator_cores']}.", "", "| front end | " + " | ".join(fields) + " |",
-             "|---|" + "---:|" * len(fields)]
-    lines += [f"| {f['name']} | " + " | ".join(str(f["soak"][key]) for key in fields) + " |"
-              for f in report["front_ends"]]
+             f"{report['generator_cores']}.", "",
+             *table(["front end", *SOAK_FIELDS], ([f["name"], *(f["soak"][key] for key in SOAK_FIELDS)]
+                                                   for f in report["front_ends"]), "l" + "r" * len(SOAK_FIELDS))]
     lines += ["", report["pattern"], ""]
     return "\n".join(lines)
 
@@ -331,29 +334,31 @@ def results_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     results = front_end_results(json.loads(args.soak.read_text()),
                                 [json.loads(path.read_text()) for path in args.throughput], args.note)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
-    fields = ("duration_s", "valid_sent", "valid_failed_with_retries", "valid_failed_without_retries",
-              "capacity_zero_s", "crashes", "restarts", "abuse_cycles")
+    write_json_and_markdown(args.out, results, results_markdown(results))
+    return 0
+
+
+def results_markdown(results: dict) -> str:
+    """results/front_end.md from front_end_results()."""
     lines = [f"# Front ends: Triton 2.51's binary against the in-process one ({results['date']})", "",
              f"{results['device']}; code {results['git_commit']}; servers on cores {results['server_cores']}, clients "
              f"on {results['generator_cores']}.", "", f"Soak: `{results['soak_command']}`. {results['soak_pattern']}",
-             "", "| front end | frontend version | processes/GPU | " + " | ".join(fields) + " |",
-             "|---|---|---:|" + "---:|" * len(fields)]
-    lines += [f"| {f['name']} | {f['triton_frontend_version']} | {f['processes_per_gpu']} | "
-              + " | ".join(str(f["soak"][key]) for key in fields) + " |" for f in results["front_ends"]]
+             "", *table(["front end", "frontend version", "processes/GPU", *SOAK_FIELDS],
+                        ([f["name"], f["triton_frontend_version"], f["processes_per_gpu"],
+                          *(f["soak"][key] for key in SOAK_FIELDS)] for f in results["front_ends"]),
+                        "llr" + "r" * len(SOAK_FIELDS))]
     rows = [(f["name"], row) for f in results["front_ends"] for row in f["throughput"]]
     lines += ["", "## Throughput", ""]
     if rows:
-        lines += ["| front end | processes/GPU | model | images/request | shared memory | img/s | p50 ms | p99 ms |",
-                  "|---|---:|---|---:|---|---:|---:|---:|"]
-        lines += [f"| {name} | {r['processes_per_gpu']} | {r['model']} | {r['images_per_request']} | "
-                  f"{'CUDA' if r['shared_memory'] else '-'} | {r['img_per_s']:,.0f} | {r['p50_ms']} | {r['p99_ms']} |"
-                  for name, r in rows]
+        lines += table(["front end", "processes/GPU", "model", "images/request", "shared memory", "img/s", "p50 ms",
+                        "p99 ms"],
+                       ([name, r["processes_per_gpu"], r["model"], r["images_per_request"],
+                         "CUDA" if r["shared_memory"] else "-", f"{r['img_per_s']:,.0f}", r["p50_ms"], r["p99_ms"]]
+                        for name, r in rows), "lrlrlrrr")
     else:
         lines.append("Not measured in this run.")
     lines += ["", "## Notes", "", *(f"- {note}" for note in results["notes"]), ""]
-    args.out.with_suffix(".md").write_text("\n".join(lines))
-    return 0
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:

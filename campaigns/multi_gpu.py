@@ -38,6 +38,7 @@ import argparse
 import concurrent.futures
 import contextlib
 import datetime
+import functools
 import json
 import os
 import secrets
@@ -51,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fusedresnet.backend.provenance import git_commit
+from fusedresnet.backend.report_format import number, table
 from fusedresnet.backend.spec import MODEL_CUSTOM, MODEL_REPOSITORY, ZERO_MODEL, model_config
 from fusedresnet.backend.triton_install import host_gpus
 from fusedresnet.campaigns.launched_server import LaunchedServer
@@ -361,8 +363,8 @@ def limit_of(steps: list[dict], layout: str, gpus: int) -> dict:
     batch, max_batch = best.get("avg_batch"), model_config(MODEL_CUSTOM).max_batch_size
     if batch is not None and batch >= FULL_BATCH * max_batch:
         findings.append(("the model instances", f"mean batch {batch:.0f} of {max_batch}, queue "
-                                                f"{fmt(best.get('queue_us'))} us, compute "
-                                                f"{fmt(best.get('compute_infer_us'))} us per execution"))
+                                                f"{fmt(best.get('queue_us'), 0)} us, compute "
+                                                f"{fmt(best.get('compute_infer_us'), 0)} us per execution"))
     measured = "; ".join(part for part in (
         f"generator at {share:.0%} of its cores" if share is not None else None,
         f"{best['processes']} generator processes at {per_process:.0f}% of a core each on average"
@@ -403,8 +405,8 @@ def summarize(steps: list[dict], counts: list[int]) -> list[dict]:
     return layouts
 
 
-def fmt(value, spec=".0f", default="-"):
-    return default if value is None else format(value, spec)
+# A figure of the report: no thousands separator, "-" where not measured.
+fmt = functools.partial(number, grouping=False, none="-")
 
 
 def scaling_cell(value) -> str:
@@ -416,37 +418,35 @@ def markdown(results: dict) -> str:
              f"Device: {results['device']}. Date: {results['date']}. Commit: {results.get('git_commit') or '-'}.",
              f"Command: `{results['command']}`",
              f"Load generator (grpc_flood) pinned to cores {results['generator_cores']}, servers to "
-             f"{results['server_cores']}. Wall time {fmt(results.get('wall_s'))} s.", "",
-             "| layout | GPUs | series | img/s, 1 GPU | img/s | scaling | target | p99 ms | generator CPU "
-             "(share of its cores) |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
-    for entry in results["layouts"]:
-        for s in SERIES:
-            target = entry["scaling_32_target"] if s.key == "32" else None
-            lines.append(f"| {entry['layout']} | {entry['gpus']} | {s.name} | {fmt(entry[f'img_per_s_{s.key}_1gpu'])} "
-                         f"| {fmt(entry[f'img_per_s_{s.key}'])} | {scaling_cell(entry[f'scaling_{s.key}'])} "
-                         f"| {fmt(target, '.1f')} | {fmt(entry[f'p99_ms_{s.key}'], '.1f')} "
-                         f"| {fmt(entry[f'generator_cpu_share_{s.key}'], '.0%')} |")
+             f"{results['server_cores']}. Wall time {fmt(results.get('wall_s'), 0)} s.", "",
+             *table(["layout", "GPUs", "series", "img/s, 1 GPU", "img/s", "scaling", "target", "p99 ms",
+                     "generator CPU (share of its cores)"],
+                    ([entry["layout"], entry["gpus"], s.name, fmt(entry[f"img_per_s_{s.key}_1gpu"], 0),
+                      fmt(entry[f"img_per_s_{s.key}"], 0), scaling_cell(entry[f"scaling_{s.key}"]),
+                      fmt(entry["scaling_32_target"] if s.key == "32" else None, 1),
+                      fmt(entry[f"p99_ms_{s.key}"], 1), fmt(entry[f"generator_cpu_share_{s.key}"], 0, percent=True)]
+                     for entry in results["layouts"] for s in SERIES), "lrlrrrrrr")]
     lines += ["", f"What limits gRPC at 32 images/request (from this run's measurements; `{CHECKS[0]}`: the same "
               f"load from twice the generator processes on the same cores; `{CHECKS[1]}`: the zero-answer model, "
               "no GPU work, in the same servers):", ""]
     if results.get("baseline_limit_32"):
         lines.append(f"- one GPU (the baseline, one server): {results['baseline_limit_32']['text']}")
     lines += [f"- {entry['layout']}, {entry['gpus']} GPUs: {entry['limit_32']['text']}" for entry in results["layouts"]]
-    lines += ["", "Every step (server CPU: the servers' process trees over their cores; GPU: Triton's utilisation):",
-              "",
-              "| layout | GPUs | series | model | check | in flight | processes | img/s | p50 ms | p99 ms | failures "
-              "| generator CPU | busiest generator process % | server CPU | tritonserver % of a core | GPU "
-              "| mean batch | queue us | problems |", "|---" * 19 + "|"]
-    for s in results["steps"]:
+    def step_cells(s):
         problems = " ".join("; ".join(s["problems"] + s["errors"]).replace("|", "/").split())[-200:]  # one cell
         triton = s.get("tritonserver_cpu_percent")
-        lines.append(f"| {s['layout']} | {s['gpus']} | {s['series_name']} | {s.get('model', MODEL_CUSTOM)} "
-                     f"| {s.get('check') or ''} | {s['concurrency']} | {s['processes']} | {fmt(s['img_per_s'])} "
-                     f"| {fmt(s['p50_ms'], '.2f')} | {fmt(s['p99_ms'], '.2f')} | {s['failures']} "
-                     f"| {fmt(s.get('generator_cpu_share'), '.0%')} | {fmt(s.get('generator_cpu_max_process'))} "
-                     f"| {fmt(s.get('server_cpu_share'), '.0%')} | {'/'.join(map(str, triton)) if triton else '-'} "
-                     f"| {fmt(s.get('gpu_utilization'), '.0%')} | {fmt(s.get('avg_batch'), '.1f')} "
-                     f"| {fmt(s.get('queue_us'))} | {problems} |")
+        return [s["layout"], s["gpus"], s["series_name"], s.get("model", MODEL_CUSTOM), s.get("check") or "",
+                s["concurrency"], s["processes"], fmt(s["img_per_s"], 0), fmt(s["p50_ms"], 2), fmt(s["p99_ms"], 2),
+                s["failures"], fmt(s.get("generator_cpu_share"), 0, percent=True),
+                fmt(s.get("generator_cpu_max_process"), 0), fmt(s.get("server_cpu_share"), 0, percent=True),
+                "/".join(map(str, triton)) if triton else "-", fmt(s.get("gpu_utilization"), 0, percent=True),
+                fmt(s.get("avg_batch"), 1), fmt(s.get("queue_us"), 0), problems]
+    lines += ["", "Every step (server CPU: the servers' process trees over their cores; GPU: Triton's utilisation):",
+              "",
+              *table(["layout", "GPUs", "series", "model", "check", "in flight", "processes", "img/s", "p50 ms",
+                      "p99 ms", "failures", "generator CPU", "busiest generator process %", "server CPU",
+                      "tritonserver % of a core", "GPU", "mean batch", "queue us", "problems"],
+                     map(step_cells, results["steps"]))]
     if results.get("skipped"):
         lines += ["", "Not measured (time budget): " + "; ".join(results["skipped"])]
     lines += ["", "With one server and one generator per GPU, each generator's Triton counts include the other "

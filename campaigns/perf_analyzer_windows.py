@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import re
 import secrets
@@ -37,6 +36,7 @@ import time
 from pathlib import Path
 
 from fusedresnet.backend.provenance import git_commit
+from fusedresnet.backend.report_format import table, write_json_and_markdown
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, MODEL_CUDNN, MODEL_CUSTOM
 from fusedresnet.campaigns.launched_server import LaunchedServer, metrics_url_of
 from fusedresnet.loadtest import triton_metrics
@@ -135,17 +135,18 @@ def markdown(results: dict) -> str:
     lines = [f"# perf_analyzer's windows at {CONCURRENCY} single-image calls ({results['date']})", "",
              f"{results['device']}; code {results['git_commit']}; {results['processes']} server process(es) per GPU "
              f"on GPU {results['gpu']} and cores {results['server_cores']}; perf_analyzer on cores "
-             f"{results['generator_cores']}.", f"Command: `{results['command']}`.", "",
-             "| model | measurement | settled | seconds | img/s | p50 ms | p99 ms | windows (img/s) | window spread % "
-             "| per-second CV % | per-second mean batch (min-max) | share per process |",
-             "|---|---|---|---:|---:|---:|---:|---|---:|---:|---|---|"]
-    for r in results["runs"]:
+             f"{results['generator_cores']}.", f"Command: `{results['command']}`.", ""]
+
+    def cells(r):
         batches = r["per_second_mean_batch"]
-        lines.append(f"| {r['model']} | {r['mode']}: `{r['settings']}` | {'yes' if r['settled'] else 'NO'} | "
-                     f"{r['seconds']} | {r['img_per_s'] or '-'} | {r['p50_ms'] or '-'} | {r['p99_ms'] or '-'} | "
-                     f"{', '.join(f'{v:,.0f}' for v in r['windows_img_per_s']) or '-'} | "
-                     f"{r['windows_spread_percent'] or '-'} | {r['per_second_cv_percent'] or '-'} | "
-                     f"{f'{min(batches)}-{max(batches)}' if batches else '-'} | {r['per_process_share'] or '-'} |")
+        return [r["model"], f"{r['mode']}: `{r['settings']}`", "yes" if r["settled"] else "NO", r["seconds"],
+                r["img_per_s"] or "-", r["p50_ms"] or "-", r["p99_ms"] or "-",
+                ", ".join(f"{v:,.0f}" for v in r["windows_img_per_s"]) or "-", r["windows_spread_percent"] or "-",
+                r["per_second_cv_percent"] or "-", f"{min(batches)}-{max(batches)}" if batches else "-",
+                r["per_process_share"] or "-"]
+    lines += table(["model", "measurement", "settled", "seconds", "img/s", "p50 ms", "p99 ms", "windows (img/s)",
+                    "window spread %", "per-second CV %", "per-second mean batch (min-max)", "share per process"],
+                   map(cells, results["runs"]), "lllrrrrlrr")
     return "\n".join(lines) + "\n"
 
 
@@ -190,8 +191,7 @@ def main(argv=None) -> int:
                       f"{run['windows_img_per_s']}, per-second CV {run['per_second_cv_percent']}%, batches "
                       f"{run['per_second_mean_batch'][:12]}, shares {run['per_process_share']}", flush=True)
                 args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text(json.dumps(results, indent=1) + "\n")
-                args.out.with_suffix(".md").write_text(markdown(results))
+                write_json_and_markdown(args.out, results, markdown(results))
     finally:
         server.stop()
     print(markdown(results))

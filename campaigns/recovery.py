@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import secrets
 import shlex
 import statistics
@@ -31,6 +30,7 @@ from pathlib import Path
 
 from fusedresnet.backend.cuda_context import EARLY_CONTEXT_ENV
 from fusedresnet.backend.provenance import git_commit
+from fusedresnet.backend.report_format import table, write_json_and_markdown
 from fusedresnet.backend.spec import MODEL_REPOSITORY
 from fusedresnet.campaigns.front_door import RECOVERY_TARGET_S, recovery
 from fusedresnet.campaigns.launched_server import DEFAULT_READY_TIMEOUT_S, LaunchedServer
@@ -78,17 +78,17 @@ def markdown(results: dict) -> str:
              f"Command: `{results['command']}`.", "",
              f"Each kill: SIGKILL to the newest tritonserver, seconds until the launcher's ready-again line (target "
              f"<= {RECOVERY_TARGET_S:.0f} s); where the last restart went, from its first log line (Triton's "
-             "timestamps).", "",
-             "| CUDA MPS | early CUDA context | processes/GPU | first start s | ready again s (each kill) | median s | "
-             "target | last restart: models loaded, s from its first log line |",
-             "|---|---|---:|---:|---|---:|---|---|"]
-    for v in results["variants"]:
+             "timestamps).", ""]
+
+    def cells(v):
         last = v["kills"][-1].get("model_loads", {}) if v["kills"] else {}
         loads = ", ".join(f"{k} {value}" for k, value in last.items() if k != "start_phases")
         met = "-" if v["median_s"] is None else ("met" if v["median_s"] <= RECOVERY_TARGET_S else "**missed**")
-        lines.append(f"| {'on' if v['mps'] else 'off'} | {'on' if v['early_context'] else 'off'} | "
-                     f"{v['processes_per_gpu'] or 'default'} | {v['first_start_s']} | "
-                     f"{', '.join(map(str, v['ready_again_s']))} | {v['median_s']} | {met} | {loads} |")
+        return ["on" if v["mps"] else "off", "on" if v["early_context"] else "off", v["processes_per_gpu"] or "default",
+                v["first_start_s"], ", ".join(map(str, v["ready_again_s"])), v["median_s"], met, loads]
+    lines += table(["CUDA MPS", "early CUDA context", "processes/GPU", "first start s", "ready again s (each kill)",
+                    "median s", "target", "last restart: models loaded, s from its first log line"],
+                   map(cells, results["variants"]), "llrrlr")
     lines += ["", "Start phases of the last restart (each model's slowest instance, s):", ""]
     for v in results["variants"]:
         last = v["kills"][-1].get("model_loads", {}) if v["kills"] else {}
@@ -124,8 +124,7 @@ def main(argv=None) -> int:
             print(f"== MPS {'on' if mps else 'off'}, early CUDA context {'on' if early else 'off'}", flush=True)
             results["variants"].append(measure_variant(mps, early, args, work))
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(results, indent=1) + "\n")
-            args.out.with_suffix(".md").write_text(markdown(results))
+            write_json_and_markdown(args.out, results, markdown(results))
     print(markdown(results))
     return 0 if all(v["median_s"] is not None for v in results["variants"]) else 3
 

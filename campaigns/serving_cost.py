@@ -19,6 +19,8 @@ import json
 import sys
 from pathlib import Path
 
+from fusedresnet.backend.report_format import table, write_json_and_markdown
+
 # stage -> the thread pools ("process/thread name", loadtest/measurements.thread_group) that do its work
 STAGES = (
     ("gRPC EventEngine threads (the 2.73 frontend's reads and writes)", ("tritonserver/event_engine",)),
@@ -70,17 +72,14 @@ def markdown(results: dict) -> str:
              f"{results['device']}; code {results['git_commit']}; server on cores {results['server_cores']}, load "
              f"generator on {results['generator_cores']}. From: " + ", ".join(f"`{c}`" for c in results["commands"]),
              "", "Server CPU per image (µs) by stage, plain gRPC, uint8 224x224x3, LOGITS only:", "",
-             "| code | front end | model | stage | 1 image/request | 32 images/request |",
-             "|---|---|---|---|---:|---:|"]
-
-    def cell(value):
-        return "-" if value is None else value
-    lines += [f"| {s['code']} | {s['front_end']} | {s['model']} | {s['name']} | {cell(s['cpu_us_per_image_1'])} | "
-              f"{cell(s['cpu_us_per_image_32'])} |" for s in results["stages"]]
-    lines += ["", "| code | front end | model | images/request | img/s | server CPU (cores) | CPU µs/image |",
-              "|---|---|---|---:|---:|---:|---:|"]
-    lines += [f"| {r['code']} | {r['front_end']} | {r['model']} | {r['images_per_request']} | {r['img_per_s']:,.0f} | "
-              f"{r['server_cpu_cores']} | {r['cpu_us_per_image']} |" for r in results["runs"]]
+             *table(["code", "front end", "model", "stage", "1 image/request", "32 images/request"],
+                    ([s["code"], s["front_end"], s["model"], s["name"],
+                      *("-" if s[key] is None else s[key] for key in ("cpu_us_per_image_1", "cpu_us_per_image_32"))]
+                     for s in results["stages"]), "llllrr")]
+    lines += ["", *table(["code", "front end", "model", "images/request", "img/s", "server CPU (cores)",
+                          "CPU µs/image"],
+                         ([r["code"], r["front_end"], r["model"], r["images_per_request"], f"{r['img_per_s']:,.0f}",
+                           r["server_cpu_cores"], r["cpu_us_per_image"]] for r in results["runs"]), "lllrrrr")]
     lines += ["", "## Notes", "", *(f"- {note}" for note in results["notes"]), ""]
     return "\n".join(lines)
 
@@ -108,8 +107,7 @@ def main(argv=None) -> int:
         results["stages"] += stages
         results["runs"] += runs
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(results))
+    write_json_and_markdown(args.out, results, markdown(results))
     return 0
 
 

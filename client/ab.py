@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from fusedresnet.backend.report_format import number, table, write_json_and_markdown
 from fusedresnet.backend.spec import (
     AB_ROUTER_MODEL,
     BUILD_DIR,
@@ -107,24 +107,22 @@ def agreement_markdown(agreement: dict) -> str:
              "- Engines: " + ", ".join(f"{m} = {e}" for m, e in agreement["engines"].items()),
              "- Near-tie disagreements: the reference's top-1/top-2 margin is below 3x the largest logit "
              "difference, so rounding alone may flip them.", "",
-             "| images | count | top-1 agree | near-tie / clear disagreements | top-5 agree | max abs diff "
-             "| rel. L2 diff | max row rel. L2 | min cosine |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
-    for name, s in agreement["sets"].items():
-        lines.append(f"| {name} | {s['inputs']} | {s['top1_agree']}/{s['inputs']} | "
-                     f"{s['near_tie_disagreements']} / {s['clear_disagreements']} | {s['top5_agree']}/{s['inputs']} "
-                     f"| {s['max_abs']:.3g} | {s['rel_l2']:.3g} | {s['max_row_rel_l2']:.3g} | {s['min_cosine']:.6f} |")
+             *table(["images", "count", "top-1 agree", "near-tie / clear disagreements", "top-5 agree", "max abs diff",
+                     "rel. L2 diff", "max row rel. L2", "min cosine"],
+                    ([name, s["inputs"], f"{s['top1_agree']}/{s['inputs']}",
+                      f"{s['near_tie_disagreements']} / {s['clear_disagreements']}", f"{s['top5_agree']}/{s['inputs']}",
+                      f"{s['max_abs']:.3g}", f"{s['rel_l2']:.3g}", f"{s['max_row_rel_l2']:.3g}",
+                      f"{s['min_cosine']:.6f}"] for name, s in agreement["sets"].items()), "lrrlrrrrr")]
     lines += ["", "## Latency per request (same requests, alternating order)", "",
-              "| model | requests | mean ms | p50 ms | p90 ms | p99 ms | max ms |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
-    for model, s in agreement["latency"].items():
-        lines.append(f"| {model} | {s['requests']} | {s['mean_ms']:.2f} | {s['p50_ms']:.2f} | {s['p90_ms']:.2f} "
-                     f"| {s['p99_ms']:.2f} | {s['max_ms']:.2f} |")
+              *table(["model", "requests", "mean ms", "p50 ms", "p90 ms", "p99 ms", "max ms"],
+                     ([model, s["requests"], *(number(s[key], 2, grouping=False)
+                                               for key in ("mean_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms"))]
+                      for model, s in agreement["latency"].items()), "lrrrrrr")]
     lines += ["", f"![latency distributions]({REPORT_NAME}_latency.png)", ""]
     if agreement["photo_top1"]:
-        lines += ["## Top-1 class of each sample photo", "", f"| photo | {MODEL_CUSTOM} | {MODEL_CUDNN} |",
-                  "|---|---|---|"]
-        lines += [f"| {row['photo']} | {row[MODEL_CUSTOM]} | {row[MODEL_CUDNN]} |" for row in agreement["photo_top1"]]
+        lines += ["## Top-1 class of each sample photo", "",
+                  *table(["photo", MODEL_CUSTOM, MODEL_CUDNN],
+                         ([row["photo"], row[MODEL_CUSTOM], row[MODEL_CUDNN]] for row in agreement["photo_top1"]))]
         lines.append("")
     return "\n".join(lines)
 
@@ -154,8 +152,7 @@ def write_agreement_report(agreement: dict, out_dir: Path) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{REPORT_NAME}.json", out_dir / f"{REPORT_NAME}.md", out_dir / f"{REPORT_NAME}_latency.png"]
-    paths[0].write_text(json.dumps(agreement, indent=1) + "\n")
-    paths[1].write_text(agreement_markdown(agreement))
+    write_json_and_markdown(paths[0], agreement, agreement_markdown(agreement))
     plot_latencies(agreement, paths[2])
     return paths
 

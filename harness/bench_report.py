@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fusedresnet.backend.report_format import number, table
+
 # The engines of the whole-network table: (key prefix, column title).
 ENGINES = (("custom", "custom"), ("custom_no_pdl", "custom without PDL"), ("custom_mma", "custom mma.sync"),
            ("custom_wgmma", "custom wgmma"), ("ts_fp32", "TS fp32"), ("ts_fp16", "TS fp16 CL"),
@@ -111,12 +113,10 @@ def markdown(result: dict) -> str:
              "plainly)", "",
              "Whole network, ms per batch: back-to-back (calls queued without a sync: throughput; img/s "
              "from it) / one call at a time (each call timed alone, then a sync: latency).", "",
-             "| batch | " + " | ".join(f"{title} ms" for _, title in ENGINES) + " | custom img/s "
-             "| custom vs graph | custom vs compile |",
-             "|---|" + "---|" * (len(ENGINES) + 3)]
-    for r in result["whole_network"]:
-        lines.append(f"| {r['batch']} | " + " | ".join(both(r, key) for key, _ in ENGINES)
-                     + f" | {r['custom_img_s']:,.0f} | {ratio(r, 'graph_fp16')} | {ratio(r, 'compile_max_autotune')} |")
+             *table(["batch", *(f"{title} ms" for _, title in ENGINES), "custom img/s", "custom vs graph",
+                     "custom vs compile"],
+                    ([r["batch"], *(both(r, key) for key, _ in ENGINES), number(r["custom_img_s"], 0),
+                      ratio(r, "graph_fp16"), ratio(r, "compile_max_autotune")] for r in result["whole_network"]))]
     if not any(r.get("compile_max_autotune_ms") for r in result["whole_network"]):
         lines += ["", "torch.compile(mode=\"max-autotune\") fp16 channels-last was not run here (`--compile`; minutes "
                       "of compiling per batch size)." + compile_reference()]
@@ -125,21 +125,19 @@ def markdown(result: dict) -> str:
                   "A downsampling block's conv2 with the block's 1x1 projection fused into its reduction (as the "
                   "engine runs it) against the same conv2 with a plain residual add, each alone: the difference "
                   "is what the fused projection costs (it has no kernel of its own).", "",
-                  "| block | N | conv2 + residual ms | conv2 + fused projection ms | cost of the projection ms |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {r['block']} | {r['N']} | {r['conv2_residual_ms']:.4f} | {r['conv2_fused_shortcut_ms']:.4f} | "
-                  f"{r['fused_shortcut_cost_ms']:.4f} |" for r in result["shortcut_fusion"]]
+                  *table(["block", "N", "conv2 + residual ms", "conv2 + fused projection ms",
+                          "cost of the projection ms"],
+                         ([r["block"], r["N"], *(f"{r[key]:.4f}" for key in (
+                             "conv2_residual_ms", "conv2_fused_shortcut_ms", "fused_shortcut_cost_ms"))]
+                          for r in result["shortcut_fusion"]))]
     if result.get("features_64"):
         lines += ["", "## Seed workload: 64x64 inputs to features (N,512,2,2)", "",
                   "Our engine's graph includes the head (avgpool + fc) beyond the features; the baselines stop "
                   "at the features.", "",
                   "Back-to-back / one at a time, as in the whole-network table.", "",
-                  "| N | custom ms | TS fp32 ms | TS fp16 CL ms | fp16 CL + graph ms | custom vs graph |",
-                  "|---|---|---|---|---|---|"]
-        for r in result["features_64"]:
-            lines.append(f"| {r['batch']} | " + " | ".join(both(r, key) for key in ("custom", "ts_fp32", "ts_fp16",
-                                                                                  "graph_fp16"))
-                         + f" | {ratio(r, 'graph_fp16')} |")
+                  *table(["N", "custom ms", "TS fp32 ms", "TS fp16 CL ms", "fp16 CL + graph ms", "custom vs graph"],
+                         ([r["batch"], *(both(r, key) for key in ("custom", "ts_fp32", "ts_fp16", "graph_fp16")),
+                           ratio(r, "graph_fp16")] for r in result["features_64"]))]
     acc = result.get("accuracy")
     if acc:
         lines += ["", f"Accuracy (whole network vs float32 PyTorch, {acc['inputs']} inputs): top-1 agreement "

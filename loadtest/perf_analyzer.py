@@ -457,8 +457,8 @@ def story(records: list[dict]) -> list[dict]:
             continue
         reading = [f"{record['img_per_s']:,.0f} img/s, p50 {record['p50_ms']:.2f} ms, p99 {record['p99_ms']:.2f} ms; "
                    f"server CPU {record['server_cpu_percent']:.0f}% of a core, avg batch "
-                   f"{report.fmt(record.get('avg_batch'), 1)}, queue {report.fmt(record.get('queue_us'), 0)} us, "
-                   f"compute infer {report.fmt(record.get('compute_infer_us'), 0)} us per request (Triton)."
+                   f"{report.number(record.get('avg_batch'), 1)}, queue {report.number(record.get('queue_us'), 0)} us, "
+                   f"compute infer {report.number(record.get('compute_infer_us'), 0)} us per request (Triton)."
                    if record.get("img_per_s") else f"no result: {record['problems']}"]
         if previous and previous.get("img_per_s") and record.get("img_per_s"):
             reading.append(f"{record['img_per_s'] / previous['img_per_s']:.2f}x the img/s of the step before, "

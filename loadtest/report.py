@@ -31,6 +31,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from fusedresnet.backend.report_format import number, row  # noqa: E402
+from fusedresnet.backend.report_format import table as md_table  # noqa: E402  (here `table` is a sweep's)
 from fusedresnet.backend.spec import (  # noqa: E402
     AB_ROUTER_MODEL,
     INPUT_FP32,
@@ -116,12 +118,6 @@ def ratio(a, b) -> float | None:
 
 def percent(value) -> str:
     return "n/a" if value is None else f"{value:.0%}"
-
-
-def fmt(value, digits: int = 1) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:,.{digits}f}"
 
 
 # ---------------------------------------------------------------- plots
@@ -223,9 +219,9 @@ def sanity_section(results: dict) -> list[str]:
                      f"({sum(s['failures'] for s in steps)} failures in all).")
     else:
         lines += [f"**SANITY MISMATCH in {len(problems)} check(s): the figures below are not trustworthy.**", "",
-                  "| step | model | series | users | problem |", "|---|---|---|---|---|"]
-        lines += [f"| {s['index']} | {s['model']} | {series_label(series_key(s))} | {s['users']} | {p} |"
-                  for s, p in problems]
+                  *md_table(["step", "model", "series", "users", "problem"],
+                            ([s["index"], s["model"], series_label(series_key(s)), s["users"], p]
+                             for s, p in problems))]
     if results.get("skipped"):
         levels = defaultdict(set)
         for step in results["skipped"]:
@@ -238,9 +234,8 @@ def sanity_section(results: dict) -> list[str]:
 
 def summary_section(table: dict) -> list[str]:
     """Per series: each model's peak throughput (and where), and its latency with a single user."""
-    lines = ["## Summary", "",
-             "| series | peak img/s custom (users) | peak img/s cuDNN (users) | ratio | lowest-level p50 ms "
-             "custom / cuDNN | ratio |", "|---|---:|---:|---:|---:|---:|"]
+    lines = ["## Summary", "", *md_table(["series", "peak img/s custom (users)", "peak img/s cuDNN (users)", "ratio",
+                                          "lowest-level p50 ms custom / cuDNN", "ratio"], align="lrrrrr")]
     for key, by_users in table.items():
         peaks = {}
         for model in (MODEL_CUSTOM, MODEL_CUDNN):
@@ -250,10 +245,10 @@ def summary_section(table: dict) -> list[str]:
         lowest = by_users[fewest]
         c50, n50 = (lowest.get(m, {}).get("p50_ms") for m in (MODEL_CUSTOM, MODEL_CUDNN))
         (c_peak, c_users), (n_peak, n_users) = peaks[MODEL_CUSTOM], peaks[MODEL_CUDNN]
-        lines.append(f"| {series_label(key)} | {fmt(c_peak)} ({c_users}) | {fmt(n_peak)} ({n_users}) "
-                     f"| {fmt(ratio(c_peak, n_peak), 2)} | {fmt(c50, 2)} / {fmt(n50, 2)} "
-                     f"({fewest} user{'s' if fewest > 1 else ''}) "
-                     f"| {fmt(ratio(c50, n50), 2)} |")
+        lines.append(row([series_label(key), f"{number(c_peak)} ({c_users})", f"{number(n_peak)} ({n_users})",
+                          number(ratio(c_peak, n_peak), 2),
+                          f"{number(c50, 2)} / {number(n50, 2)} ({fewest} user{'s' if fewest > 1 else ''})",
+                          number(ratio(c50, n50), 2)]))
     return lines + [""]
 
 
@@ -280,24 +275,23 @@ def targets_section(results: dict, table: dict) -> list[str]:
                 if s.get("img_per_s") and (p99_limit is None or (s.get("p99_ms") or 1e9) <= p99_limit)]
         return max(runs, key=lambda run: run[0]) if runs else None
 
-    def row(name, target, value, met):
-        return f"| {name} | {target} | {value} | {'met' if met else '**not met**'} |"
+    def target_row(name, target, value, met):
+        return row([name, target, value, "met" if met else "**not met**"])
 
-    lines = ["## Serving targets (set for the H100)", "", "| target | wanted | this sweep | |",
-             "|---|---|---|---|"]
+    lines = ["## Serving targets (set for the H100)", "", *md_table(["target", "wanted", "this sweep", ""])]
     for images, shared_memory, wanted, name in (
             (1, "none", TARGET_IMG_PER_S_1, f"gRPC, 1 image/request (p99 <= {TARGET_P99_1_MS:g} ms)"),
             (32, "none", TARGET_IMG_PER_S_32, "gRPC, 32 images/request"),
             (32, "cuda", TARGET_IMG_PER_S_32_CUDA, "CUDA shared memory, 32 images/request")):
         found = best(images, shared_memory, TARGET_P99_1_MS if images == 1 else None)
         value = "-" if not found else (f"{found[0]:,.0f} img/s ({found[2]} in flight, {found[3]}, "
-                                       f"p99 {fmt(found[1])} ms)")
-        lines.append(row(name, f">= {wanted:,} img/s", value, bool(found) and found[0] >= wanted))
+                                       f"p99 {number(found[1])} ms)")
+        lines.append(target_row(name, f">= {wanted:,} img/s", value, bool(found) and found[0] >= wanted))
     single = [s for users, s, _ in custom_steps(1, "none") if users == 1]
     for s in single:
-        lines.append(row(f"1 request in flight ({s.get('load_generator', 'locust')})",
+        lines.append(target_row(f"1 request in flight ({s.get('load_generator', 'locust')})",
                          f"p50 <= {TARGET_ONE_IN_FLIGHT_P50_MS} ms, p99 <= {TARGET_ONE_IN_FLIGHT_P99_MS} ms",
-                         f"p50 {fmt(s.get('p50_ms'), 2)} ms, p99 {fmt(s.get('p99_ms'), 2)} ms",
+                         f"p50 {number(s.get('p50_ms'), 2)} ms, p99 {number(s.get('p99_ms'), 2)} ms",
                          (s.get("p50_ms") or 1e9) <= TARGET_ONE_IN_FLIGHT_P50_MS
                          and (s.get("p99_ms") or 1e9) <= TARGET_ONE_IN_FLIGHT_P99_MS))
     # A series and its repeats with more load-generator processes (the same traffic) share one peak level:
@@ -318,15 +312,15 @@ def targets_section(results: dict, table: dict) -> list[str]:
                if (s := models.get(MODEL_CUSTOM)) and s.get("max_ms") is not None and users <= peak_level(key)]
     if slowest:
         worst = max(slowest)
-        lines.append(row("slowest request, every level up to each series' peak (the fewest in flight reaching "
+        lines.append(target_row("slowest request, every level up to each series' peak (the fewest in flight reaching "
                          "95% of the best img/s of the series and its repeats)", f"<= {TARGET_MAX_MS:g} ms",
                          f"{worst[0]:.1f} ms ({worst[2]}, {worst[1]} in flight)", worst[0] <= TARGET_MAX_MS))
     levels = [(s, n) for key, by_users in table.items() for models in by_users.values()
               if (s := models.get(MODEL_CUSTOM)) and (n := models.get(MODEL_CUDNN))]
     ahead = [s["img_per_s"] >= n["img_per_s"] and (s.get("p50_ms") or 1e9) <= (n.get("p50_ms") or 1e9)
              for s, n in levels]
-    lines.append(row("custom ahead of cuDNN in img/s and p50", "at every level", f"{sum(ahead)} of {len(ahead)} levels",
-                     all(ahead)))
+    lines.append(target_row("custom ahead of cuDNN in img/s and p50", "at every level",
+                            f"{sum(ahead)} of {len(ahead)} levels", all(ahead)))
     lines.append("")
     if results.get("bottlenecks"):
         lines += [results["bottlenecks"], ""]
@@ -334,23 +328,25 @@ def targets_section(results: dict, table: dict) -> list[str]:
 
 
 def series_table(key: tuple, by_users: dict) -> list[str]:
-    lines = [f"### {series_label(key)}", "",
-             "| users | custom img/s | cuDNN img/s | ratio | custom p50 ms | cuDNN p50 ms | ratio "
-             "| custom p99 ms | cuDNN p99 ms | ratio | avg batch custom / cuDNN | serving efficiency custom / cuDNN "
-             "| load generator CPU % custom / cuDNN | failures custom / cuDNN |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|"]
-    for users, models in by_users.items():
+    def cells(users, models):
         c, n = models.get(MODEL_CUSTOM, {}), models.get(MODEL_CUDNN, {})
         saturated = any(m.get("client_cpu_saturated") for m in (c, n))
-        lines.append(" | ".join([
-            f"| {users}{CLIENT_BOUND_MARK if saturated else ''}", fmt(c.get("img_per_s")), fmt(n.get("img_per_s")),
-            fmt(ratio(c.get("img_per_s"), n.get("img_per_s")), 2),
-            fmt(c.get("p50_ms"), 2), fmt(n.get("p50_ms"), 2), fmt(ratio(c.get("p50_ms"), n.get("p50_ms")), 2),
-            fmt(c.get("p99_ms"), 2), fmt(n.get("p99_ms"), 2), fmt(ratio(c.get("p99_ms"), n.get("p99_ms")), 2),
-            f"{fmt(c.get('avg_batch'), 2)} / {fmt(n.get('avg_batch'), 2)}",
-            f"{percent(c.get('serving_efficiency'))} / {percent(n.get('serving_efficiency'))}",
-            f"{fmt(c.get('client_cpu_percent'), 0)} / {fmt(n.get('client_cpu_percent'), 0)}",
-            f"{c.get('failures', 'n/a')} / {n.get('failures', 'n/a')} |"]))
+        return [f"{users}{CLIENT_BOUND_MARK if saturated else ''}", number(c.get("img_per_s")),
+                number(n.get("img_per_s")), number(ratio(c.get("img_per_s"), n.get("img_per_s")), 2),
+                number(c.get("p50_ms"), 2), number(n.get("p50_ms"), 2),
+                number(ratio(c.get("p50_ms"), n.get("p50_ms")), 2),
+                number(c.get("p99_ms"), 2), number(n.get("p99_ms"), 2),
+                number(ratio(c.get("p99_ms"), n.get("p99_ms")), 2),
+                f"{number(c.get('avg_batch'), 2)} / {number(n.get('avg_batch'), 2)}",
+                f"{percent(c.get('serving_efficiency'))} / {percent(n.get('serving_efficiency'))}",
+                f"{number(c.get('client_cpu_percent'), 0)} / {number(n.get('client_cpu_percent'), 0)}",
+                f"{c.get('failures', 'n/a')} / {n.get('failures', 'n/a')}"]
+    lines = [f"### {series_label(key)}", "",
+             *md_table(["users", "custom img/s", "cuDNN img/s", "ratio", "custom p50 ms", "cuDNN p50 ms", "ratio",
+                        "custom p99 ms", "cuDNN p99 ms", "ratio", "avg batch custom / cuDNN",
+                        "serving efficiency custom / cuDNN", "load generator CPU % custom / cuDNN",
+                        "failures custom / cuDNN"],
+                       (cells(users, models) for users, models in by_users.items()), "r" * 10)]
     if any(m.get("client_cpu_saturated") for models in by_users.values() for m in models.values()):
         lines += ["", f"{CLIENT_BOUND_MARK} a load-generator process ran above 90% of a core during this level: the "
                   "load generator, not the server, may have limited it (raise --processes)."]
@@ -361,9 +357,8 @@ def server_time_table(table: dict) -> list[str]:
     lines = ["## Server-side time per request (Triton metrics, measurement window)", "",
              "Microseconds per request. Queue: waiting for the dynamic batcher and a free model instance; "
              "compute: the model's execution of the batch the request was in.", "",
-             "| series | users | model | queue | compute input | compute infer | compute output "
-             "| avg batch | GPU util |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+             *md_table(["series", "users", "model", "queue", "compute input", "compute infer", "compute output",
+                        "avg batch", "GPU util"], align="lrlrrrrrr")]
     for key, by_users in table.items():
         for users, models in by_users.items():
             for model in (MODEL_CUSTOM, MODEL_CUDNN):
@@ -371,9 +366,9 @@ def server_time_table(table: dict) -> list[str]:
                 if s is None:
                     continue
                 gpu = s.get("gpu_utilization")
-                lines.append(f"| {series_label(key)} | {users} | {MODEL_SHORT[model]} | "
-                             + " | ".join(fmt(s.get(part), 0) for part in TIME_BREAKDOWN)
-                             + f" | {fmt(s.get('avg_batch'), 2)} | {'n/a' if gpu is None else f'{gpu:.0%}'} |")
+                lines.append(row([series_label(key), users, MODEL_SHORT[model],
+                                  *(number(s.get(part), 0) for part in TIME_BREAKDOWN), number(s.get("avg_batch"), 2),
+                                  "n/a" if gpu is None else f"{gpu:.0%}"]))
     return lines + [""]
 
 
@@ -393,15 +388,16 @@ def ceiling_section(table: dict, steps: list[dict] = ()) -> list[str]:
     lines = ["## Against the zero-answer model (the Python backend's ceiling)", "",
              f"`{ZERO_MODEL}` reads its input as the shipped models do and answers zeros: what Triton, the Python "
              "backend and the load generator cost on this host with no network.", "",
-             "| series | in flight | custom img/s | cuDNN img/s | zero img/s | custom / zero | p50 ms custom / zero "
-             "| p99 ms custom / zero |", "|---|---:|---:|---:|---:|---:|---|---|"]
-    for key, users, models in rows:
-        c, n, z = (models.get(m, {}) for m in (MODEL_CUSTOM, MODEL_CUDNN, ZERO_MODEL))
-        lines.append(f"| {series_label(key)} | {users} | {fmt(c.get('img_per_s'))} | {fmt(n.get('img_per_s'))} "
-                     f"| {fmt(z.get('img_per_s'))} | {percent(ratio(c.get('img_per_s'), z.get('img_per_s')))} "
-                     f"| {fmt(c.get('p50_ms'), 2)} / {fmt(z.get('p50_ms'), 2)} "
-                     f"| {fmt(c.get('p99_ms'), 2)} / {fmt(z.get('p99_ms'), 2)} |")
-    lines += ["", "Targets against the ceiling (H100):", "", "| target | wanted | this run | |", "|---|---|---|---|"]
+             *md_table(["series", "in flight", "custom img/s", "cuDNN img/s", "zero img/s", "custom / zero",
+                        "p50 ms custom / zero", "p99 ms custom / zero"],
+                       ([series_label(key), users, *(number(m.get("img_per_s")) for m in (c, n, z)),
+                         percent(ratio(c.get("img_per_s"), z.get("img_per_s"))),
+                         f"{number(c.get('p50_ms'), 2)} / {number(z.get('p50_ms'), 2)}",
+                         f"{number(c.get('p99_ms'), 2)} / {number(z.get('p99_ms'), 2)}"]
+                        for key, users, models in rows
+                        for c, n, z in [[models.get(m, {}) for m in (MODEL_CUSTOM, MODEL_CUDNN, ZERO_MODEL)]]),
+                       "lrrrrr")]
+    lines += ["", "Targets against the ceiling (H100):", "", *md_table(["target", "wanted", "this run", ""])]
 
     def best(generator, protocol, images, shared_memory, model):
         runs = [(m[model]["img_per_s"], users, m[model].get("p99_ms")) for key, by_users in table.items()
@@ -416,7 +412,7 @@ def ceiling_section(table: dict, steps: list[dict] = ()) -> list[str]:
     cuda = max(cuda_steps, key=lambda step: step[0]) if cuda_steps else None
     lines.append(f"| custom, CUDA shared memory, 32 images/request (perf_analyzer, best server setting) | >= "
                  f"{TARGET_IMG_PER_S_32_CUDA_ENGINE:,} img/s | "
-                 + (f"{cuda[0]:,.0f} img/s ({cuda[1]} in flight, p99 {fmt(cuda[2], 2)} ms, server: {cuda[3]})"
+                 + (f"{cuda[0]:,.0f} img/s ({cuda[1]} in flight, p99 {number(cuda[2], 2)} ms, server: {cuda[3]})"
                     if cuda else "-")
                  + f" | {'met' if cuda and cuda[0] >= TARGET_IMG_PER_S_32_CUDA_ENGINE else '**not met**'} |")
     for images in (1, 32):
@@ -442,11 +438,11 @@ def ceiling_section(table: dict, steps: list[dict] = ()) -> list[str]:
         lines.append(f"| the same, server setting {custom['server_setting']} | <= "
                      f"+{TARGET_ONE_IN_FLIGHT_P50_OVER_ZERO_MS} ms | {custom['p50_ms']:.2f} - {zero['p50_ms']:.2f} = "
                      f"+{gap:.2f} ms | {'met' if gap <= TARGET_ONE_IN_FLIGHT_P50_OVER_ZERO_MS else '**not met**'} |")
-        phases = [f"{phase} {fmt(custom.get(f'execute_{phase}_us'), 0)}"
+        phases = [f"{phase} {number(custom.get(f'execute_{phase}_us'), 0)}"
                   for phase in ("read", "gather", "h2d", "engine", "d2h", "respond")]
         lines += ["", f"Where the custom model's time at one request in flight goes ({custom['server_setting']}, "
-                  f"Triton's compute infer {fmt(custom.get('compute_infer_us'), 0)} us against the zero model's "
-                  f"{fmt(zero.get('compute_infer_us'), 0)} us; the model's phases in us: {', '.join(phases)})."]
+                  f"Triton's compute infer {number(custom.get('compute_infer_us'), 0)} us against the zero model's "
+                  f"{number(zero.get('compute_infer_us'), 0)} us; the model's phases in us: {', '.join(phases)})."]
     return lines + [""]
 
 
@@ -457,16 +453,14 @@ def cross_check_section(pairs: list[dict] | None) -> list[str]:
              "perf_analyzer: one C++ process, random input data, a fixed request count after a warm-up; "
              "grpc_flood: Python asyncio processes sending the pool's images. Both pinned to the same load cores.",
              "",
-             "| model | images/request | shm | in flight | perf_analyzer img/s | grpc_flood img/s | ratio "
-             "| p50 ms pa / flood | p99 ms pa / flood | server CPU % (pa) | grpc_flood CPU % |",
-             "|---|---:|---|---:|---:|---:|---:|---|---|---:|---:|"]
-    for p in pairs:
-        lines.append(f"| {p['model']} | {p['images_per_request']} | {p['shared_memory']} | {p['concurrency']} "
-                     f"| {fmt(p['perf_analyzer_img_per_s'])} | {fmt(p['grpc_flood_img_per_s'])} | {fmt(p['ratio'], 2)} "
-                     f"| {fmt(p['perf_analyzer_p50_ms'], 2)} / {fmt(p['grpc_flood_p50_ms'], 2)} "
-                     f"| {fmt(p['perf_analyzer_p99_ms'], 2)} / {fmt(p['grpc_flood_p99_ms'], 2)} "
-                     f"| {fmt(p.get('perf_analyzer_server_cpu_percent'), 0)} "
-                     f"| {fmt(p.get('grpc_flood_client_cpu_percent'), 0)} |")
+             *md_table(["model", "images/request", "shm", "in flight", "perf_analyzer img/s", "grpc_flood img/s",
+                        "ratio", "p50 ms pa / flood", "p99 ms pa / flood", "server CPU % (pa)", "grpc_flood CPU %"],
+                       ([p["model"], p["images_per_request"], p["shared_memory"], p["concurrency"],
+                         number(p["perf_analyzer_img_per_s"]), number(p["grpc_flood_img_per_s"]), number(p["ratio"], 2),
+                         f"{number(p['perf_analyzer_p50_ms'], 2)} / {number(p['grpc_flood_p50_ms'], 2)}",
+                         f"{number(p['perf_analyzer_p99_ms'], 2)} / {number(p['grpc_flood_p99_ms'], 2)}",
+                         number(p.get("perf_analyzer_server_cpu_percent"), 0),
+                         number(p.get("grpc_flood_client_cpu_percent"), 0)] for p in pairs), "lrlrrrrllrr")]
     return lines + [""]
 
 
@@ -488,11 +482,10 @@ def agreement_section(agreement: dict | None) -> list[str]:
         return []
     lines = ["## Agreement on the same images", "",
              "Custom against cuDNN logits (details: [ab_agreement.md](ab_agreement.md)).", "",
-             "| images | count | top-1 agree | top-5 agree | max abs diff | rel. L2 diff | min cosine |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, s in agreement["sets"].items():
-        lines.append(f"| {name} | {s['inputs']} | {s['top1_agree']}/{s['inputs']} | {s['top5_agree']}/{s['inputs']} "
-                     f"| {s['max_abs']:.3g} | {s['rel_l2']:.3g} | {s['min_cosine']:.6f} |")
+             *md_table(["images", "count", "top-1 agree", "top-5 agree", "max abs diff", "rel. L2 diff", "min cosine"],
+                       ([name, s["inputs"], f"{s['top1_agree']}/{s['inputs']}", f"{s['top5_agree']}/{s['inputs']}",
+                         f"{s['max_abs']:.3g}", f"{s['rel_l2']:.3g}", f"{s['min_cosine']:.6f}"]
+                        for name, s in agreement["sets"].items()), "lrrrrrr")]
     return lines + [""]
 
 
@@ -508,10 +501,9 @@ def live_ab_section(table: dict) -> list[str]:
              "level, then what the router counted during its step, from its metrics on Triton's endpoint: each "
              "arm's latency (p50 / p99 of its answer to the router's batched call, server side), and in shadow "
              "mode the agreement of the candidate with the primary (docs/AB_LIVE.md).", "",
-             "| series | in flight | mode | router img/s | direct img/s | router p50 / p99 ms | direct p50 / p99 ms "
-             "| primary arm p50 / p99 ms | candidate arm p50 / p99 ms | compared | top-1 agree | top-5 overlap "
-             "| rel. L2 p99 | shadow late / skipped |",
-             "|---|---:|---|---:|---:|---|---|---|---|---:|---:|---:|---:|---|"]
+             *md_table(["series", "in flight", "mode", "router img/s", "direct img/s", "router p50 / p99 ms",
+                        "direct p50 / p99 ms", "primary arm p50 / p99 ms", "candidate arm p50 / p99 ms", "compared",
+                        "top-1 agree", "top-5 overlap", "rel. L2 p99", "shadow late / skipped"], align="lrlrrllllrrrr")]
     for key, users, models in rows:
         router = models[AB_ROUTER_MODEL]
         ab = router["ab"]
@@ -520,15 +512,15 @@ def live_ab_section(table: dict) -> list[str]:
         direct = models.get(MODEL_CUDNN, {})   # the shipped router's primary
 
         def pair(record, digits=2):
-            return f"{fmt(record.get('p50_ms'), digits)} / {fmt(record.get('p99_ms'), digits)}"
+            return f"{number(record.get('p50_ms'), digits)} / {number(record.get('p99_ms'), digits)}"
 
         agree = ab.get("top1_agree")
-        lines.append(
-            f"| {series_label(key)} | {users} | {', '.join(ab.get('modes') or ['-'])} | {fmt(router.get('img_per_s'))} "
-            f"| {fmt(direct.get('img_per_s'))} | {pair(router)} | {pair(direct)} | {pair(primary)} | {pair(candidate)} "
-            f"| {ab.get('requests', 0)} | {'n/a' if agree is None else f'{agree:.2%}'} "
-            f"| {fmt(ab.get('top5_overlap_mean'), 2)} | {fmt(ab.get('rel_l2_p99'), 4)} "
-            f"| {ab.get('shadow_timeouts', 0)} / {ab.get('shadow_skipped', 0)} |")
+        lines.append(row([series_label(key), users, ", ".join(ab.get("modes") or ["-"]),
+                          number(router.get("img_per_s")), number(direct.get("img_per_s")), pair(router),
+                          pair(direct), pair(primary), pair(candidate), ab.get("requests", 0),
+                          "n/a" if agree is None else f"{agree:.2%}", number(ab.get("top5_overlap_mean"), 2),
+                          number(ab.get("rel_l2_p99"), 4),
+                          f"{ab.get('shadow_timeouts', 0)} / {ab.get('shadow_skipped', 0)}"]))
     return lines + ["", f"Direct: {MODEL_CUDNN}'s own step at the same level (the shipped router's primary).", ""]
 
 

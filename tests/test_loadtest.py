@@ -121,8 +121,8 @@ def test_report_files_are_written_and_the_markdown_ratios_match_the_json(tiny_sw
     text = (out / f"{sweep.DEFAULT_NAME}.md").read_text()
     by_key = {(s["protocol"], s["users"], s["model"]): s for s in results["steps"]}
     custom, cudnn = by_key[("grpc", 1, MODEL_CUSTOM)], by_key[("grpc", 1, MODEL_CUDNN)]
-    row = (f" | {report.fmt(custom['img_per_s'])} | {report.fmt(cudnn['img_per_s'])} | "
-           f"{report.fmt(custom['img_per_s'] / cudnn['img_per_s'], 2)} | {report.fmt(custom['p50_ms'], 2)} |")
+    row = (f" | {report.number(custom['img_per_s'])} | {report.number(cudnn['img_per_s'])} | "
+           f"{report.number(custom['img_per_s'] / cudnn['img_per_s'], 2)} | {report.number(custom['p50_ms'], 2)} |")
     assert row in text
     assert "All 6 steps add up" in text and "SANITY MISMATCH" not in text
 
