@@ -10,27 +10,25 @@ vendored unmodified in ab_router_backend/third_party (README.md there: versions 
 into the library. The C++ runtime is linked statically, so the library runs on any host with the same or a newer
 glibc.
 
-The library is built once per source: `build/ab_router_backend/<digest of the sources and the command>/`. A
-library built elsewhere is used as it is when its digest matches: the offline bundle brings one for the GPU host,
-which has no compiler packages (scripts/make_offline_bundle.sh; its setup names the folder in
-$FUSEDRESNET_AB_ROUTER_PREBUILT). `make setup` builds it; the launcher builds it when missing (`build`).
+The library is built once per source: `build/ab_router_backend/<digest of the sources and the command>/`
+(backend/native_build.py, the pattern the front end's shim shares). A library built elsewhere is used as it is when
+its digest matches: the offline bundle brings one for the GPU host, which has no compiler packages
+(scripts/make_offline_bundle.sh; its setup names the folder in $FUSEDRESNET_AB_ROUTER_PREBUILT). `make setup` builds
+it; the launcher builds it when missing (`build`), where its model repository serves the router
+(serve.repository_backends).
 
     python -m fusedresnet.backend.ab_router_build        # build (or find) it, print its path
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from dataclasses import fields
 from pathlib import Path
 
 from . import ab_config, spec
 from .ab_config import STICKY_BUCKETS, RouterConfig
+from .native_build import compiler, find_or_build, source_digest
 
 SOURCE_DIR = Path(__file__).resolve().parent / "ab_router_backend"
 THIRD_PARTY_DIR = SOURCE_DIR / "third_party"
@@ -107,19 +105,12 @@ def generated_header() -> str:
     return "\n".join(lines)
 
 
-def compiler() -> str:
-    return os.environ.get("CXX", "g++")
-
-
 def build_digest() -> str:
     """What the library is built from: the sources (the vendored ones too), the generated header and the flags (not
     the paths)."""
-    digest = hashlib.sha256()
-    for source in SOURCES:
-        digest.update(source.relative_to(SOURCE_DIR).as_posix().encode() + b"\0" + source.read_bytes() + b"\0")
-    digest.update(generated_header().encode())
-    digest.update(" ".join(COMPILE_FLAGS + LINK_FLAGS).encode() + VERSION_SCRIPT.encode())
-    return digest.hexdigest()[:16]
+    return source_digest(((source.relative_to(SOURCE_DIR).as_posix(), source) for source in SOURCES),
+                         generated_header().encode(),
+                         " ".join(COMPILE_FLAGS + LINK_FLAGS).encode() + VERSION_SCRIPT.encode())
 
 
 def library_path(output_dir: Path = OUTPUT_DIR, digest: str | None = None) -> Path:
@@ -139,32 +130,13 @@ def compile_command(cxx: str, scratch: Path, library: Path) -> list[str]:
 def build(output_dir: Path = OUTPUT_DIR) -> Path:
     """The router's backend library for these sources: the one built before (here, or in $PREBUILT_ENV), else
     built now."""
-    digest = build_digest()   # reads the sources once
-    library = library_path(output_dir, digest)
-    if library.is_file():
-        return library
-    if os.environ.get(PREBUILT_ENV):
-        prebuilt = library_path(Path(os.environ[PREBUILT_ENV]), digest)
-        if prebuilt.is_file():
-            return prebuilt
-    cxx = shutil.which(compiler())
-    if cxx is None:
-        raise RouterBuildError(f"the A/B router's backend needs a C++ compiler ({compiler()} not found); on Debian or "
-                               f"Ubuntu: apt-get install {' '.join(BUILD_PACKAGES)}")
-    library.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="build.", dir=library.parent))
-    try:
-        (scratch / "ab_router_spec.h").write_text(generated_header())
-        (scratch / "exports.ld").write_text(VERSION_SCRIPT)
-        command = compile_command(cxx, scratch, scratch / LIBRARY_NAME)
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RouterBuildError(f"building the A/B router's backend failed:\n{' '.join(command)}\n"
-                                   f"{done.stderr[-4000:]}")
-        (scratch / LIBRARY_NAME).rename(library)   # atomic: a concurrent build finds a whole library or none
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return library
+    return find_or_build(
+        library_path(output_dir), PREBUILT_ENV, lambda cxx, library: compile_command(cxx, library.parent, library),
+        RouterBuildError,
+        missing_compiler=f"the A/B router's backend needs a C++ compiler ({compiler()} not found); on Debian or "
+                         f"Ubuntu: apt-get install {' '.join(BUILD_PACKAGES)}",
+        failed="building the A/B router's backend failed",
+        files={"ab_router_spec.h": generated_header(), "exports.ld": VERSION_SCRIPT})
 
 
 def main() -> int:

@@ -11,8 +11,8 @@ import os
 import secrets
 from pathlib import Path
 
+from .server_error import ServerError
 from .spec import ADMIN_TOKEN_ENV, BUILD_DIR
-from .triton_install import ServerError
 
 DEFAULT_TOKEN_FILE = BUILD_DIR / "admin-token"
 

@@ -5,7 +5,8 @@ shared-memory manager, which that wheel's Python options cannot pass (backend/in
 It compiles with the system C++ compiler and nothing else: against the frontend classes' declarations of Triton
 2.73.0 (frontend_shim/include/triton_server, upstream's restricted_features.h verbatim, with its licence) and
 Triton's C API headers of r24.10 (the core this project runs, backend/ab_router_backend/include). Built once per
-source into build/frontend_shim/<digest>/; the offline bundle brings one built here for the GPU host
+source into build/frontend_shim/<digest>/ (backend/native_build.py, the pattern the A/B router's build shares); the
+offline bundle brings one built here for the GPU host
 ($FUSEDRESNET_FRONTEND_SHIM_PREBUILT), as it does the A/B router.
 
     python -m fusedresnet.backend.frontend_shim_build      # build (or find) it, print its path
@@ -13,14 +14,10 @@ source into build/frontend_shim/<digest>/; the offline bundle brings one built h
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+from .native_build import find_or_build, source_digest
 from .spec import BUILD_DIR
 
 SOURCE_DIR = Path(__file__).resolve().parent / "frontend_shim"
@@ -43,11 +40,7 @@ class ShimBuildError(RuntimeError):
 
 
 def build_digest() -> str:
-    digest = hashlib.sha256()
-    for source in (SOURCE, *HEADERS):
-        digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
-    digest.update(" ".join(COMPILE_FLAGS).encode())
-    return digest.hexdigest()[:16]
+    return source_digest(((source.name, source) for source in (SOURCE, *HEADERS)), " ".join(COMPILE_FLAGS).encode())
 
 
 def compile_command(cxx: str, library: Path) -> list[str]:
@@ -56,28 +49,9 @@ def compile_command(cxx: str, library: Path) -> list[str]:
 
 def build(output_dir: Path = OUTPUT_DIR) -> Path:
     """The shim for these sources: the one built before (here, or in $PREBUILT_ENV), else built now."""
-    digest = build_digest()
-    library = output_dir / digest / LIBRARY_NAME
-    if library.is_file():
-        return library
-    if os.environ.get(PREBUILT_ENV):
-        prebuilt = Path(os.environ[PREBUILT_ENV]) / digest / LIBRARY_NAME
-        if prebuilt.is_file():
-            return prebuilt
-    cxx = shutil.which(os.environ.get("CXX", "g++"))
-    if cxx is None:
-        raise ShimBuildError("the in-process front end's shim needs a C++ compiler (g++ not found)")
-    library.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="build.", dir=library.parent))
-    try:
-        command = compile_command(cxx, scratch / LIBRARY_NAME)
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise ShimBuildError(f"building the front end's shim failed:\n{' '.join(command)}\n{done.stderr[-4000:]}")
-        (scratch / LIBRARY_NAME).rename(library)   # atomic: a concurrent build finds a whole library or none
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return library
+    return find_or_build(output_dir / build_digest() / LIBRARY_NAME, PREBUILT_ENV, compile_command, ShimBuildError,
+                         missing_compiler="the in-process front end's shim needs a C++ compiler (g++ not found)",
+                         failed="building the front end's shim failed")
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ from .front_end import FRONT_END_ENV, FRONT_ENDS, FrontEndChoice, choose_front_e
 from .network import http_ready, port_is_free
 from .prepared_stamp import STAMP_FILE
 from .repository_copy import copy_repository, with_instances_divided
+from .server_error import ServerError
 from .spec import (
     AB_DISAGREEMENTS_DIR,
     AB_ROUTER_BACKEND,
@@ -85,10 +86,10 @@ from .spec import (
     MODELS,
     PACKAGE_ROOT,
     RESTRICTED_APIS,
+    model_config,
 )
 from .stub_processes import python_stubs
 from .triton_install import (
-    ServerError,
     TritonInstallation,
     core_library_dir,
     find_triton,
@@ -152,6 +153,28 @@ def grpc_ready(grpc_url: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
 def repository_models(repository: Path) -> list[str]:
     """The model entries of a model repository: its folders with a config.pbtxt."""
     return sorted(path.parent.name for path in Path(repository).glob("*/config.pbtxt"))
+
+
+def repository_backends(repository: Path) -> dict[str, Path]:
+    """The project's own C++ backends that the entries of a model repository name (`backend:` in config.pbtxt),
+    each built now where missing (or found prebuilt): {"fusedresnet_ab": the A/B router's library} when an entry is
+    the router (backend/ab_router_build.py), else nothing, so a server without the router neither imports nor
+    builds it. A config that does not parse is Triton's to report when it loads it."""
+    from google.protobuf import text_format
+
+    def backend_of(entry: str) -> str:
+        try:
+            return model_config(entry, repository).backend
+        except text_format.ParseError:
+            return ""
+
+    if not any(backend_of(entry) == AB_ROUTER_BACKEND for entry in repository_models(repository)):
+        return {}
+    from . import ab_router_build
+    try:
+        return {AB_ROUTER_BACKEND: ab_router_build.build()}
+    except ab_router_build.RouterBuildError as error:
+        raise ServerError(str(error)) from None
 
 
 def metrics_list_models(metrics_url: str, models: list[str], timeout_s: float = PROBE_TIMEOUT_S) -> bool:
@@ -321,7 +344,7 @@ class TritonServer:
                               "(python -m fusedresnet.backend.prepare) first")
         triton = find_triton()
         self.resolve_front_end(triton)
-        backends = private_backend_tree(triton)
+        backends = private_backend_tree(triton, repository_backends(self.model_repository))
         if self.log_file:
             Path(self.log_file).parent.mkdir(parents=True, exist_ok=True)
             if self.truncate_log and not self.restarts:

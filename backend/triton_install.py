@@ -2,8 +2,9 @@
 
 Finds `tritonserver` ($TRITON_HOME, PATH, or the server bundled in the nvidia-pytriton
 wheel), and prepares a private copy of its backend tree with the Python-backend stub that
-matches this interpreter (the wheel ships one stub per Python version) and the A/B router's
-backend (backend/ab_router_build.py).
+matches this interpreter (the wheel ships one stub per Python version) and the project's own
+C++ backends that the caller names (the launcher names the A/B router's, built by
+backend/ab_router_build.py, when its model repository serves the router).
 """
 
 from __future__ import annotations
@@ -14,15 +15,12 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import ab_router_build
-from .spec import AB_ROUTER_BACKEND, BUILD_DIR
-
-
-class ServerError(RuntimeError):
-    """The server cannot be started, or did not become ready."""
+from .server_error import ServerError  # raised here, and imported from here by the launcher, tests and tools
+from .spec import BUILD_DIR
 
 
 @dataclass
@@ -86,21 +84,22 @@ def python_stub_for_interpreter(triton: TritonInstallation) -> Path:
 _BACKEND_TREE_LOCK = threading.Lock()
 
 
-def private_backend_tree(triton: TritonInstallation) -> Path:
-    """A copy of the backends folder with the stub for this interpreter placed in backends/python, and the A/B
-    router's backend in backends/fusedresnet_ab (built first when missing).
+def private_backend_tree(triton: TritonInstallation, backends: Mapping[str, Path] | None = None) -> Path:
+    """A copy of the backends folder with the stub for this interpreter placed in backends/python, and each of
+    `backends` (name: its library, e.g. {"fusedresnet_ab": the A/B router's}) in backends/<name>/. A tree with
+    such backends is a folder of its own (triton-backends-py3.11+fusedresnet_ab), so launchers with and without
+    them do not remake each other's.
 
     The launcher's server processes start together: the copy is made once under a lock, into a folder of its
     own that is then renamed into place, so no process sees a half-made tree (another launcher that made it
     first wins the rename)."""
+    backends = dict(sorted((backends or {}).items()))
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    tree = BUILD_DIR / f"triton-backends-py{version}"
+    tree = BUILD_DIR / "".join([f"triton-backends-py{version}", *(f"+{name}" for name in backends)])
     stub = python_stub_for_interpreter(triton)
-    try:
-        router = ab_router_build.build()
-    except ab_router_build.RouterBuildError as error:
-        raise ServerError(str(error)) from None
-    source = f"{triton.home.resolve()}:{stub.stat().st_mtime_ns}:{router.parent.name}"
+    # a library's folder is its build digest (build/<name>/<digest>/<library>)
+    source = ":".join([str(triton.home.resolve()), str(stub.stat().st_mtime_ns),
+                       *(library.parent.name for library in backends.values())])
 
     def made(folder: Path) -> bool:
         marker = folder / ".source"
@@ -115,8 +114,9 @@ def private_backend_tree(triton: TritonInstallation) -> Path:
         shutil.copytree(triton.home / "backends", scratch)
         shutil.copy2(stub, scratch / "python" / "triton_python_backend_stub")
         (scratch / "python" / "triton_python_backend_stub").chmod(0o755)
-        (scratch / AB_ROUTER_BACKEND).mkdir()
-        shutil.copy2(router, scratch / AB_ROUTER_BACKEND / router.name)
+        for name, library in backends.items():
+            (scratch / name).mkdir()
+            shutil.copy2(library, scratch / name / library.name)
         (scratch / ".source").write_text(source)
         shutil.rmtree(tree, ignore_errors=True)
         try:

@@ -1,7 +1,7 @@
 """The main job: start Triton with both models, classify the sample photos through each over gRPC.
 
-    python -m fusedresnet.client.demo            # starts (and stops) its own server
-    python -m fusedresnet.client.demo --url 127.0.0.1:8001   # uses a running server
+    python -m fusedresnet.client.demo            # starts (and stops) its own server (the `server` extra)
+    python -m fusedresnet.client.demo --url 127.0.0.1:8001   # uses a running server (the `client` extra is enough)
 
 Prints, per model, the engine it runs, the top-3 labels of every photo, the
 latency of one batched request and of single-image requests, and how closely
@@ -17,7 +17,6 @@ import sys
 from fusedresnet.backend.network import free_ports, port_is_free
 from fusedresnet.backend.prepared_stamp import read_weights_source, seed_of
 from fusedresnet.backend.pretrained import WEIGHTS_TORCHVISION
-from fusedresnet.backend.serve import ServerError, TritonServer
 from fusedresnet.backend.spec import (
     BUILD_DIR,
     DEFAULT_GRPC_PORT,
@@ -77,6 +76,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.url:
         return run_demo(args.url)
+    try:   # the launcher, only where the demo starts its own server: it needs the `server` extra (psutil, Triton)
+        from fusedresnet.backend.serve import ServerError, TritonServer
+    except ModuleNotFoundError as error:
+        if (error.name or "").startswith("fusedresnet"):
+            raise
+        print(f"demo: starting a server needs the server side ({error}): pip install 'fusedresnet[server]', "
+              "or pass --url with the gRPC address of a running server", file=sys.stderr)
+        return 1
     ports = [DEFAULT_HTTP_PORT, DEFAULT_GRPC_PORT, DEFAULT_METRICS_PORT]
     if not all(port_is_free(p) for p in ports):
         ports = free_ports(3)

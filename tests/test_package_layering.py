@@ -9,6 +9,16 @@
     fusedresnet.campaigns the project's own measurement campaigns: no package imports them
     and no module imports itself back through others (no import cycle, lazy imports inside functions included)
 
+and, inside the packages, the arrows of the server's rooms (issue 47):
+
+    backend.triton_install     finds and prepares Triton: never the A/B router's build (the launcher builds the
+                               router only where its repository serves it, lazily)
+    backend.admin_token        the token's resolver, which the clients use too: neither the Triton installation nor
+                               the launcher (its error comes from backend.server_error)
+    fusedresnet.client         loads, when imported, neither the launcher nor what only it needs (the server extra:
+                               psutil, torch, Triton's server), so a client-only install runs it (the demo starts
+                               a server through a lazy import of the launcher)
+
 Read from the source with `ast` (CPU, nothing imported), relative imports resolved against the package each
 folder is mapped to in pyproject.toml (`from ..backend.x import y` inside fusedresnet.kernels is
 fusedresnet.backend.x), imports inside functions included.
@@ -17,6 +27,7 @@ fusedresnet.backend.x), imports inside functions included.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -27,14 +38,27 @@ PACKAGES = {"backend": "fusedresnet.backend", "kernels": "fusedresnet.kernels", 
             "loadtest": "fusedresnet.loadtest", "campaigns": "fusedresnet.campaigns", "harness": "fusedresnet.harness"}
 
 
-def imports(source: str, package: str, names: bool = False) -> list[tuple[int, str]]:
+def at_import(tree: ast.AST):
+    """The nodes of `tree` that run when the module is imported: all of them but the bodies of functions (a class's
+    body runs at import, a function's when it is called)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(child for child in ast.iter_child_nodes(node)
+                     if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+
+def imports(source: str, package: str, names: bool = False, lazy: bool = True) -> list[tuple[int, str]]:
     """(line, absolute module name) of every import in `source`, a module of `package`.
 
     `from .x import y` gives package.x; `from . import y` gives package.y (y may be a module or a name).
     With `names`, every `from m import y` gives m.y (the caller keeps the longest prefix that is a module: y may
-    be a module of package m, as in `from fusedresnet.loadtest import step`)."""
+    be a module of package m, as in `from fusedresnet.loadtest import step`). Without `lazy`, only the imports
+    that run when the module is imported (none inside a function)."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    for node in sorted(ast.walk(tree) if lazy else at_import(tree), key=lambda n: getattr(n, "lineno", 0)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -153,19 +177,26 @@ def test_package_dir_maps_every_folder_here():
         assert (ROOT / folder / "__init__.py").is_file(), folder
 
 
-def module_imports() -> dict[str, set[str]]:
-    """{module: the fusedresnet modules it imports} of every module of the packages in PACKAGES (a name imported
-    from a package, `from . import x`, counts as its module when there is one, else as the package)."""
+def project_modules() -> dict[str, tuple[Path, str]]:
+    """{module: (its file, the package its relative imports resolve against)} of the packages in PACKAGES."""
     modules = {}
     for folder, package in PACKAGES.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
             parts = [p for p in path.relative_to(ROOT / folder).with_suffix("").parts if p != "__init__"]
             module = ".".join([package, *parts])
             modules[module] = (path, module if path.name == "__init__.py" else module.rsplit(".", 1)[0])
+    return modules
+
+
+def module_imports(lazy: bool = True) -> dict[str, set[str]]:
+    """{module: the fusedresnet modules it imports} of every module of the packages in PACKAGES (a name imported
+    from a package, `from . import x`, counts as its module when there is one, else as the package). Without
+    `lazy`, only the imports that run when the module is imported."""
+    modules = project_modules()
     graph = {}
     for module, (path, package) in modules.items():
         graph[module] = set()
-        for _, name in imports(path.read_text(), package, names=True):
+        for _, name in imports(path.read_text(), package, names=True, lazy=lazy):
             while name not in modules and "." in name:
                 name = name.rsplit(".", 1)[0]
             if name in modules and name != module:
@@ -216,3 +247,98 @@ def test_no_module_imports_itself_back_through_others():
     assert "fusedresnet.loadtest.step" in graph["fusedresnet.loadtest.sweep"]     # a name from a module
     assert "fusedresnet.loadtest.triton_metrics" in graph["fusedresnet.loadtest.step"]   # a module from a package
     assert import_cycles(graph) == []
+
+
+# ---------------------------------------------------------------- the arrows of the server's rooms (issue 47)
+
+@functools.cache
+def import_time_graph() -> dict[str, set[str]]:
+    """module_imports(lazy=False), read once for the tests below (which do not change it)."""
+    return module_imports(lazy=False)
+
+
+def loaded(graph: dict[str, set[str]], module: str) -> set[str]:
+    """Every module `module` imports through `graph`, directly or through others (itself not included)."""
+    seen, stack = set(), [module]
+    while stack:
+        for other in graph.get(stack.pop(), ()):
+            if other not in seen:
+                seen.add(other)
+                stack.append(other)
+    return seen - {module}
+
+
+def third_party_at_import(module: str) -> set[str]:
+    """The top-level names of the packages outside fusedresnet that importing `module` imports (its own imports
+    at import time and those of every fusedresnet module it loads then)."""
+    modules = project_modules()
+    found = set()
+    for name in {module} | loaded(import_time_graph(), module):
+        path, package = modules[name]
+        found |= {imported.split(".")[0] for _, imported in imports(path.read_text(), package, lazy=False)
+                  if not within(imported, ("fusedresnet", "__future__"))}
+    return found
+
+
+# What only the server extra installs (pyproject.toml), and the project's modules that start or build the server.
+SERVER_SIDE_PACKAGES = {"psutil", "torch", "pytriton", "triton_python_backend_utils", "cupy"}
+SERVER_SIDE_MODULES = {f"fusedresnet.backend.{name}" for name in (
+    "serve", "triton_install", "stub_processes", "ab_router_build", "frontend_shim_build", "native_build",
+    "front_end", "inprocess_server", "cuda_mps")}
+
+
+def test_only_what_runs_at_import_counts_without_lazy():
+    """The old demo imported the launcher at its top; a demo that imports it in the function that starts a server
+    loads it only there."""
+    old_demo = ("import sys\n"
+                "from fusedresnet.backend.serve import ServerError, TritonServer\n"
+                "class Demo:\n"
+                "    from fusedresnet.backend import spec\n"
+                "def main():\n"
+                "    pass\n")
+    new_demo = ("import sys\n"
+                "class Demo:\n"
+                "    from fusedresnet.backend import spec\n"
+                "def main():\n"
+                "    try:\n"
+                "        from fusedresnet.backend.serve import ServerError, TritonServer\n"
+                "    except ModuleNotFoundError:\n"
+                "        return 1\n"
+                "    run = lambda: __import__('psutil')\n")
+    assert [m for _, m in imports(old_demo, "fusedresnet.client", lazy=False)] == [
+        "sys", "fusedresnet.backend.serve", "fusedresnet.backend"]
+    assert [m for _, m in imports(new_demo, "fusedresnet.client", lazy=False)] == ["sys", "fusedresnet.backend"]
+    assert "fusedresnet.backend.serve" in [m for _, m in imports(new_demo, "fusedresnet.client")]
+    graph = {"client.demo": {"backend.serve"}, "backend.serve": {"backend.stub_processes"},
+             "backend.stub_processes": set()}
+    assert loaded(graph, "client.demo") == {"backend.serve", "backend.stub_processes"}
+
+
+def test_the_triton_installation_does_not_build_the_router():
+    """Finding and preparing Triton (every server start) neither imports nor builds the A/B router's backend: the
+    launcher builds it, lazily, where its repository serves the router (serve.repository_backends)."""
+    graph = module_imports()
+    assert "fusedresnet.backend.ab_router_build" not in loaded(graph, "fusedresnet.backend.triton_install")
+    assert "fusedresnet.backend.ab_router_build" in graph["fusedresnet.backend.serve"]          # lazily
+    assert "fusedresnet.backend.ab_router_build" not in loaded(import_time_graph(), "fusedresnet.backend.serve")
+
+
+def test_the_admin_token_needs_neither_the_triton_installation_nor_the_launcher():
+    reached = loaded(module_imports(), "fusedresnet.backend.admin_token")
+    assert reached & SERVER_SIDE_MODULES == set(), sorted(reached)
+    assert "fusedresnet.backend.server_error" in reached
+
+
+def client_modules() -> list[str]:
+    modules = sorted(m for m in project_modules() if within(m, ("fusedresnet.client",)))
+    assert "fusedresnet.client.demo" in modules, modules
+    return modules
+
+
+@pytest.mark.parametrize("module", client_modules())
+def test_a_client_module_loads_no_server_side_module_at_import(module):
+    """A client-only install (the client extra) imports every client module: none loads the launcher, the Triton
+    installation or a native build when imported (the demo imports the launcher where it starts a server)."""
+    reached = loaded(import_time_graph(), module)
+    assert reached & SERVER_SIDE_MODULES == set(), sorted(reached & SERVER_SIDE_MODULES)
+    assert third_party_at_import(module) & SERVER_SIDE_PACKAGES == set()
