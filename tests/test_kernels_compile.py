@@ -11,10 +11,15 @@ kernel instantiation the launcher uses on that path:
   nvidia-cuda-nvrtc wheel's: this runs on a CPU-only machine), every name
   expression lowered.
 A syntax error in a .cu file, or PTX that does not assemble for one target, cannot land.
+
+These compiles are independent (one program per architecture and compiler, each single-threaded), so the
+module runs them together, one per core (`compiles`), the slowest first; each test checks its own.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
 import re
 import shutil
 import subprocess
@@ -35,6 +40,7 @@ from fusedresnet.kernels.build import (
     source_text,
 )
 from fusedresnet.kernels.geometry import STEM_WGMMA_BLOCKS_PER_SM, STEM_WGMMA_SMEM_BYTES, STEM_WGMMA_THREADS
+from fusedresnet.kernels.nvrtc_build import default_workers
 from fusedresnet.kernels.tiles import (
     WGMMA_CONV_TILES,
     WGMMA_TILES,
@@ -78,11 +84,93 @@ def nvcc_report(tmp_path, arch: str, source: str, names: list[str], *options: st
     return result.stdout + result.stderr
 
 
+def _nvcc_served(tmp_path, arch: str) -> str:
+    """The report of the engine's translation unit for `arch` with every kernel the launcher uses."""
+    return nvcc_report(tmp_path, arch, source_text(arch), name_expressions(arch))
+
+
+def _nvcc_dev(tmp_path) -> str:
+    """The report of kernels/dev/'s experiments after the served sources on sm_90a, only they instantiated.
+    (177: a constant of a served kernel that no dev kernel uses is declared but never referenced)"""
+    from fusedresnet.kernels.dev import DEV_SOURCES, dev_name_expressions
+    names = [name for names in dev_name_expressions().values() for name in names]
+    return nvcc_report(tmp_path, WGMMA_ARCH, source_text(WGMMA_ARCH, DEV_SOURCES), names, "-diag-suppress", "177")
+
+
+def _nvrtc_in_a_process_of_its_own(arch: str) -> dict | None:
+    """`_nvrtc_compile(arch)` in a spawned process: should NVRTC crash (abort, segfault), only this compile
+    fails (BrokenProcessPool), and the rest of the suite goes on."""
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_nvrtc_compile, arch).result()
+
+
+class _Compiles:
+    """The module's expensive compiles, keyed ("nvcc", arch), ("nvrtc", arch) or ("nvcc-dev", WGMMA_ARCH):
+    each one program of one single-threaded compiler (nvcc's subprocesses, or NVRTC in a process of its
+    own), independent of the others, so they run `workers` at a time in threads that wait for them. What
+    each compiles, with which options, and what its test checks of the result are those of one compile on
+    its own; only the waiting is shared."""
+
+    ORDER = ("nvrtc", "nvcc", "nvcc-dev")   # the slowest first (sm_90a, then NVRTC before nvcc)
+
+    def __init__(self, tmp_path_factory, workers: int):
+        self.tmp_path_factory = tmp_path_factory
+        self.pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="compile")
+        self.futures: dict[tuple[str, str], concurrent.futures.Future] = {}
+
+    def _job(self, kind: str, arch: str):
+        if kind == "nvrtc":
+            return _nvrtc_in_a_process_of_its_own, (arch,)
+        directory = self.tmp_path_factory.mktemp(f"{kind}-{arch}")
+        return (_nvcc_dev, (directory,)) if kind == "nvcc-dev" else (_nvcc_served, (directory, arch))
+
+    def start(self, keys):
+        keys = sorted(set(keys) - set(self.futures),
+                      key=lambda key: (key[1] != WGMMA_ARCH, self.ORDER.index(key[0]), key[1]))
+        for key in keys:
+            function, args = self._job(*key)
+            self.futures[key] = self.pool.submit(function, *args)
+
+    def result(self, kind: str, arch: str):
+        """The compile's result (its exception raised here), started now if it was not yet."""
+        self.start([(kind, arch)])
+        return self.futures[kind, arch].result()
+
+    def close(self):
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+_COMPILE_TESTS = {   # test function: its compile's kind (parametrised by arch unless the kind fixes it)
+    "test_kernels_compile_for_arch_without_warnings_or_spills": "nvcc",
+    "test_kernels_compile_under_nvrtc_like_the_engine": "nvrtc",
+    "test_dev_kernels_compile_for_sm_90a_without_warnings_or_spills": "nvcc-dev",
+}
+
+
+@pytest.fixture(scope="module")
+def compiles(request, tmp_path_factory):
+    """Every compile that this session's selected tests of this module ask for, started together at the first
+    one's request (a compile no selected test needs is never run)."""
+    keys = []
+    for item in request.session.items:
+        kind = _COMPILE_TESTS.get(getattr(item, "originalname", None))
+        if getattr(item, "module", None) is not request.module or kind is None:
+            continue
+        if kind.startswith("nvcc") and NVCC is None:   # (skipped)
+            continue
+        params = getattr(item, "callspec", None)
+        keys.append((kind, params.params["arch"] if params is not None else WGMMA_ARCH))
+    compiles = _Compiles(tmp_path_factory, default_workers())
+    compiles.start(keys)
+    yield compiles
+    compiles.close()
+
+
 @needs_nvcc
 @pytest.mark.parametrize("arch", ARCHS)
-def test_kernels_compile_for_arch_without_warnings_or_spills(arch, tmp_path):
+def test_kernels_compile_for_arch_without_warnings_or_spills(arch, compiles):
     names = name_expressions(arch)
-    report = nvcc_report(tmp_path, arch, source_text(arch), names)
+    report = compiles.result("nvcc", arch)
     compiled = re.findall(r"Function properties for (\S+)", report)
     assert len(compiled) == len(names), report
     # The matrix kernels must keep their accumulators (and the wgmma stem its A fragments) in registers.
@@ -205,7 +293,7 @@ def _nvrtc_compile(arch: str) -> dict | None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_kernels_compile_under_nvrtc_like_the_engine(arch):
+def test_kernels_compile_under_nvrtc_like_the_engine(arch, compiles):
     """The exact compile of the engine for `arch`: NVRTC, the launcher's options, every name expression lowered.
 
     mma path: what CuPy's RawModule hands NVRTC (our options, -ftz=true, the architecture);
@@ -213,13 +301,10 @@ def test_kernels_compile_under_nvrtc_like_the_engine(arch):
     NVRTC runs in a process of its own: should it crash (abort, segfault), this test fails and says so,
     and the rest of the suite goes on.
     """
-    import concurrent.futures
-    import multiprocessing
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        try:
-            compiled = pool.submit(_nvrtc_compile, arch).result()
-        except concurrent.futures.process.BrokenProcessPool as crash:
-            pytest.fail(f"NVRTC's process died compiling the engine for {arch}: {crash}")
+    try:
+        compiled = compiles.result("nvrtc", arch)
+    except concurrent.futures.process.BrokenProcessPool as crash:
+        pytest.fail(f"NVRTC's process died compiling the engine for {arch}: {crash}")
     if compiled is None:
         pytest.skip("libnvrtc not found (CUDA toolkit or the nvidia-cuda-nvrtc wheel)")
     names, log = compiled["names"], compiled["log"]
@@ -294,14 +379,13 @@ def test_warp_specialised_wgmma_tiles_live_in_kernels_dev_fit_an_sm_and_are_neve
 
 
 @needs_nvcc
-def test_dev_kernels_compile_for_sm_90a_without_warnings_or_spills(tmp_path):
+def test_dev_kernels_compile_for_sm_90a_without_warnings_or_spills(compiles):
     """Every experiment of kernels/dev/ builds with the served sources as its runner builds it
     (build.source_text with dev_sources), warnings as errors, its registers within one block per SM. Only the
     dev kernels are instantiated: the served ones compile in the test above."""
-    from fusedresnet.kernels.dev import DEV_SOURCES, dev_name_expressions
+    from fusedresnet.kernels.dev import dev_name_expressions
     names = [name for names in dev_name_expressions().values() for name in names]
-    # (177: a constant of a served kernel that no dev kernel uses is declared but never referenced)
-    report = nvcc_report(tmp_path, WGMMA_ARCH, source_text(WGMMA_ARCH, DEV_SOURCES), names, "-diag-suppress", "177")
+    report = compiles.result("nvcc-dev", WGMMA_ARCH)   # _nvcc_dev
     blocks = [b for b in report.split("Function properties for ")[1:] if b.startswith("_Z13conv_wgmma_ws")]
     assert len(blocks) == len(names), report
     for block in blocks:
