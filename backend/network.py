@@ -6,23 +6,57 @@ Standard library only, so a client-only install can use it.
 from __future__ import annotations
 
 import http.client
+import random
 import socket
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from .spec import DEFAULT_HOST
 
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+LOWEST_CHOSEN_PORT = 10000
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The ports the kernel hands to outgoing connections (and to bind(port 0)): Linux's ip_local_port_range."""
+    try:
+        low, high = map(int, Path(EPHEMERAL_RANGE_FILE).read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _unused(port: int, host: str) -> bool:
+    """Nothing at all on `port` (no listener, no connection, not even TIME_WAIT): a port safe to hand out."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def _random_ports(run: int = 1):
+    """First ports of `run` consecutive ones, at random, all outside the kernel's ephemeral range: a port chosen
+    there could be taken by any outgoing connection (a client, a probe) between being chosen and a server
+    listening on it, as happened to a launcher's second metrics port in CI."""
+    low, high = ephemeral_port_range()
+    ranges = [(LOWEST_CHOSEN_PORT, low - run), (high + 1, 65536 - run)]
+    ranges = [(first, last) for first, last in ranges if last > first]
+    while True:
+        first, last = random.choice(ranges)
+        yield random.randrange(first, last)
+
 
 def free_ports(count: int, host: str = DEFAULT_HOST) -> list[int]:
-    """`count` distinct ports that were free a moment ago (all held open together while chosen)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+    """`count` distinct ports that nothing used a moment ago, outside the ephemeral range (_random_ports)."""
+    chosen: list[int] = []
+    for port in _random_ports():
+        if port not in chosen and _unused(port, host):
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
 
 
 def port_is_free(port: int, host: str = DEFAULT_HOST) -> bool:
@@ -38,11 +72,12 @@ def port_is_free(port: int, host: str = DEFAULT_HOST) -> bool:
 
 
 def free_port_run(count: int, host: str = DEFAULT_HOST) -> int:
-    """The first of `count` consecutive ports that were all free a moment ago (the launcher's metrics ports)."""
-    while True:
-        first = free_ports(1, host)[0]
-        if first + count <= 65536 and all(port_is_free(first + i, host) for i in range(count)):
+    """The first of `count` consecutive ports that nothing used a moment ago (the launcher's metrics ports),
+    outside the ephemeral range."""
+    for first in _random_ports(count):
+        if all(_unused(first + i, host) for i in range(count)):
             return first
+    raise AssertionError("unreachable")
 
 
 def server_ports(metrics_ports: int, host: str = DEFAULT_HOST) -> tuple[int, int, int]:

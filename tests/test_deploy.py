@@ -34,6 +34,7 @@ import yaml
 from triton_versions import IMAGE_ONLY_TRITON_FLAGS, IMAGE_TRITON
 
 from fusedresnet.backend import spec
+from fusedresnet.backend.network import free_port_run
 from fusedresnet.loadtest import triton_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -576,7 +577,6 @@ def test_ready_probe_asks_every_process_through_its_own_metrics_port(tmp_path):
     """fusedresnet-ready: 0 once every process's metrics port lists every model of the repository, 1 while one
     process is down or still loading (its metrics not listing a model), whatever the others answer."""
     import http.server
-    import socket
     import threading
 
     from fusedresnet.backend.serve import repository_models
@@ -597,23 +597,7 @@ def test_ready_probe_asks_every_process_through_its_own_metrics_port(tmp_path):
         def log_message(self, *args):
             pass
 
-    def two_free_ports() -> tuple[socket.socket, socket.socket]:
-        for _ in range(50):
-            first = socket.socket()
-            first.bind(("127.0.0.1", 0))
-            second = socket.socket()
-            try:
-                second.bind(("127.0.0.1", first.getsockname()[1] + 1))
-                return first, second
-            except OSError:
-                first.close()
-                second.close()
-        pytest.skip("no two consecutive free ports")
-
-    sockets = two_free_ports()
-    port = sockets[0].getsockname()[1]
-    for held in sockets:
-        held.close()
+    port = free_port_run(2)
     servers = [http.server.ThreadingHTTPServer(("127.0.0.1", port + k), Metrics) for k in range(2)]
     running = list(servers)
     for server in servers:

@@ -28,7 +28,7 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 
-from fusedresnet.backend.network import http_ready, port_is_free
+from fusedresnet.backend.network import ephemeral_port_range, free_port_run, free_ports, http_ready, port_is_free
 from fusedresnet.backend.serve import (
     CRASH_LOOP_S,
     EXIT_SERVER_DIED,
@@ -389,3 +389,18 @@ def test_a_port_that_a_stopped_server_left_in_time_wait_is_free_and_one_listened
         with pytest.raises(OSError):
             plain.bind(("127.0.0.1", port))
     assert port_is_free(port), "only TIME_WAIT connections are left on the port: a server can listen on it"
+
+
+def test_ports_handed_to_servers_are_outside_the_range_outgoing_connections_take():
+    """Seen in CI (2026-12-02): a launcher's second process failed 'Socket 127.0.0.1:55442 already in use' for its
+    metrics port, chosen free seconds before by bind(port 0), which picks from the kernel's ephemeral range, where
+    any outgoing connection (a client, a probe) can take a port meanwhile. The ports the tests and campaigns hand
+    to servers come from outside that range, and each was unused when chosen."""
+    low, high = ephemeral_port_range()
+    assert 1024 <= low < high <= 65535
+    ports = free_ports(64) + [free_port_run(4) + k for _ in range(16) for k in range(4)]
+    assert len(set(ports[:64])) == 64
+    assert not [port for port in ports if low <= port <= high], (low, high)
+    with socket.socket() as held:        # a port in use is never handed out
+        held.bind(("127.0.0.1", ports[0]))
+        assert ports[0] not in free_ports(2000)
