@@ -16,12 +16,17 @@ comes from the one factory `engines.create_engine`). Everything lives here:
   is validated on its own; the valid ones are gathered into one batch,
   run once, and the logits split back in order. A malformed request gets its
   own INVALID_ARG error; the others still get their answers.
-- few copies (docs/SERVING.md): each request's input is copied once, into the
-  pinned staging buffer of its input (a GPU input, from a client's CUDA shared
-  memory, goes device-to-device instead); one asynchronous host-to-device copy
-  per batch lands in the engine's own input buffer of the batch bucket
-  (`engine.input_buffer`); normalisation happens on the GPU, inside the engine;
-  the logits come back in one device-to-host copy.
+- few copies (docs/SERVING.md): the stub copies no input on the CPU. The Python
+  backend's shared-memory pool, where Triton puts each input, is page-locked on
+  first sight (`pinned_shm.py`), and each request's input is one asynchronous
+  DMA into the engine's own input buffer of the batch bucket
+  (`engine.input_buffer`); a GPU input, from a client's CUDA shared memory, goes
+  device-to-device; memory that cannot be page-locked is staged through a pinned
+  buffer as before (FUSEDRESNET_HOST_INPUT=staging: all of it). Normalisation
+  happens on the GPU, inside the engine; the logits come back in one
+  device-to-host copy into page-locked memory, and the stub's thread sleeps on a
+  blocking-sync event meanwhile (FUSEDRESNET_GPU_WAIT=spin: spins, as CUDA's
+  default).
 - threads: each instance sets its own torch/OpenMP thread count at load
   (`torch_threads`), so any Triton start gets it: several stub processes each
   running a thread per core would oversubscribe the CPU.
@@ -62,6 +67,7 @@ import triton_python_backend_utils as pb_utils
 
 from .engine_config import ConfigError, EngineConfig, parse_engine_config
 from .engines import EngineUnavailable, ServingEngine, create_engine, input_shape
+from .pinned_shm import PinnedSharedMemory, host_input_choice
 from .spec import (
     EXECUTE_PHASE_METRIC,
     EXECUTE_PHASES,
@@ -86,6 +92,18 @@ from .spec import (
 # kernel compilation, CUDA-graph capture or cuDNN's algorithm choice. On a GPU
 # every power of two up to the config's max_batch_size (the engines' graph buckets).
 CPU_WARMUP_BATCH_SIZES = (1, 8)
+
+# How execute() waits for the GPU (issue 46, results/serving_cost.md): block (default) = the stub's thread sleeps
+# on a blocking-sync CUDA event; spin = as the CUDA runtime does by default, a core busy for the whole wait.
+GPU_WAIT_ENV = "FUSEDRESNET_GPU_WAIT"
+GPU_WAIT_CHOICES = ("block", "spin")
+
+
+def gpu_wait_choice() -> str:
+    choice = os.environ.get(GPU_WAIT_ENV, "") or GPU_WAIT_CHOICES[0]
+    if choice not in GPU_WAIT_CHOICES:
+        raise ValueError(f"{GPU_WAIT_ENV}={choice!r}: one of {', '.join(GPU_WAIT_CHOICES)}")
+    return choice
 
 
 class RequestError(ValueError):
@@ -271,8 +289,13 @@ class ResNetTritonModel:
         self.engine_name_bytes = torch.frombuffer(bytearray(self.engine.name.encode()), dtype=torch.uint8)
         self.engine_rows: dict[int, torch.Tensor] = {}   # batch size -> ENGINE output of that many rows
         self.host_staging: dict[str, torch.Tensor] = {}  # input name -> pinned [max_batch_size, ...]
+        self.pinned = PinnedSharedMemory(self.device) if on_gpu and host_input_choice() == "registered" else None
+        self.pinning_failure_logged = False
+        self.gpu_wait = gpu_wait_choice()
         if on_gpu:
-            self.events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+            self.events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            # the last one: with blocking sync the stub's thread sleeps, not spins, while the GPU computes
+            self.events.append(torch.cuda.Event(enable_timing=True, blocking=self.gpu_wait == "block"))
         self.timer = ExecuteTimer(self.model_name, args["model_instance_name"], device, gpu_uuid(device))
         phases["engine"] = time.perf_counter() - mark
         mark = time.perf_counter()
@@ -281,6 +304,8 @@ class ResNetTritonModel:
         self.timer.discard()     # the figures describe served requests only
         pb_utils.Logger.log_info(
             f"{self.model_name}: engine {self.engine.name} on {device} ({reason}), {threads} torch thread(s); "
+            + (f"host inputs {'from page-locked shared memory' if self.pinned else 'staged'}, "
+               f"GPU wait {self.gpu_wait}; " if on_gpu else "") +
             f"{self.engine.describe()}; loaded and warmed up in {time.perf_counter() - started:.1f} s "
             f"({STARTUP_PHASES_TEXT}: " + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in phases.items())
             + f"; CUDA context {early_context})")
@@ -322,38 +347,47 @@ class ResNetTritonModel:
             logits = self.engine.run_buffer(input_name, bucket, count)
             self.timer.add("engine", time.perf_counter() - started)
             return logits
-        on_host = [tensor for tensor in tensors if not tensor.is_cuda]
-        staging = self._staging(input_name)[:count]
-        if len(on_host) == len(tensors):
-            torch.cat(tensors, out=staging)
-        else:
-            start = 0
-            for tensor in tensors:
-                if not tensor.is_cuda:
-                    staging[start:start + tensor.shape[0]].copy_(tensor)
-                start += tensor.shape[0]
+        # Each host input straight from the backend's page-locked shared memory (pinned_shm.py), or staged
+        # through the pinned staging buffer where it cannot be (FUSEDRESNET_HOST_INPUT=staging: all of them).
+        sources, staged, start = [], 0, 0
+        for tensor in tensors:
+            if tensor.is_cuda or (self.pinned is not None and self.pinned.pin(tensor)):
+                sources.append(tensor)
+            else:
+                sources.append(self._staging(input_name)[start:start + tensor.shape[0]].copy_(tensor))
+                staged += 1
+            start += tensor.shape[0]
+        self._warn_pinning_failure()
         self.timer.add("gather", time.perf_counter() - started)
         before_h2d, before_engine, before_d2h, done = self.events
         with torch.cuda.stream(self.engine.stream):
             before_h2d.record()
-            if on_host:
-                engine_input[:count].copy_(staging, non_blocking=True)
-            if len(on_host) != len(tensors):   # inputs in the client's CUDA shared memory: device to device
+            if staged == len(tensors):         # one copy of the whole batch
+                engine_input[:count].copy_(self._staging(input_name)[:count], non_blocking=True)
+            else:                              # one DMA per request (inputs in CUDA memory: device to device)
                 start = 0
-                for tensor in tensors:
-                    if tensor.is_cuda:
-                        engine_input[start:start + tensor.shape[0]].copy_(tensor, non_blocking=True)
-                    start += tensor.shape[0]
+                for source in sources:
+                    engine_input[start:start + source.shape[0]].copy_(source, non_blocking=True)
+                    start += source.shape[0]
             before_engine.record()
             logits = self.engine.run_buffer(input_name, bucket, count)
             before_d2h.record()
-            logits = logits.to("cpu")          # waits for the stream
+            if self.gpu_wait == "block":       # into page-locked memory, then sleep until the GPU is done
+                host_logits = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True)
+                logits = host_logits.copy_(logits, non_blocking=True)
+            else:
+                logits = logits.to("cpu")      # the driver spins until the copy is done
             done.record()
         done.synchronize()
         for phase, (first, last) in (("h2d", (before_h2d, before_engine)), ("engine", (before_engine, before_d2h)),
                                      ("d2h", (before_d2h, done))):
             self.timer.add(phase, first.elapsed_time(last) / 1e3)
         return logits
+
+    def _warn_pinning_failure(self):
+        if self.pinned is not None and self.pinned.failure and not self.pinning_failure_logged:
+            self.pinning_failure_logged = True
+            pb_utils.Logger.log_warn(f"{self.model_name}: inputs staged through pinned memory: {self.pinned.failure}")
 
     def _engine_output(self, rows: int) -> torch.Tensor:
         output = self.engine_rows.get(rows)

@@ -8,7 +8,8 @@
 #                                                   # gRPC, and CUDA shared memory at 32 (about 5 min); the
 #                                                   # in-process one with the setting the levers chose, if run
 #   bash scripts/gpu_host_front_end.sh profile      # where each one's server CPU goes, by thread pool, at 1 and
-#                                                   # 32 images/request, with glibc's allocator and jemalloc
+#                                                   # 32 images/request, before and after the stub's levers,
+#                                                   # each lever alone, gRPC's polling (about 12 min)
 #   bash scripts/gpu_host_front_end.sh levers,throughput,check   # several, one after the other
 #   bash scripts/gpu_host_front_end.sh soak SECONDS [LAUNCHER ARGS]  # both at once, each beside abusive clients of
 #                                                   # every kind, each launcher as the README starts it (plus ARGS)
@@ -93,29 +94,30 @@ throughput)
     status=$((status | $?))
     ;;
 profile)
-    # front_door's steps keep the server's CPU by thread pool (server_cpu_percent_by_thread); jemalloc is the one
-    # that h2load's Debian packages carry (Triton's docs advise it for the Python backend)
-    jemalloc=$(find "$PWD/.h2load/root" -name libjemalloc.so.2 | head -n 1)
-    for front_end in binary inprocess; do
-        front_door "profile_$front_end" --processes 2 --mps on --models resnet18_custom,resnet18_cudnn,zero_answer \
-            --series h2load:1:none:512,h2load:32:none:64 --no-generator-check --no-recovery \
-            --launcher-args "--front-end $front_end"
+    # issue 46 (results/serving_cost.md): correctness of the stub's GPU path first, then where each front end's
+    # server CPU goes by thread pool (front_door's server_cpu_percent_by_thread) before and after the stub's
+    # levers, and each lever alone, in one run: before = FUSEDRESNET_HOST_INPUT=staging FUSEDRESNET_GPU_WAIT=spin
+    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_pinned_shm.py tests/test_serving.py 2>&1 \
+        | tee "$OUT/profile_pytest.log"
+    if (( PIPESTATUS[0] != 0 )); then echo "the stub's GPU path is wrong: nothing timed" | tee -a "$OUT/$task.log"
+        status=1; continue; fi
+    before=(--server-env FUSEDRESNET_HOST_INPUT=staging --server-env FUSEDRESNET_GPU_WAIT=spin)
+    profile_run() {   # name, front end, models, then front_door's arguments
+        local name=$1 front_end=$2 models=$3; shift 3
+        front_door "$name" --processes 2 --mps on --models "$models" --series h2load:1:none:512,h2load:32:none:64 \
+            --no-generator-check --no-recovery --launcher-args "--front-end $front_end" "$@"
         status=$((status | $?))
-        front_door "profile_${front_end}_jemalloc" --processes 2 --mps on --models resnet18_custom,resnet18_cudnn \
-            --series h2load:1:none:512,h2load:32:none:64 --no-generator-check --no-recovery \
-            --launcher-args "--front-end $front_end" --server-env "LD_PRELOAD=$jemalloc"
-        status=$((status | $?))
+    }
+    for front_end in inprocess binary; do
+        profile_run "profile_${front_end}_before" "$front_end" resnet18_custom,resnet18_cudnn,zero_answer "${before[@]}"
+        profile_run "profile_${front_end}" "$front_end" resnet18_custom,resnet18_cudnn,zero_answer
     done
-    front_door lever_threads8 --processes 2 --mps on --models resnet18_custom --series h2load:1:none:512,h2load:32:none:64 \
-        --no-generator-check --no-recovery \
-        --launcher-args "--front-end inprocess -- --grpc-infer-thread-count=8 --grpc-infer-allocation-pool-size=64"
-    status=$((status | $?))
+    profile_run lever_registered inprocess resnet18_custom,resnet18_cudnn --server-env FUSEDRESNET_GPU_WAIT=spin
+    profile_run lever_block inprocess resnet18_custom,resnet18_cudnn --server-env FUSEDRESNET_HOST_INPUT=staging
     # the in-process gRPC's EventEngine threads are its largest extra cost: gRPC's own switches back to the
     # completion-queue polling that the 2.51 binary's gRPC does (its experiments, read from GRPC_EXPERIMENTS)
-    front_door lever_grpc_polling --processes 2 --mps on --models resnet18_custom,zero_answer \
-        --series h2load:1:none:512,h2load:32:none:64 --no-generator-check --no-recovery --launcher-args "--front-end inprocess" \
+    profile_run lever_grpc_polling inprocess resnet18_custom,zero_answer \
         --server-env "GRPC_EXPERIMENTS=-event_engine_listener,-event_engine_for_all_other_endpoints,-event_engine_callback_cq"
-    status=$((status | $?))
     ;;
 soak)
     seconds="${2:-600}"
