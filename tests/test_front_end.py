@@ -211,3 +211,15 @@ def test_the_levers_choose_the_setting_fastest_at_every_request_size_together():
     assert best_setting([defaults, threads]) == (2, "--front-end inprocess", {1: 300, 32: 300})
     with pytest.raises(ValueError):
         best_setting([report("--front-end inprocess", [(1, MODEL_CUDNN, False, 1, 5)])])
+
+
+def test_the_inprocess_server_polls_grpc_unless_its_environment_says_otherwise():
+    """gRPC's completion-queue polling (measured faster than its EventEngine threads, results/front_end.md);
+    a GRPC_EXPERIMENTS of the environment is kept as given."""
+    environment: dict[str, str] = {}
+    assert inprocess_server.grpc_experiments(environment) == environment["GRPC_EXPERIMENTS"]
+    assert set(environment["GRPC_EXPERIMENTS"].split(",")) == {
+        "-event_engine_listener", "-event_engine_for_all_other_endpoints", "-event_engine_callback_cq"}
+    mine = {"GRPC_EXPERIMENTS": "event_engine_listener"}
+    assert inprocess_server.grpc_experiments(mine) == "event_engine_listener"
+    assert mine == {"GRPC_EXPERIMENTS": "event_engine_listener"}
