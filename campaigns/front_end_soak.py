@@ -34,6 +34,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -257,11 +258,23 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def infer_threads(soak: dict, throughput: list[dict], name: str) -> int:
+    """The in-process front end's gRPC infer threads in these reports: a --grpc-infer-thread-count of their
+    launcher arguments, else the default of the code that ran (each report's code: this one's, for these results)."""
+    from fusedresnet.backend.inprocess_server import GRPC_INFER_THREADS
+
+    given = [soak.get("command", "")] + [report.get("launcher_args", "") for report in throughput
+                                         if f"--front-end {name}" in report.get("launcher_args", "")]
+    counts = {int(found) for text in given for found in re.findall(r"--grpc-infer-thread-count[= ](\d+)", text)}
+    if len(counts) > 1:
+        raise ValueError(f"the reports ran {name} with different gRPC infer threads: {sorted(counts)}")
+    return counts.pop() if counts else GRPC_INFER_THREADS
+
+
 def front_end_results(soak: dict, throughput: list[dict], notes: list[str]) -> dict:
     """results/front_end.json from this campaign's soak report and campaigns/front_door.py's reports (each run with
     `--launcher-args "--front-end <name> ..."`): per front end its soak and its throughput rows."""
     from fusedresnet.backend.front_end import TRITONFRONTEND_VERSION
-    from fusedresnet.backend.inprocess_server import GRPC_INFER_THREADS
     from fusedresnet.backend.serve import DEFAULT_PROCESSES_PER_GPU
 
     front_ends = []
@@ -274,7 +287,7 @@ def front_end_results(soak: dict, throughput: list[dict], notes: list[str]) -> d
         front_ends.append({"name": "binary-2.51" if name == "binary" else name,
                            "triton_frontend_version": "2.51.0" if name == "binary" else TRITONFRONTEND_VERSION,
                            "processes_per_gpu": DEFAULT_PROCESSES_PER_GPU,
-                           "infer_threads": None if name == "binary" else GRPC_INFER_THREADS,
+                           "infer_threads": None if name == "binary" else infer_threads(soak, throughput, name),
                            "soak": entry["soak"], "soak_failure_examples": entry.get("valid_failure_examples", []),
                            "throughput": rows})
     return {"device": soak["device"], "date": soak["date"], "git_commit": soak["git_commit"],
@@ -355,6 +368,16 @@ def results_markdown(results: dict) -> str:
                        ([name, r["processes_per_gpu"], r["model"], r["images_per_request"],
                          "CUDA" if r["shared_memory"] else "-", f"{r['img_per_s']:,.0f}", r["p50_ms"], r["p99_ms"]]
                         for name, r in rows), "lrlrlrrr")
+        by_point = {(name, r["model"], r["images_per_request"], r["processes_per_gpu"]): r["img_per_s"]
+                    for name, r in rows if not r["shared_memory"]}
+        ratios = [(model, images, processes, figure / by_point[("binary-2.51", model, images, processes)])
+                  for (name, model, images, processes), figure in by_point.items()
+                  if name == "inprocess" and ("binary-2.51", model, images, processes) in by_point]
+        if ratios:
+            lines += ["", "In-process over binary, plain gRPC (target: at least 1.00 at every point):", "",
+                      *table(["model", "images/request", "processes/GPU", "in-process / binary"],
+                             ([model, images, processes, f"{ratio:.2f}"] for model, images, processes, ratio in ratios),
+                             "lrrr")]
     else:
         lines.append("Not measured in this run.")
     lines += ["", "## Notes", "", *(f"- {note}" for note in results["notes"]), ""]

@@ -67,19 +67,46 @@ def stage_rows(code: str, front_end: str, report: dict) -> tuple[list[dict], lis
     return stages, runs
 
 
+def lever_rows(name: str, report: dict) -> list[dict]:
+    """One lever's figures from its front_door report: per plain-gRPC step, img/s, the server's CPU per image and
+    the stubs' part of it."""
+    _, runs = stage_rows("lever", name, report)
+    stages, _ = stage_rows("lever", name, report)
+    stub_stage = STAGES[2][0]
+    stub = {(s["model"], images): s[f"cpu_us_per_image_{images}"] for s in stages if s["name"] == stub_stage
+            for images in (1, 32)}
+    return [{"lever": name, "model": r["model"], "images_per_request": r["images_per_request"],
+             "img_per_s": r["img_per_s"], "cpu_us_per_image": r["cpu_us_per_image"],
+             "stub_cpu_us_per_image": stub.get((r["model"], r["images_per_request"]))}
+            for r in runs if not r["shared_memory"]]
+
+
 def markdown(results: dict) -> str:
+    commits = ", ".join(f"{code} {commit}" for code, commit in results.get("commits", {}).items())
     lines = [f"# Serving cost per image, stage by stage ({results['date']})", "",
-             f"{results['device']}; code {results['git_commit']}; server on cores {results['server_cores']}, load "
-             f"generator on {results['generator_cores']}. From: " + ", ".join(f"`{c}`" for c in results["commands"]),
+             f"{results['device']}; code {commits or results['git_commit']}; server on cores "
+             f"{results['server_cores']}, load generator on {results['generator_cores']}. From: "
+             + ", ".join(f"`{c['command']}` ({c['code']})" for c in results["commands"]),
              "", "Server CPU per image (µs) by stage, plain gRPC, uint8 224x224x3, LOGITS only:", "",
              *table(["code", "front end", "model", "stage", "1 image/request", "32 images/request"],
                     ([s["code"], s["front_end"], s["model"], s["name"],
                       *("-" if s[key] is None else s[key] for key in ("cpu_us_per_image_1", "cpu_us_per_image_32"))]
                      for s in results["stages"]), "llllrr")]
-    lines += ["", *table(["code", "front end", "model", "images/request", "img/s", "server CPU (cores)",
-                          "CPU µs/image"],
-                         ([r["code"], r["front_end"], r["model"], r["images_per_request"], f"{r['img_per_s']:,.0f}",
-                           r["server_cpu_cores"], r["cpu_us_per_image"]] for r in results["runs"]), "lllrrrr")]
+    lines += ["", *table(["code", "front end", "model", "images/request", "shared memory", "img/s",
+                          "server CPU (cores)", "CPU µs/image"],
+                         ([r["code"], r["front_end"], r["model"], r["images_per_request"],
+                           "CUDA" if r["shared_memory"] else "-", f"{r['img_per_s']:,.0f}", r["server_cpu_cores"],
+                           r["cpu_us_per_image"]] for r in results["runs"]), "llllrrrr")]
+    if results.get("levers"):
+        lines += ["", "## Levers", "", "Each lever's prediction, then what it measured and whether it was kept:", ""]
+        lines += [f"- **{lever['name']}**: predicted: {lever['prediction']} Measured and decided: {lever['verdict']}"
+                  for lever in results["levers"]]
+        lines += ["", *table(["lever", "model", "images/request", "img/s", "server CPU µs/image",
+                              "stubs' CPU µs/image"],
+                             ([row["lever"], row["model"], row["images_per_request"], f"{row['img_per_s']:,.0f}",
+                               row["cpu_us_per_image"],
+                               "-" if row["stub_cpu_us_per_image"] is None else row["stub_cpu_us_per_image"]]
+                              for lever in results["levers"] for row in lever["figures"]), "llrrrr")]
     lines += ["", "## Notes", "", *(f"- {note}" for note in results["notes"]), ""]
     return "\n".join(lines)
 
@@ -89,6 +116,8 @@ def main(argv=None) -> int:
     parser.add_argument("--code", choices=("before", "after"), required=True)
     parser.add_argument("--report", action="append", required=True, metavar="FRONT_END=PATH",
                         help="a front_door.py report (.json) and the front end it measured")
+    parser.add_argument("--lever", action="append", default=[], metavar="NAME|PATH|PREDICTION|VERDICT",
+                        help="a lever's front_door.py report, what was predicted and what was decided")
     parser.add_argument("--note", action="append", default=[])
     parser.add_argument("--out", type=Path, default=Path("results/serving_cost.json"))
     args = parser.parse_args(argv)
@@ -96,16 +125,27 @@ def main(argv=None) -> int:
                for name, path in (item.split("=", 1) for item in args.report)]
     old = json.loads(args.out.read_text()) if args.out.is_file() else {}
     first = reports[0][1]
+    old_commands = [c for c in old.get("commands", []) if isinstance(c, dict) and c["code"] != args.code]
     results = {"device": first["device"], "date": first["date"], "git_commit": first["git_commit"],
+               "commits": {**old.get("commits", {}), args.code: first["git_commit"]},
                "server_cores": first["server_cores"], "generator_cores": first["generator_cores"],
-               "commands": [report["command"] for _, report in reports],
+               "commands": old_commands + [{"code": args.code, "command": report["command"]} for _, report in reports],
                "stages": [s for s in old.get("stages", []) if s["code"] != args.code],
                "runs": [r for r in old.get("runs", []) if r["code"] != args.code],
-               "notes": args.note or old.get("notes", [])}
+               "levers": old.get("levers", []), "notes": args.note or old.get("notes", [])}
+    if args.lever:
+        results["levers"] = []
+        for item in args.lever:
+            name, path, prediction, verdict = item.split("|", 3)
+            results["levers"].append({"name": name, "report": path, "prediction": prediction, "verdict": verdict,
+                                      "figures": lever_rows(name, json.loads(Path(path).read_text()))})
     for front_end, report in reports:
         stages, runs = stage_rows(args.code, front_end, report)
         results["stages"] += stages
         results["runs"] += runs
+    results["stages"].sort(key=lambda s: s["code"] != "before")
+    results["runs"].sort(key=lambda r: r["code"] != "before")
+    results["commits"] = dict(sorted(results["commits"].items(), key=lambda item: item[0] != "before"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json_and_markdown(args.out, results, markdown(results))
     return 0

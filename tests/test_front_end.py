@@ -213,6 +213,35 @@ def test_the_levers_choose_the_setting_fastest_at_every_request_size_together():
         best_setting([report("--front-end inprocess", [(1, MODEL_CUDNN, False, 1, 5)])])
 
 
+def test_the_results_name_the_infer_threads_that_ran_and_the_ratio_at_every_point():
+    """front_end_soak results: the in-process front end's gRPC infer threads from the launcher arguments the reports
+    ran with (the code's default where none was given), and in-process over binary at each plain-gRPC point."""
+    from fusedresnet.backend.inprocess_server import GRPC_INFER_THREADS
+    from fusedresnet.campaigns.front_end_soak import front_end_results, results_markdown
+
+    soak_entry = {"soak": {key: 0 for key in ("duration_s", "valid_sent", "valid_failed_with_retries",
+                                              "valid_failed_without_retries", "capacity_zero_s", "crashes",
+                                              "restarts", "abuse_cycles")}}
+    soak = {"device": "d", "date": "t", "git_commit": "c", "server_cores": "0-11", "generator_cores": "12-15",
+            "command": "front_end_soak --seconds 600", "pattern": "p",
+            "front_ends": [{"name": "binary", **soak_entry}, {"name": "inprocess", **soak_entry}]}
+
+    def report(launcher_args, rows):
+        return {"command": "front_door", "launcher_args": launcher_args, "layouts": [
+            {"processes_per_gpu": 2, "model": MODEL_CUSTOM, "images_per_request": images, "shared_memory": shm,
+             "img_per_s": value, "p50_ms": 1.0, "p99_ms": 2.0} for images, shm, value in rows]}
+    binary = report("--front-end binary", [(1, False, 200.0), (32, False, 400.0), (32, True, 900.0)])
+    inprocess = report("--front-end inprocess", [(1, False, 210.0), (32, False, 380.0)])
+    results = front_end_results(soak, [binary, inprocess], [])
+    threads = {f["name"]: f["infer_threads"] for f in results["front_ends"]}
+    assert threads == {"binary-2.51": None, "inprocess": GRPC_INFER_THREADS}
+    assert "| resnet18_custom | 1 | 2 | 1.05 |" in results_markdown(results)
+    assert "| resnet18_custom | 32 | 2 | 0.95 |" in results_markdown(results)
+    eight = report("--front-end inprocess -- --grpc-infer-thread-count=8", [(1, False, 210.0)])
+    assert front_end_results(soak, [binary, eight], [])["front_ends"][1]["infer_threads"] == 8
+    with pytest.raises(ValueError, match="different gRPC infer threads"):
+        front_end_results(soak, [eight, report("--front-end inprocess -- --grpc-infer-thread-count=2", [])], [])
+
 def test_the_inprocess_server_polls_grpc_unless_its_environment_says_otherwise():
     """gRPC's completion-queue polling (measured faster than its EventEngine threads, results/front_end.md);
     a GRPC_EXPERIMENTS of the environment is kept as given."""

@@ -321,6 +321,23 @@ def test_serving_cost_divides_each_stage_by_the_images_served():
                      "cpu_us_per_image": 3500.0, "gpu_util": None}]
 
 
+def test_a_levers_figures_are_its_plain_grpc_steps_with_the_stubs_share():
+    """campaigns/serving_cost.lever_rows: per plain-gRPC step of a lever's report, img/s, the server's CPU per image
+    and the stubs' part of it; shared-memory steps left out."""
+    from fusedresnet.campaigns import serving_cost
+
+    def step(images, shm, img_per_s, stub_percent):
+        return {"processes_per_gpu": 2, "model": MODEL_CUSTOM, "images_per_request": images, "shared_memory": shm,
+                "img_per_s": img_per_s, "server_cpu_percent": 400.0,
+                "server_cpu_percent_by_thread": {"tritonserver/tritonserver": 400.0 - stub_percent,
+                                                 "triton_python_backend_stub/triton_python_b": stub_percent}}
+    rows = serving_cost.lever_rows("registered", {"layouts": [step(1, False, 2000.0, 100.0),
+                                                              step(32, False, 4000.0, 40.0),
+                                                              step(32, True, 8000.0, 10.0)]})
+    assert [(r["images_per_request"], r["img_per_s"], r["cpu_us_per_image"], r["stub_cpu_us_per_image"])
+            for r in rows] == [(1, 2000.0, 2000.0, 500.0), (32, 4000.0, 1000.0, 100.0)]
+    assert {r["lever"] for r in rows} == {"registered"}
+
 def test_retries_wait_the_first_backoff_then_double_up_to_the_longest():
     """client/resnet_client.backoff_waits, the one retry schedule of the project's HTTP client and of the soaks'
     valid clients: 0.1 s, doubling, capped at 1 s (RETRY_BACKOFF_S)."""
