@@ -280,10 +280,13 @@ def third_party_at_import(module: str) -> set[str]:
     return found
 
 
+# The launcher's modules (backend/launcher/), lowest first: each imports only modules before it in this order.
+LAUNCHER_ROOMS = ("settings", "health", "repository", "supervisor", "process", "group", "cli")
 # What only the server extra installs (pyproject.toml), and the project's modules that start or build the server.
 SERVER_SIDE_PACKAGES = {"psutil", "torch", "pytriton", "triton_python_backend_utils", "cupy"}
 SERVER_SIDE_MODULES = {f"fusedresnet.backend.{name}" for name in (
-    "serve", "triton_install", "stub_processes", "ab_router_build", "frontend_shim_build", "native_build",
+    "serve", "launcher", *(f"launcher.{module}" for module in LAUNCHER_ROOMS),
+    "triton_install", "stub_processes", "ab_router_build", "frontend_shim_build", "native_build",
     "front_end", "inprocess_server", "cuda_mps")}
 
 
@@ -316,11 +319,23 @@ def test_only_what_runs_at_import_counts_without_lazy():
 
 def test_the_triton_installation_does_not_build_the_router():
     """Finding and preparing Triton (every server start) neither imports nor builds the A/B router's backend: the
-    launcher builds it, lazily, where its repository serves the router (serve.repository_backends)."""
+    launcher builds it, lazily, where its repository serves the router (launcher.repository_backends)."""
     graph = module_imports()
     assert "fusedresnet.backend.ab_router_build" not in loaded(graph, "fusedresnet.backend.triton_install")
-    assert "fusedresnet.backend.ab_router_build" in graph["fusedresnet.backend.serve"]          # lazily
+    assert "fusedresnet.backend.ab_router_build" in graph["fusedresnet.backend.launcher.repository"]   # lazily
     assert "fusedresnet.backend.ab_router_build" not in loaded(import_time_graph(), "fusedresnet.backend.serve")
+
+
+def test_the_launchers_rooms_import_only_downward():
+    """backend/launcher/: settings, health and repository know no process; the supervision of a process knows
+    neither the process class nor the group; the command line sits on top; backend/serve.py only re-exports."""
+    graph = module_imports()
+    rooms = [f"fusedresnet.backend.launcher.{room}" for room in LAUNCHER_ROOMS]
+    assert set(rooms) <= set(graph), sorted(set(rooms) - set(graph))
+    for index, room in enumerate(rooms):
+        upward = graph[room] & set(rooms[index:])
+        assert upward == set(), f"{room} imports {sorted(upward)}"
+    assert graph["fusedresnet.backend.serve"] <= {"fusedresnet.backend.launcher", "fusedresnet.backend.launcher.cli"}
 
 
 def test_the_admin_token_needs_neither_the_triton_installation_nor_the_launcher():
