@@ -112,6 +112,7 @@ def step_row(layout: Layout, model: str, images: int, shared_memory: str, record
             "avg_batch": record.get("avg_batch"), "cancelled_at_end": record.get("triton_cancelled"),
             "queue_us": record.get("queue_us"),
             "compute_infer_us": record.get("compute_infer_us"),
+            "gpu_util": rounded(record.get("gpu_utilization"), 3),
             "server_cpu_percent_by_thread": record.get("server_cpu_percent_by_thread", {}),
             "problems": record.get("problems", [])}
 

@@ -95,7 +95,8 @@ def run_h2load_step(model: str, url: str, metrics_url: str, images_per_request: 
                    "-d", str(body), "-H", "content-type: application/grpc", "-H", "te: trailers",
                    f"--log-file={log_file}"]
         cpu_before, started = children_cpu_s(), time.time()
-        finished = subprocess.run(command, capture_output=True, text=True, timeout=seconds + warmup_s + 120)
+        with triton_metrics.Sampler(metrics_url, start_after_s=warmup_s) as sampler:   # the GPU's busy share
+            finished = subprocess.run(command, capture_output=True, text=True, timeout=seconds + warmup_s + 120)
         wall_s, cpu_s = time.time() - started, children_cpu_s() - cpu_before
         if not log_file.is_file():
             raise RuntimeError(f"h2load ran no step (exit {finished.returncode}): {finished.stdout[-500:]} "
@@ -128,6 +129,7 @@ def run_h2load_step(model: str, url: str, metrics_url: str, images_per_request: 
             "failures": counts.get("requests_failed", 0) + counts.get("requests_errored", 0) + errors,
             "p50_ms": float(np.percentile(latencies, 50)) if len(latencies) else None,
             "p99_ms": float(np.percentile(latencies, 99)) if len(latencies) else None,
+            "gpu_utilization": triton_metrics.mean_gauge(sampler.snapshots, triton_metrics.GPU_UTILIZATION),
             "client_cpu_percent": round(100 * cpu_s / wall_s, 1), "client_cpu_saturated":
             bool(cpu_s / wall_s > 0.9 * min(threads, connections)), "h2load": counts, **triton,
             "problems": problems, "command": " ".join(["h2load", *command[1:2], *command[2:12]])}

@@ -30,6 +30,7 @@ instances on several GPUs `per_gpu` tells how the work was shared.
 from __future__ import annotations
 
 import math
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -149,6 +150,35 @@ def model_delta(before: MetricsSnapshot, after: MetricsSnapshot, model: str) -> 
                  - before.total(EXECUTE_PHASE_METRIC, model, phase=phase))
         summary[f"execute_{phase}_us"] = spent / executions if executions else None
     return summary
+
+
+class Sampler:
+    """Snapshots of Triton's metrics every `interval_s` in a thread of its own, from `start_after_s` after entering
+    until the block ends (gauges such as nv_gpu_utilization over a step; a failed scrape is skipped)."""
+
+    def __init__(self, metrics_url: str, interval_s: float = 0.5, start_after_s: float = 0.0):
+        self.metrics_url, self.interval_s, self.start_after_s = metrics_url, interval_s, start_after_s
+        self.snapshots: list[MetricsSnapshot] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="metrics-sampler")
+
+    def _run(self):
+        if self._stop.wait(self.start_after_s):
+            return
+        while not self._stop.is_set():
+            try:
+                self.snapshots.append(scrape(self.metrics_url, timeout_s=max(self.interval_s, 1.0)))
+            except (OSError, ValueError):
+                pass
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
 
 
 def mean_gauge(snapshots: list[MetricsSnapshot], name: str) -> float | None:

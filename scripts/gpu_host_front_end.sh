@@ -10,6 +10,8 @@
 #   bash scripts/gpu_host_front_end.sh profile      # where each one's server CPU goes, by thread pool, at 1 and
 #                                                   # 32 images/request, before and after the stub's levers,
 #                                                   # each lever alone, gRPC's polling (about 12 min)
+#   bash scripts/gpu_host_front_end.sh flame        # py-spy --native flame graphs of the in-process server and a
+#                                                   # custom stub under h2load, 32 then 1 image/request (2 min)
 #   bash scripts/gpu_host_front_end.sh levers,throughput,check   # several, one after the other
 #   bash scripts/gpu_host_front_end.sh soak SECONDS [LAUNCHER ARGS]  # both at once, each beside abusive clients of
 #                                                   # every kind, each launcher as the README starts it (plus ARGS)
@@ -118,6 +120,40 @@ profile)
     # completion-queue polling that the 2.51 binary's gRPC does (its experiments, read from GRPC_EXPERIMENTS)
     profile_run lever_grpc_polling inprocess resnet18_custom,zero_answer \
         --server-env "GRPC_EXPERIMENTS=-event_engine_listener,-event_engine_for_all_other_endpoints,-event_engine_callback_cq"
+    ;;
+flame)
+    # issue 46: native frames beside Python ones. py-spy (--native; the bundle's wheel: EXTRA_WHEELS=py-spy==0.4.1)
+    # samples the in-process server (a Python process: gRPC, Triton's core, the Python backend's threads) and one
+    # custom stub while h2load sends custom at 32 images/request, then at 1; flame graphs as SVG, py-spy itself on
+    # the generator's cores
+    pyspy=$(command -v py-spy || ls "${GPU_SITE:-/tmp/gpu-site}/bin/py-spy" 2>/dev/null)
+    if [[ -z $pyspy ]]; then echo "no py-spy: bundle it (EXTRA_WHEELS=py-spy==0.4.1)" | tee -a "$OUT/$task.log"
+        status=1; continue; fi
+    export FUSEDRESNET_ADMIN_TOKEN="${FUSEDRESNET_ADMIN_TOKEN:-$(python3 -c 'import secrets; print(secrets.token_hex(24))')}"
+    taskset -c "$SERVER_CORES" python3 -m fusedresnet.backend.serve --front-end inprocess \
+        --log-file "$OUT/flame_server.log" > "$OUT/flame_launcher.log" 2>&1 &
+    launcher=$!
+    for _ in $(seq 240); do grep -q "Triton ready on" "$OUT/flame_launcher.log" && break; sleep 0.5; done
+    server_pid=$(pgrep -f "fusedresnet.backend.inprocess_server" | head -n 1)
+    stub_pid=$(python3 -c "from fusedresnet.backend.stub_processes import python_stubs
+stubs = python_stubs($server_pid); print(next(s.pid for name, s in sorted(stubs.items()) if name.startswith('resnet18_custom_')))")
+    echo "in-process server pid $server_pid, custom stub pid $stub_pid" | tee -a "$OUT/$task.log"
+    for images in 32 1; do
+        taskset -c "$GENERATOR_CORES" python3 -m fusedresnet.loadtest.h2load_step --model resnet18_custom \
+            --images-per-request "$images" --connections 64 --streams $((images == 1 ? 8 : 1)) --seconds 20 \
+            > "$OUT/flame_h2load_$images.json" 2>> "$OUT/$task.log" &
+        generator=$!
+        sleep 6
+        samplers=()
+        for target in "server:$server_pid" "stub:$stub_pid"; do
+            taskset -c "$GENERATOR_CORES" "$pyspy" record --native --rate 97 --duration 8 --pid "${target#*:}" \
+                --output "$OUT/flame_${target%%:*}_$images.svg" >> "$OUT/$task.log" 2>&1 &
+            samplers+=($!)
+        done
+        wait "$generator" "${samplers[@]}"
+        tail -c 400 "$OUT/flame_h2load_$images.json" | tee -a "$OUT/$task.log"
+    done
+    kill -INT "$launcher"; wait "$launcher"
     ;;
 soak)
     seconds="${2:-600}"

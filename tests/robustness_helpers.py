@@ -9,6 +9,7 @@ host leaves a record next to the one from CI.
 
 from __future__ import annotations
 
+import http.server
 import ipaddress
 import json
 import os
@@ -421,3 +422,21 @@ def fire_burst(triton: list, model: str, tensors: list, first_index: int, count:
     with lock:
         return {index: list(outcomes) for index, outcomes in answers.items()} | \
             {first_index + i: [] for i in range(sent) if first_index + i not in answers}
+
+
+def text_handler(text_of) -> type[http.server.BaseHTTPRequestHandler]:
+    """An HTTP handler that answers every GET with `text_of(its server's port)` (a stand-in metrics endpoint for
+    http.server.ThreadingHTTPServer), logging nothing."""
+
+    class TextHandler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = text_of(self.server.server_address[1]).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    return TextHandler

@@ -581,24 +581,16 @@ def test_ready_probe_asks_every_process_through_its_own_metrics_port(tmp_path):
 
     from fusedresnet.backend.serve import repository_models
 
+    from robustness_helpers import text_handler
+
     models = repository_models(spec.MODEL_REPOSITORY)
     assert set(spec.MODELS) <= set(models)
     listing = "".join(f'nv_inference_count{{model="{m}",version="1"}} 0\n' for m in models)
     answers: dict[int, str] = {}
 
-    class Metrics(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = answers[self.server.server_address[1]].encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
     port = free_port_run(2)
-    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", port + k), Metrics) for k in range(2)]
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", port + k), text_handler(answers.__getitem__))
+               for k in range(2)]
     running = list(servers)
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()

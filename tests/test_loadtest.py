@@ -348,3 +348,35 @@ def test_retries_wait_the_first_backoff_then_double_up_to_the_longest():
     assert RETRY_BACKOFF_S == (0.1, 1.0)
     assert list(islice(backoff_waits(), 6)) == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0, 1.0])
     assert list(islice(backoff_waits(0.25, 0.5), 3)) == [0.25, 0.5, 0.5]
+
+
+def test_the_metrics_sampler_averages_a_gauge_over_the_block_only():
+    """loadtest/triton_metrics.Sampler (the GPU's busy share of an h2load step): snapshots from start_after_s
+    until the block ends, read from a real HTTP endpoint whose gauge changes while it runs."""
+    import http.server
+    import time
+
+    from robustness_helpers import text_handler
+
+    served = []
+
+    def gauge(port: int) -> str:
+        served.append(0.25 if len(served) < 2 else 0.75)
+        return f'nv_gpu_utilization{{gpu_uuid="GPU-1"}} {served[-1]}\n'
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), text_handler(gauge))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        with triton_metrics.Sampler(url, interval_s=0.05, start_after_s=0.2) as sampler:
+            time.sleep(0.1)
+            assert sampler.snapshots == []          # not before start_after_s
+            time.sleep(0.5)
+        count = len(sampler.snapshots)
+        time.sleep(0.2)
+        assert len(sampler.snapshots) == count >= 4  # none after the block
+        mean = triton_metrics.mean_gauge(sampler.snapshots, triton_metrics.GPU_UTILIZATION)
+        assert mean == pytest.approx(sum(served[:count]) / count)
+        assert 0.25 < mean < 0.75
+    finally:
+        server.shutdown()
