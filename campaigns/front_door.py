@@ -103,6 +103,7 @@ def step_row(layout: Layout, model: str, images: int, shared_memory: str, record
     """One step's figures as the report keeps them."""
     return {"processes_per_gpu": layout.processes, "mps": layout.mps, "model": model,
             "images_per_request": images, "shared_memory": shared_memory != "none",
+            "protocol": record.get("protocol", "grpc"),
             "img_per_s": round(record["img_per_s"], 1), "p50_ms": rounded(record["p50_ms"]),
             "p99_ms": rounded(record["p99_ms"]),
             "concurrency": record["concurrency"], "failures": record["failures"], "sent": record["sent"],
@@ -129,6 +130,9 @@ def run_series_step(layout: Layout, model: str, generator: str, images: int, sha
         record = run_h2load_step(model, url, layout.metrics_url, images, connections,
                                  max(1, in_flight // min(H2LOAD_CONNECTIONS, in_flight)), H2LOAD_THREADS * scale,
                                  args.seconds, args.warmup_s)
+    elif generator == "h2load_http":     # HTTP/1.1: a connection per call in flight
+        record = run_h2load_step(model, layout.http_url, layout.metrics_url, images, in_flight * scale, 1,
+                                 H2LOAD_THREADS * scale, args.seconds, args.warmup_s, protocol="http")
     else:
         record = run_step(model, url, layout.metrics_url, in_flight * scale, images, args.generator_processes * scale,
                           args.warmup_s, args.seconds, shared_memory=shared_memory, admin_token=layout.admin_token,
@@ -300,7 +304,8 @@ def main(argv=None) -> int:
                         help="skip the step that drives custom's first series from twice the generator")
     parser.add_argument("--no-recovery", action="store_true", help="skip killing each layout's last process")
     parser.add_argument("--series", default=",".join(":".join(map(str, item)) for item in SERIES),
-                        help="generator:images:shared-memory:in-flight of each step, comma-separated")
+                        help="generator:images:shared-memory:in-flight of each step, comma-separated (generators: "
+                             "h2load, gRPC; h2load_http, HTTP/1.1, a connection per call in flight; grpc_flood)")
     args = parser.parse_args(argv)
     if not args.processes:       # no layouts: add the soak's summary to the report already in --out
         results = json.loads(args.out.read_text())

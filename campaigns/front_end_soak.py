@@ -280,8 +280,8 @@ def front_end_results(soak: dict, throughput: list[dict], notes: list[str]) -> d
     front_ends = []
     for entry in soak["front_ends"]:
         name = entry["name"]
-        rows = [{key: row[key] for key in ("model", "images_per_request", "shared_memory", "img_per_s", "p50_ms",
-                                           "p99_ms", "processes_per_gpu")}
+        rows = [{**{key: row[key] for key in ("model", "images_per_request", "shared_memory", "img_per_s", "p50_ms",
+                                              "p99_ms", "processes_per_gpu")}, "protocol": row.get("protocol", "grpc")}
                 for report in throughput if f"--front-end {name}" in report.get("launcher_args", "")
                 for row in report["layouts"]]
         front_ends.append({"name": "binary-2.51" if name == "binary" else name,
@@ -363,21 +363,19 @@ def results_markdown(results: dict) -> str:
     rows = [(f["name"], row) for f in results["front_ends"] for row in f["throughput"]]
     lines += ["", "## Throughput", ""]
     if rows:
-        lines += table(["front end", "processes/GPU", "model", "images/request", "shared memory", "img/s", "p50 ms",
-                        "p99 ms"],
-                       ([name, r["processes_per_gpu"], r["model"], r["images_per_request"],
+        lines += table(["front end", "processes/GPU", "protocol", "model", "images/request", "shared memory",
+                        "img/s", "p50 ms", "p99 ms"],
+                       ([name, r["processes_per_gpu"], r["protocol"], r["model"], r["images_per_request"],
                          "CUDA" if r["shared_memory"] else "-", f"{r['img_per_s']:,.0f}", r["p50_ms"], r["p99_ms"]]
-                        for name, r in rows), "lrlrlrrr")
-        by_point = {(name, r["model"], r["images_per_request"], r["processes_per_gpu"]): r["img_per_s"]
+                        for name, r in rows), "lrllrlrrr")
+        by_point = {(name, r["protocol"], r["model"], r["images_per_request"], r["processes_per_gpu"]): r["img_per_s"]
                     for name, r in rows if not r["shared_memory"]}
-        ratios = [(model, images, processes, figure / by_point[("binary-2.51", model, images, processes)])
-                  for (name, model, images, processes), figure in by_point.items()
-                  if name == "inprocess" and ("binary-2.51", model, images, processes) in by_point]
+        ratios = [(point, figure / by_point[("binary-2.51", *point)]) for (name, *point), figure in by_point.items()
+                  if name == "inprocess" and ("binary-2.51", *point) in by_point]
         if ratios:
-            lines += ["", "In-process over binary, plain gRPC (target: at least 1.00 at every point):", "",
-                      *table(["model", "images/request", "processes/GPU", "in-process / binary"],
-                             ([model, images, processes, f"{ratio:.2f}"] for model, images, processes, ratio in ratios),
-                             "lrrr")]
+            lines += ["", "In-process over binary, without shared memory (target: at least 1.00 at every point):", "",
+                      *table(["protocol", "model", "images/request", "processes/GPU", "in-process / binary"],
+                             ([*point, f"{ratio:.2f}"] for point, ratio in ratios), "llrrr")]
     else:
         lines.append("Not measured in this run.")
     lines += ["", "## Notes", "", *(f"- {note}" for note in results["notes"]), ""]

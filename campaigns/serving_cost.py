@@ -41,10 +41,11 @@ def stage_rows(code: str, front_end: str, report: dict) -> tuple[list[dict], lis
     """(stages, runs) of one front_door report: per model, each stage's CPU µs per image at 1 and at 32
     images/request over plain gRPC; per step, its run row."""
     stages, runs = [], []
-    steps = [row for row in report["layouts"] if not row["shared_memory"]]
+    steps = [row for row in report["layouts"] if not row["shared_memory"] and row.get("protocol", "grpc") == "grpc"]
     for row in report["layouts"]:
         runs.append({"code": code, "front_end": front_end, "model": row["model"],
                      "images_per_request": row["images_per_request"], "shared_memory": row["shared_memory"],
+                     "protocol": row.get("protocol", "grpc"),
                      "processes_per_gpu": row["processes_per_gpu"], "img_per_s": row["img_per_s"],
                      "server_cpu_cores": round(row["server_cpu_percent"] / 100, 2),
                      "cpu_us_per_image": round(1e4 * row["server_cpu_percent"] / row["img_per_s"], 1),
@@ -78,7 +79,7 @@ def lever_rows(name: str, report: dict) -> list[dict]:
     return [{"lever": name, "model": r["model"], "images_per_request": r["images_per_request"],
              "img_per_s": r["img_per_s"], "cpu_us_per_image": r["cpu_us_per_image"],
              "stub_cpu_us_per_image": stub.get((r["model"], r["images_per_request"]))}
-            for r in runs if not r["shared_memory"]]
+            for r in runs if not r["shared_memory"] and r["protocol"] == "grpc"]
 
 
 def markdown(results: dict) -> str:

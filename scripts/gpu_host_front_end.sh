@@ -5,7 +5,7 @@
 #   bash scripts/gpu_host_front_end.sh levers       # its settings: processes per GPU x gRPC infer threads and
 #                                                   # allocation pool, custom at 1 and 32 images/request (4 min)
 #   bash scripts/gpu_host_front_end.sh throughput   # both: custom, cuDNN, zero at 1 and 32 images/request over
-#                                                   # gRPC, and CUDA shared memory at 32 (about 5 min); the
+#                                                   # gRPC and HTTP, and CUDA shared memory at 32 (7 min); the
 #                                                   # in-process one with the setting the levers chose, if run
 #   bash scripts/gpu_host_front_end.sh profile      # where each one's server CPU goes, by thread pool, at 1 and
 #                                                   # 32 images/request, before and after the stub's levers,
@@ -80,7 +80,9 @@ levers)
     ;;
 throughput)
     # as each front end is shipped, then client shared memory chosen (--client-shared-memory: one process, the binary)
-    front_door binary --processes 2 --mps on --launcher-args "--front-end binary"
+    http=h2load_http:1:none:512,h2load_http:32:none:64     # KServe HTTP/1.1, a connection per call in flight
+    front_door binary --processes 2 --mps on --launcher-args "--front-end binary" \
+        --series "h2load:1:none:512,h2load:32:none:64,grpc_flood:32:cuda:64,$http"
     status=$((status | $?))
     inprocess_processes=2 inprocess_args="--front-end inprocess"
     if compgen -G "$OUT/front_end_lever_*.json" > /dev/null; then   # the fastest setting of the levers' run
@@ -89,7 +91,7 @@ throughput)
         inprocess_processes=${chosen[0]:-2} inprocess_args=${chosen[1]:-$inprocess_args}
     fi
     front_door inprocess --processes "$inprocess_processes" --mps on --launcher-args "$inprocess_args" \
-        --series h2load:1:none:512,h2load:32:none:64
+        --series "h2load:1:none:512,h2load:32:none:64,$http"
     status=$((status | $?))
     front_door client_shm --processes 1 --mps on --series grpc_flood:32:cuda:64 --no-recovery \
         --launcher-args "--front-end binary --client-shared-memory"

@@ -235,8 +235,8 @@ def test_the_results_name_the_infer_threads_that_ran_and_the_ratio_at_every_poin
     results = front_end_results(soak, [binary, inprocess], [])
     threads = {f["name"]: f["infer_threads"] for f in results["front_ends"]}
     assert threads == {"binary-2.51": None, "inprocess": GRPC_INFER_THREADS}
-    assert "| resnet18_custom | 1 | 2 | 1.05 |" in results_markdown(results)
-    assert "| resnet18_custom | 32 | 2 | 0.95 |" in results_markdown(results)
+    assert "| grpc | resnet18_custom | 1 | 2 | 1.05 |" in results_markdown(results)
+    assert "| grpc | resnet18_custom | 32 | 2 | 0.95 |" in results_markdown(results)
     eight = report("--front-end inprocess -- --grpc-infer-thread-count=8", [(1, False, 210.0)])
     assert front_end_results(soak, [binary, eight], [])["front_ends"][1]["infer_threads"] == 8
     with pytest.raises(ValueError, match="different gRPC infer threads"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import threading
 
 import numpy as np
@@ -19,6 +20,7 @@ from fusedresnet.backend.spec import INPUT_FP32, MODEL_CUDNN, MODEL_CUSTOM, MODE
 from fusedresnet.client.preprocess import model_input
 from fusedresnet.client.resnet_client import ResNetClient, build_request, response_bytes
 from fusedresnet.loadtest import report, sweep, triton_metrics
+from fusedresnet.loadtest.h2load_step import h2load_path
 from fusedresnet.loadtest.image_pool import RequestWindows, build_image_pool
 from fusedresnet.loadtest.step import Series, sanity_problems
 
@@ -317,7 +319,8 @@ def test_serving_cost_divides_each_stage_by_the_images_served():
     assert per_stage == {names[0]: 2000.0, names[1]: 1000.0, names[2]: 500.0}
     assert all(row["cpu_us_per_image_1"] is None for row in stages)
     assert runs == [{"code": "before", "front_end": "inprocess", "model": MODEL_CUSTOM, "images_per_request": 32,
-                     "shared_memory": False, "processes_per_gpu": 2, "img_per_s": 1000.0, "server_cpu_cores": 3.5,
+                     "shared_memory": False, "protocol": "grpc", "processes_per_gpu": 2, "img_per_s": 1000.0,
+                     "server_cpu_cores": 3.5,
                      "cpu_us_per_image": 3500.0, "gpu_util": None}]
 
 
@@ -380,3 +383,21 @@ def test_the_metrics_sampler_averages_a_gauge_over_the_block_only():
         assert 0.25 < mean < 0.75
     finally:
         server.shutdown()
+
+
+@pytest.mark.skipif(h2load_path() is None and os.environ.get("CI") != "true",
+                    reason="h2load not installed (Debian nghttp2-client; .ci/apt-packages/robustness)")
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_an_h2load_step_over_either_protocol_is_counted_by_triton_as_successes(triton_server, protocol):
+    """loadtest/h2load_step over gRPC (HTTP/2) and over KServe HTTP/1.1 with binary tensors, against the real
+    server: every call h2load finished is a success in Triton's own counters, and the bodies are right (a
+    malformed one would be a failure there, an HTTP 400 or a grpc-status)."""
+    from fusedresnet.loadtest.h2load_step import run_h2load_step
+
+    url = triton_server.grpc_url if protocol == "grpc" else triton_server.http_url
+    record = run_h2load_step(MODEL_CUSTOM, url, triton_server.metrics_url, images_per_request=2, connections=2,
+                             streams=2, threads=2, seconds=1.5, warmup_s=0.5, protocol=protocol)
+    assert record["problems"] == [], record["problems"]
+    assert record["protocol"] == protocol and record["failures"] == 0
+    assert record["triton_success"] >= record["h2load"]["requests_succeeded"] > 0
+    assert record["img_per_s"] > 0 and record["p50_ms"] is not None
