@@ -56,6 +56,7 @@ import argparse
 import datetime
 import itertools
 import json
+import math
 import os
 import re
 import secrets
@@ -278,14 +279,22 @@ def shm_region_bytes(server: psutil.Process) -> int:
 
 def abort_server(server: LaunchedServer, started: float, aborted: dict, answered: list[Path], done: threading.Event):
     """SIGABRT to the launcher's tritonserver once it serves and every valid process has been answered (each wrote
-    its file in `answered`): the crash it must recover from, with valid answers of the old server before it. Then
-    waits for the launcher's next "ready again" line. `aborted` says when (s of the soak, `t`, and the epoch, `at`)
-    and which pid, when that line was seen (`ready_again_t`, `ready_again_at`) and the recovery it gives; nothing
-    happens once `done` is set."""
+    the time of its first answer in its file in `answered`) in a tenth of a second that is over: the crash it must
+    recover from, with valid answers of the old server before it. Then waits for the launcher's next "ready again"
+    line. `aborted` says when (s of the soak, `t`, and the epoch, `at`) and which pid, when that line was seen
+    (`ready_again_t`, `ready_again_at`) and the recovery it gives; nothing happens once `done` is set."""
+    def answered_in_a_past_tenth() -> bool:
+        """Every valid process has its first answer (the epoch time in its file) in a tenth of a second that is
+        over: answered_around, which judges the soak, counts whole tenths only."""
+        try:
+            firsts = [float(path.read_text().split()[0]) for path in answered]
+        except (OSError, ValueError, IndexError):      # not written yet, or being written
+            return False
+        return all(time.time() >= (math.floor(first * 10) + 1) / 10 + 0.05 for first in firsts)
+
     def serving() -> psutil.Process | None:
         triton = tritonserver_of(server.process.pid)
-        return triton if triton is not None and all(path.exists() for path in answered) \
-            and grpc_ready(server.grpc_url) else None
+        return triton if triton is not None and answered_in_a_past_tenth() and grpc_ready(server.grpc_url) else None
 
     triton = serving()
     while triton is None:
