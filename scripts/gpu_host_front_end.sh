@@ -9,9 +9,12 @@
 #                                                   # in-process one with the setting the levers chose, if run
 #   bash scripts/gpu_host_front_end.sh profile      # where each one's server CPU goes, by thread pool, at 1 and
 #                                                   # 32 images/request, before and after the stub's levers,
-#                                                   # each lever alone, gRPC's polling (about 12 min)
-#   bash scripts/gpu_host_front_end.sh flame        # py-spy --native flame graphs of the in-process server and a
-#                                                   # custom stub under h2load, 32 then 1 image/request (2 min)
+#                                                   # each lever alone, gRPC's polling (about 12 min; before and
+#                                                   # after in-process only: PROFILE_FRONT_ENDS=inprocess
+#                                                   # PROFILE_LEVERS=none, about 5 min)
+#   bash scripts/gpu_host_front_end.sh flame        # py-spy --native stacks and flame graphs of an in-process server
+#                                                   # and its custom stubs under h2load, 32 then 1 image/request,
+#                                                   # before and after the stub's levers (4 min)
 #   bash scripts/gpu_host_front_end.sh levers,throughput,check   # several, one after the other
 #   bash scripts/gpu_host_front_end.sh soak SECONDS [LAUNCHER ARGS]  # both at once, each beside abusive clients of
 #                                                   # every kind, each launcher as the README starts it (plus ARGS)
@@ -112,10 +115,11 @@ profile)
             --no-generator-check --no-recovery --launcher-args "--front-end $front_end" "$@"
         status=$((status | $?))
     }
-    for front_end in inprocess binary; do
+    for front_end in ${PROFILE_FRONT_ENDS:-inprocess binary}; do
         profile_run "profile_${front_end}_before" "$front_end" resnet18_custom,resnet18_cudnn,zero_answer "${before[@]}"
         profile_run "profile_${front_end}" "$front_end" resnet18_custom,resnet18_cudnn,zero_answer
     done
+    [[ ${PROFILE_LEVERS:-each} == each ]] || continue   # none: before and after only
     profile_run lever_registered inprocess resnet18_custom,resnet18_cudnn --server-env FUSEDRESNET_GPU_WAIT=spin
     profile_run lever_block inprocess resnet18_custom,resnet18_cudnn --server-env FUSEDRESNET_HOST_INPUT=staging
     # the in-process gRPC's EventEngine threads are its largest extra cost: gRPC's own switches back to the
@@ -125,37 +129,53 @@ profile)
     ;;
 flame)
     # issue 46: native frames beside Python ones. py-spy (--native; the bundle's wheel: EXTRA_WHEELS=py-spy==0.4.1)
-    # samples the in-process server (a Python process: gRPC, Triton's core, the Python backend's threads) and one
-    # custom stub while h2load sends custom at 32 images/request, then at 1; flame graphs as SVG, py-spy itself on
-    # the generator's cores
+    # samples one in-process server process as shipped (2 per GPU under MPS: gRPC, Triton's core, the Python
+    # backend's threads) and each of its custom stubs while h2load sends custom at 32 images/request, then at 1,
+    # before the stub's levers (staging, spin) and after; collapsed stacks (.raw, campaigns/flame_stages.py divides
+    # them into stages) and, from a second window, flame graphs (.svg); py-spy itself on the generator's cores
     pyspy=$(command -v py-spy || ls "${GPU_SITE:-/tmp/gpu-site}/bin/py-spy" 2>/dev/null)
     if [[ -z $pyspy ]]; then echo "no py-spy: bundle it (EXTRA_WHEELS=py-spy==0.4.1)" | tee -a "$OUT/$task.log"
         status=1; continue; fi
     export FUSEDRESNET_ADMIN_TOKEN="${FUSEDRESNET_ADMIN_TOKEN:-$(python3 -c 'import secrets; print(secrets.token_hex(24))')}"
-    taskset -c "$SERVER_CORES" python3 -m fusedresnet.backend.serve --front-end inprocess \
-        --log-file "$OUT/flame_server.log" > "$OUT/flame_launcher.log" 2>&1 &
-    launcher=$!
-    for _ in $(seq 240); do grep -q "Triton ready on" "$OUT/flame_launcher.log" && break; sleep 0.5; done
-    server_pid=$(pgrep -f "fusedresnet.backend.inprocess_server" | head -n 1)
-    stub_pid=$(python3 -c "from fusedresnet.backend.stub_processes import python_stubs
-stubs = python_stubs($server_pid); print(next(s.pid for name, s in sorted(stubs.items()) if name.startswith('resnet18_custom_')))")
-    echo "in-process server pid $server_pid, custom stub pid $stub_pid" | tee -a "$OUT/$task.log"
-    for images in 32 1; do
-        taskset -c "$GENERATOR_CORES" python3 -m fusedresnet.loadtest.h2load_step --model resnet18_custom \
-            --images-per-request "$images" --connections 64 --streams $((images == 1 ? 8 : 1)) --seconds 20 \
-            > "$OUT/flame_h2load_$images.json" 2>> "$OUT/$task.log" &
-        generator=$!
-        sleep 6
-        samplers=()
-        for target in "server:$server_pid" "stub:$stub_pid"; do
-            taskset -c "$GENERATOR_CORES" "$pyspy" record --native --rate 97 --duration 8 --pid "${target#*:}" \
-                --output "$OUT/flame_${target%%:*}_$images.svg" >> "$OUT/$task.log" 2>&1 &
-            samplers+=($!)
+    mkdir -p "$OUT/flame"
+    for code in before after; do
+        server_env=()
+        [[ $code == before ]] && server_env=(FUSEDRESNET_HOST_INPUT=staging FUSEDRESNET_GPU_WAIT=spin)
+        env "${server_env[@]}" taskset -c "$SERVER_CORES" python3 -m fusedresnet.backend.serve --front-end inprocess \
+            --log-file "$OUT/flame/${code}_server.log" > "$OUT/flame/${code}_launcher.log" 2>&1 &
+        launcher=$!
+        for _ in $(seq 240); do grep -q "Triton ready on" "$OUT/flame/${code}_launcher.log" && break; sleep 0.5; done
+        server_pid=$(pgrep -f "fusedresnet.backend.inprocess_server" | head -n 1)
+        mapfile -t stub_pids < <(python3 -c "from fusedresnet.backend.stub_processes import python_stubs
+for name, stub in sorted(python_stubs($server_pid).items()):
+    if name.startswith('resnet18_custom_'): print(stub.pid)")
+        echo "$code: in-process server pid $server_pid, its custom stubs ${stub_pids[*]}" | tee -a "$OUT/$task.log"
+        for images in 32 1; do
+            taskset -c "$GENERATOR_CORES" python3 -m fusedresnet.loadtest.h2load_step --model resnet18_custom \
+                --images-per-request "$images" --connections 64 --streams $((images == 1 ? 8 : 1)) --seconds 26 \
+                > "$OUT/flame/${code}_h2load_$images.json" 2>> "$OUT/$task.log" &
+            generator=$!
+            sleep 5
+            samplers=()
+            targets=("server:$server_pid")
+            for pid in "${stub_pids[@]}"; do targets+=("stub-$pid:$pid"); done
+            for target in "${targets[@]}"; do
+                taskset -c "$GENERATOR_CORES" "$pyspy" record --native --rate 97 --duration 8 --format raw \
+                    --pid "${target#*:}" --output "$OUT/flame/${code}_${target%%:*}_$images.raw" >> "$OUT/$task.log" 2>&1 &
+                samplers+=($!)
+            done
+            wait "${samplers[@]}"
+            samplers=()
+            for target in "server:$server_pid" "stub:${stub_pids[0]}"; do
+                taskset -c "$GENERATOR_CORES" "$pyspy" record --native --rate 97 --duration 8 --pid "${target#*:}" \
+                    --output "$OUT/flame/${code}_${target%%:*}_$images.svg" >> "$OUT/$task.log" 2>&1 &
+                samplers+=($!)
+            done
+            wait "$generator" "${samplers[@]}"
+            tail -c 300 "$OUT/flame/${code}_h2load_$images.json" | tee -a "$OUT/$task.log"
         done
-        wait "$generator" "${samplers[@]}"
-        tail -c 400 "$OUT/flame_h2load_$images.json" | tee -a "$OUT/$task.log"
+        kill -INT "$launcher"; wait "$launcher"
     done
-    kill -INT "$launcher"; wait "$launcher"
     ;;
 soak)
     seconds="${2:-600}"
