@@ -60,7 +60,7 @@ endif
 	touch $@
 endif
 
-$(STAMP): $(INSTALLED) backend/resnet.py backend/folding.py backend/prepare.py backend/prepared_stamp.py
+$(STAMP): $(INSTALLED) backend/resnet/architecture.py backend/resnet/folding.py backend/prepare.py backend/prepared_stamp.py
 	$(PY) -m fusedresnet.backend.prepare
 
 prepare: $(INSTALLED)

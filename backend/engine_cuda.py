@@ -55,7 +55,7 @@ from ..kernels.launch import conv_out_size, library
 from ..kernels.launch_choices import PDL_MAX_BATCH, SHORTCUT_FUSION_MIN_BATCH
 from ..kernels.tiles import tile_family
 from .batching import next_power_of_two
-from .folding import (
+from .resnet.folding import (
     MAXPOOL_KERNEL,
     MAXPOOL_PADDING,
     MAXPOOL_STRIDE,

@@ -53,7 +53,8 @@ import torch.nn.functional as F
 
 from .batching import next_power_of_two
 from .engine_config import CUSTOM_ENGINES, EngineConfig
-from .folding import (
+from .images import normalize_uint8
+from .resnet.folding import (
     LOGITS_CHECKPOINT,
     MAXPOOL_KERNEL,
     MAXPOOL_PADDING,
@@ -64,7 +65,6 @@ from .folding import (
     load_folded,
     resnet18_blocks,
 )
-from .images import normalize_uint8
 from .spec import CHANNELS, FOLDED_PARAMS_FILE, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8, TORCHSCRIPT_FILE
 
 # Warm-up and CUDA-graph capture run each bucket a few times first (cuDNN's algorithm

@@ -43,10 +43,10 @@ from torch import nn
 
 from .engine_config import environment_engine_arguments
 from .engines import create_custom_engine
-from .folding import fold_resnet18, load_folded
-from .resnet import ResNet18
+from .resnet.architecture import ResNet18
+from .resnet.folding import fold_resnet18, load_folded
+from .resnet.weights import build_resnet18
 from .spec import CHANNELS, FOLDED_PARAMS_FILE, MIN_INPUT_SIZE, MODEL_CUSTOM, MODEL_REPOSITORY
-from .weights import build_resnet18
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

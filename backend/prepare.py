@@ -11,11 +11,11 @@
   model entry (the *_normalized entries read their network's weights from its folder)
 
 --weights torchvision downloads torchvision's ImageNet-trained checkpoint (SHA-256 checked,
-cached; `fusedresnet.backend.pretrained`), so the labels are real ones. --weights also
+cached; `fusedresnet.backend.resnet.pretrained`), so the labels are real ones. --weights also
 takes a torchvision checkpoint file (.pth) or a ResNet-18 ONNX file (.onnx,
 torchvision's export, opset 13 and later, BatchNorm folded or not; see
-`fusedresnet.backend.onnx_import`). Without it the seeded default weights of
-`fusedresnet.backend.resnet` are used. A stamp file records the weights source,
+`fusedresnet.backend.resnet.onnx_import`). Without it the seeded default weights of
+`fusedresnet.backend.resnet.architecture` are used. A stamp file records the weights source,
 so `make` can skip the step.
 
 Weights that cannot be read (a missing file, a wrong key or shape, an ONNX graph
@@ -36,11 +36,12 @@ from pathlib import Path
 
 import torch
 
-from .folding import fold_resnet18
-from .onnx_import import OnnxImportError
 from .prepared_stamp import STAMP_FILE, make_stamp, seeded_source, write_stamp
-from .pretrained import WEIGHTS_TORCHVISION, CheckpointError, fetch
-from .resnet import DEFAULT_SEED
+from .resnet.architecture import DEFAULT_SEED
+from .resnet.folding import fold_resnet18
+from .resnet.onnx_import import OnnxImportError
+from .resnet.pretrained import WEIGHTS_TORCHVISION, CheckpointError, fetch
+from .resnet.weights import build_resnet18
 from .spec import (
     FOLDED_PARAMS_FILE,
     IMAGE_SIZE,
@@ -52,7 +53,6 @@ from .spec import (
     MODEL_REPOSITORY,
     TORCHSCRIPT_FILE,
 )
-from .weights import build_resnet18
 
 
 class RepositoryError(ValueError):

@@ -66,11 +66,11 @@ import torch
 
 from ..backend.engine_config import environment_engine_arguments
 from ..backend.engine_cuda import FusedCudaEngine
-from ..backend.folding import STEM, fold_resnet18
 from ..backend.provenance import git_commit
-from ..backend.resnet import DEFAULT_SEED
+from ..backend.resnet.architecture import DEFAULT_SEED
+from ..backend.resnet.folding import STEM, fold_resnet18
+from ..backend.resnet.weights import build_resnet18
 from ..backend.spec import INPUT_UINT8
-from ..backend.weights import build_resnet18
 from ..kernels.launch import conv_out_size
 from ..kernels.launch_choices import SHORTCUT_FUSION_MIN_BATCH
 from ..kernels.tune import time_graph

@@ -20,9 +20,9 @@ import cupy as cp
 
 from ..backend.engine_config import environment_engine_arguments
 from ..backend.engine_cuda import FusedCudaEngine
-from ..backend.folding import fold_resnet18
-from ..backend.resnet import DEFAULT_SEED
-from ..backend.weights import build_resnet18
+from ..backend.resnet.architecture import DEFAULT_SEED
+from ..backend.resnet.folding import fold_resnet18
+from ..backend.resnet.weights import build_resnet18
 from .bench import bench_custom
 
 

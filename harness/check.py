@@ -47,10 +47,10 @@ import torch.nn.functional as F
 
 from ..backend.engine_config import CONV_PATH_ENV, conv_path_override, pdl_override
 from ..backend.engine_cuda import FusedCudaEngine
-from ..backend.folding import STEM, engine_convs, fold_resnet18, resnet18_blocks, shortcut_params
 from ..backend.images import normalize_uint8, smooth_random_images
-from ..backend.resnet import DEFAULT_SEED
-from ..backend.weights import build_resnet18
+from ..backend.resnet.architecture import DEFAULT_SEED
+from ..backend.resnet.folding import STEM, engine_convs, fold_resnet18, resnet18_blocks, shortcut_params
+from ..backend.resnet.weights import build_resnet18
 from ..client.agreement import compare_logits
 from ..kernels.build import WGMMA_ARCH
 from ..kernels.geometry import BK

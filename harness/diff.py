@@ -3,7 +3,7 @@
     python -m fusedresnet.harness.diff [--weights FILE] [--device cuda|cpu] [--tolerance T] [--json] [IMAGES...]
 
 Runs the same images through an engine and through the unfolded float32
-ResNet-18 (`backend/resnet.py`, on the CPU) and compares them at every
+ResNet-18 (`backend/resnet/architecture.py`, on the CPU) and compares them at every
 checkpoint, in execution order:
 
     stem+maxpool, layer1.0, layer1.1 (= layer1), layer2.0, layer2.1 (= layer2), ...,
@@ -40,9 +40,15 @@ import numpy as np
 import torch
 
 from ..backend.engine_config import environment_engine_arguments
-from ..backend.folding import LOGITS_CHECKPOINT, POOL_CHECKPOINT, STEM_CHECKPOINT, checkpoint_names, fold_resnet18
 from ..backend.images import normalize_uint8, smooth_random_images
-from ..backend.weights import build_resnet18
+from ..backend.resnet.folding import (
+    LOGITS_CHECKPOINT,
+    POOL_CHECKPOINT,
+    STEM_CHECKPOINT,
+    checkpoint_names,
+    fold_resnet18,
+)
+from ..backend.resnet.weights import build_resnet18
 from ..client.agreement import SET_REL_L2_TOLERANCE, compare_logits
 from ..client.preprocess import preprocess_files, sample_photo_paths
 

@@ -29,10 +29,10 @@ import torch
 
 from ..backend.engine_config import conv_path_override
 from ..backend.engine_cuda import FusedCudaEngine
-from ..backend.folding import fold_resnet18
-from ..backend.resnet import DEFAULT_SEED
+from ..backend.resnet.architecture import DEFAULT_SEED
+from ..backend.resnet.folding import fold_resnet18
+from ..backend.resnet.weights import build_resnet18
 from ..backend.spec import INPUT_UINT8
-from ..backend.weights import build_resnet18
 
 SPIN_CYCLES = 2_000_000   # ~1 ms at 1.98 GHz: longer than submitting any of our graphs
 BACK_TO_BACK = 20

@@ -16,8 +16,8 @@ import cupy as cp
 # The engine only for its prepared weights (folded, fp16 KRSC, the stem padded).
 from ..backend.engine_config import environment_engine_arguments
 from ..backend.engine_cuda import FusedCudaEngine
-from ..backend.folding import fold_resnet18
-from ..backend.weights import build_resnet18
+from ..backend.resnet.folding import fold_resnet18
+from ..backend.resnet.weights import build_resnet18
 
 LAUNCHES_PER_ROUND = 6   # the stem and five convolutions
 

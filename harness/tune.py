@@ -30,9 +30,9 @@ import cupy as cp
 
 from ..backend.engine_config import environment_engine_arguments
 from ..backend.engine_cuda import BATCH_BUCKETS, FusedCudaEngine
-from ..backend.folding import fold_resnet18
-from ..backend.resnet import DEFAULT_SEED
-from ..backend.weights import build_resnet18
+from ..backend.resnet.architecture import DEFAULT_SEED
+from ..backend.resnet.folding import fold_resnet18
+from ..backend.resnet.weights import build_resnet18
 from ..kernels.build import WGMMA_ARCH
 from ..kernels.launch import library
 from ..kernels.launch_choices import CONV_PATHS, MIXED, path_arch

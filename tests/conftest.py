@@ -14,10 +14,10 @@ from fusedresnet.backend.images import normalize_uint8, smooth_random_images
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.prepare import prepare
 from fusedresnet.backend.prepared_stamp import STAMP_FILE, read_weights_source, seed_of
+from fusedresnet.backend.resnet.weights import build_resnet18
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import ADMIN_TOKEN_HEADER, GRPC_ADMIN_TOKEN_HEADER, MODEL_REPOSITORY
 from fusedresnet.backend.triton_install import gpu_present
-from fusedresnet.backend.weights import build_resnet18
 from fusedresnet.client.preprocess import preprocess_files, sample_photo_paths
 
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from fusedresnet.backend.engines import TorchFoldedEngine
-from fusedresnet.backend.folding import fold_resnet18
 from fusedresnet.backend.images import normalize_uint8, smooth_random_images
-from fusedresnet.backend.weights import build_resnet18
+from fusedresnet.backend.resnet.folding import fold_resnet18
+from fusedresnet.backend.resnet.weights import build_resnet18
 from fusedresnet.client.agreement import compare_logits
 from fusedresnet.client.preprocess import preprocess_files, sample_photo_paths
 from fusedresnet.harness.diff import main, reference_checkpoints, run_diff

@@ -4,9 +4,9 @@ import torch
 import torch.nn.functional as F
 
 from fusedresnet.backend.engines import TorchFoldedEngine
-from fusedresnet.backend.folding import all_convs, conv_and_batchnorm, fold_batchnorm, fold_resnet18
 from fusedresnet.backend.images import normalize_uint8, smooth_random_images
-from fusedresnet.backend.weights import build_resnet18
+from fusedresnet.backend.resnet.folding import all_convs, conv_and_batchnorm, fold_batchnorm, fold_resnet18
+from fusedresnet.backend.resnet.weights import build_resnet18
 from fusedresnet.client.agreement import compare_logits
 
 TORCHVISION_KEYS_SAMPLE = [
@@ -74,7 +74,7 @@ def test_folded_engine_matches_unfolded_network():
 def test_engine_convs_fuse_each_downsample_into_its_blocks_conv2():
     """The fused engine's convolutions: conv1 and conv2 per block, the three downsampling blocks' conv2 carrying
     the block's projection (and no residual add), no downsample of its own."""
-    from fusedresnet.backend.folding import engine_convs, resnet18_blocks
+    from fusedresnet.backend.resnet.folding import engine_convs, resnet18_blocks
     convs = [c for block in resnet18_blocks() for c in engine_convs(block)]
     assert len(convs) == 16 and not any(c.name.endswith(".downsample") for c in convs)
     fused = [c for c in convs if c.shortcut is not None]
@@ -96,7 +96,7 @@ def test_shortcut_params_as_one_reduction_equal_conv2_plus_the_downsample():
     (KRSC order, im2col of the block's conv1 output t) followed by the channels of the block's input x at
     (2p, 2q); the weights and bias come from `shortcut_params`. It must equal conv2(t) + downsample(x) as
     torch computes them from the folded filters, for an odd input size too (the last row at 2p = Hs - 1)."""
-    from fusedresnet.backend.folding import engine_convs, resnet18_blocks, shortcut_params
+    from fusedresnet.backend.resnet.folding import engine_convs, resnet18_blocks, shortcut_params
     params = fold_resnet18(build_resnet18(seed=5))
     gen = torch.Generator().manual_seed(11)
     for block in resnet18_blocks():

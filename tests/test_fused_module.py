@@ -10,10 +10,10 @@ import threading
 import pytest
 import torch
 
-from fusedresnet.backend.folding import fold_resnet18
 from fusedresnet.backend.fused_module import FusedResNet18
 from fusedresnet.backend.images import normalize_uint8, smooth_random_images
-from fusedresnet.backend.weights import build_resnet18
+from fusedresnet.backend.resnet.folding import fold_resnet18
+from fusedresnet.backend.resnet.weights import build_resnet18
 from fusedresnet.client.agreement import compare_logits
 
 

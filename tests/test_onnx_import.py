@@ -16,13 +16,13 @@ import torch
 
 from fusedresnet.backend.images import normalize_uint8
 from fusedresnet.backend.network import free_ports
-from fusedresnet.backend.onnx_import import OnnxImportError, state_dict_from_onnx
 from fusedresnet.backend.prepare import main as prepare_main
 from fusedresnet.backend.prepare import prepare
 from fusedresnet.backend.prepared_stamp import STAMP_FILE
+from fusedresnet.backend.resnet.onnx_import import OnnxImportError, state_dict_from_onnx
+from fusedresnet.backend.resnet.weights import build_resnet18
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import MODEL_CUSTOM, MODEL_REPOSITORY, MODELS, TORCHSCRIPT_FILE
-from fusedresnet.backend.weights import build_resnet18
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.client.resnet_client import ResNetClient
 

@@ -175,6 +175,11 @@ def test_package_dir_maps_every_folder_here():
     for folder, package in PACKAGES.items():
         assert f'"{package}" = "{folder}"' in text, package
         assert (ROOT / folder / "__init__.py").is_file(), folder
+        for init in sorted((ROOT / folder).rglob("__init__.py")):   # its packages too (backend/launcher/, ...)
+            inner = init.parent.relative_to(ROOT)
+            name = ".".join([package, *inner.parts[1:]])
+            listed = text.split("packages = ")[1].split("\n")[0]
+            assert f'"{name}" = "{inner.as_posix()}"' in text and f'"{name}"' in listed, name
 
 
 def project_modules() -> dict[str, tuple[Path, str]]:
@@ -282,6 +287,8 @@ def third_party_at_import(module: str) -> set[str]:
 
 # The launcher's modules (backend/launcher/), lowest first: each imports only modules before it in this order.
 LAUNCHER_ROOMS = ("settings", "health", "repository", "supervisor", "process", "group", "cli")
+# The network and its weights (backend/resnet/), lowest first, the same way.
+RESNET_ROOMS = ("pretrained", "architecture", "folding", "onnx_import", "weights")
 # What only the server extra installs (pyproject.toml), and the project's modules that start or build the server.
 SERVER_SIDE_PACKAGES = {"psutil", "torch", "pytriton", "triton_python_backend_utils", "cupy"}
 SERVER_SIDE_MODULES = {f"fusedresnet.backend.{name}" for name in (
@@ -336,6 +343,40 @@ def test_the_launchers_rooms_import_only_downward():
         upward = graph[room] & set(rooms[index:])
         assert upward == set(), f"{room} imports {sorted(upward)}"
     assert graph["fusedresnet.backend.serve"] <= {"fusedresnet.backend.launcher", "fusedresnet.backend.launcher.cli"}
+
+
+def upward_imports(graph: dict[str, set[str]], package: str, rooms) -> list[str]:
+    """`room imports other` for each module of `package` (its `rooms`, lowest first) that imports one at or after
+    itself in that order, and for each module of `package` that is not a room or a room that is not a module."""
+    modules = [f"{package}.{room}" for room in rooms]
+    found = [f"{module} is not a module" for module in modules if module not in graph]
+    found += [f"{module} is in no room" for module in sorted(graph)
+              if within(module, (package,)) and module != package and module not in modules]
+    for index, module in enumerate(modules):
+        found += [f"{module} imports {other}" for other in sorted(graph.get(module, set()) & set(modules[index:]))]
+    return found
+
+
+def test_an_upward_import_between_rooms_is_found():
+    graph = {"p": set(), "p.low": set(), "p.high": {"p.low"}}
+    assert upward_imports(graph, "p", ("low", "high")) == []
+    assert upward_imports({**graph, "p.low": {"p.high"}}, "p", ("low", "high")) == ["p.low imports p.high"]
+    assert upward_imports({**graph, "p.extra": set()}, "p", ("low", "high")) == ["p.extra is in no room"]
+    assert upward_imports(graph, "p", ("low", "middle", "high")) == ["p.middle is not a module"]
+
+
+def test_the_networks_rooms_import_only_downward():
+    """backend/resnet/: the trained checkpoint's download needs nothing; the network's definition only images and
+    the wire contract; folding, the ONNX import and the weights' sources sit on it, each below the next. The
+    network knows no engine (backend/engines/ runs it) and its package's __init__ imports nothing, so the
+    client's demo reads the checkpoint's name without torch."""
+    graph = module_imports()
+    assert upward_imports(graph, "fusedresnet.backend.resnet", RESNET_ROOMS) == []
+    for room in RESNET_ROOMS:
+        module = f"fusedresnet.backend.resnet.{room}"
+        outside = {other for other in graph[module] if not within(other, ("fusedresnet.backend.resnet",))}
+        assert outside <= {"fusedresnet.backend.images", "fusedresnet.backend.spec"}, (module, sorted(outside))
+    assert imports((ROOT / "backend" / "resnet" / "__init__.py").read_text(), "fusedresnet.backend.resnet") == []
 
 
 def test_the_admin_token_needs_neither_the_triton_installation_nor_the_launcher():

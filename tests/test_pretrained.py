@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from fusedresnet.backend import pretrained
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.prepare import main as prepare_main
 from fusedresnet.backend.prepare import prepare
 from fusedresnet.backend.prepared_stamp import STAMP_FILE, read_weights_source
+from fusedresnet.backend.resnet import pretrained
+from fusedresnet.backend.resnet.weights import build_resnet18
 from fusedresnet.backend.spec import MODEL_REPOSITORY
-from fusedresnet.backend.weights import build_resnet18
 
 CHECKPOINT_NAME = "resnet18-0123abcd.pth"
 GENERATED = ("*.pt", "labels.txt", STAMP_FILE, "__pycache__", ".*.tmp")

@@ -1,7 +1,7 @@
 """ResNet-18 with its weights, from wherever they come: a torchvision checkpoint (.pth), an ONNX file
-(`onnx_import`) or the seeded default weights of `resnet`.
+(`onnx_import`) or the seeded default weights of `architecture`.
 
-Apart from `resnet` so that the network's definition imports nothing that imports it back (the ONNX
+Apart from `architecture` so that the network's definition imports nothing that imports it back (the ONNX
 importer reads its stage widths and folds with `folding`).
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .architecture import DEFAULT_SEED, ResNet18, seeded_init_, standardize_head_
 from .onnx_import import state_dict_from_onnx
-from .resnet import DEFAULT_SEED, ResNet18, seeded_init_, standardize_head_
 
 
 def build_resnet18(weights: str | None = None, seed: int = DEFAULT_SEED) -> ResNet18:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from .resnet import STAGE_CHANNELS, ResNet18
+from .architecture import STAGE_CHANNELS, ResNet18
 
 FORMAT_VERSION = 1
 

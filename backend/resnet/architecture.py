@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .images import normalize_uint8, smooth_random_images
-from .spec import NUM_CLASSES
+from ..images import normalize_uint8, smooth_random_images
+from ..spec import NUM_CLASSES
 
 DEFAULT_SEED = 20261122
 STAGE_CHANNELS = (64, 128, 256, 512)

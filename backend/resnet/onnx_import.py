@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .architecture import STAGE_CHANNELS, ResNet18
 from .folding import MAXPOOL_KERNEL, MAXPOOL_PADDING, MAXPOOL_STRIDE, STEM, ConvSpec, resnet18_blocks
-from .resnet import STAGE_CHANNELS, ResNet18
 
 MIN_OPSET = 13
 GRAPH_OPS = ("Conv", "BatchNormalization", "Relu", "MaxPool", "Add", "GlobalAveragePool", "ReduceMean", "Flatten",
