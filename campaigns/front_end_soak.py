@@ -293,7 +293,8 @@ def front_end_results(soak: dict, throughput: list[dict], notes: list[str]) -> d
     return {"device": soak["device"], "date": soak["date"], "git_commit": soak["git_commit"],
             "server_cores": soak["server_cores"], "generator_cores": soak["generator_cores"],
             "soak_command": soak["command"], "soak_pattern": soak["pattern"],
-            "throughput_commands": [report["command"] for report in throughput], "front_ends": front_ends,
+            "throughput_runs": [{key: report.get(key) for key in ("date", "git_commit", "command")}
+                                for report in throughput], "front_ends": front_ends,
             "notes": notes}
 
 
@@ -362,6 +363,10 @@ def results_markdown(results: dict) -> str:
                         "llr" + "r" * len(SOAK_FIELDS))]
     rows = [(f["name"], row) for f in results["front_ends"] for row in f["throughput"]]
     lines += ["", "## Throughput", ""]
+    runs = {(run["date"], run["git_commit"]) for run in results.get("throughput_runs", [])}
+    if runs and runs != {(results["date"], results["git_commit"])}:
+        lines += [f"Measured in steps starting {', '.join(sorted(date[:16].replace('T', ' ') for date, _ in runs))} "
+                  f"(code {', '.join(sorted({commit[:7] for _, commit in runs}))}), not in the soak's run.", ""]
     if rows:
         lines += table(["front end", "processes/GPU", "protocol", "model", "images/request", "shared memory",
                         "img/s", "p50 ms", "p99 ms"],

@@ -94,10 +94,11 @@ def markdown(results: dict) -> str:
                       *("-" if s[key] is None else s[key] for key in ("cpu_us_per_image_1", "cpu_us_per_image_32"))]
                      for s in results["stages"]), "llllrr")]
     lines += ["", *table(["code", "front end", "model", "images/request", "shared memory", "img/s",
-                          "server CPU (cores)", "CPU µs/image"],
+                          "server CPU (cores)", "CPU µs/image", "GPU util"],
                          ([r["code"], r["front_end"], r["model"], r["images_per_request"],
                            "CUDA" if r["shared_memory"] else "-", f"{r['img_per_s']:,.0f}", r["server_cpu_cores"],
-                           r["cpu_us_per_image"]] for r in results["runs"]), "llllrrrr")]
+                           r["cpu_us_per_image"], "-" if r.get("gpu_util") is None else f"{r['gpu_util']:.0%}"]
+                          for r in results["runs"]), "llllrrrrr")]
     if results.get("levers"):
         lines += ["", "## Levers", "", "Each lever's prediction, then what it measured and whether it was kept:", ""]
         lines += [f"- **{lever['name']}**: predicted: {lever['prediction']} Measured and decided: {lever['verdict']}"

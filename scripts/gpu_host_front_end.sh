@@ -12,9 +12,9 @@
 #                                                   # each lever alone, gRPC's polling (about 12 min; before and
 #                                                   # after in-process only: PROFILE_FRONT_ENDS=inprocess
 #                                                   # PROFILE_LEVERS=none, about 5 min)
-#   bash scripts/gpu_host_front_end.sh flame        # py-spy --native stacks and flame graphs of an in-process server
-#                                                   # and its custom stubs under h2load, 32 then 1 image/request,
-#                                                   # before and after the stub's levers (4 min)
+#   bash scripts/gpu_host_front_end.sh flame        # perf's stacks and flame graphs of an in-process server and
+#                                                   # its custom stubs under h2load, 32 then 1 image/request,
+#                                                   # before and after the stubs' levers (about 3 min; carry .perf)
 #   bash scripts/gpu_host_front_end.sh levers,throughput,check   # several, one after the other
 #   bash scripts/gpu_host_front_end.sh soak SECONDS [LAUNCHER ARGS]  # both at once, each beside abusive clients of
 #                                                   # every kind, each launcher as the README starts it (plus ARGS)
@@ -128,53 +128,47 @@ profile)
         --server-env "GRPC_EXPERIMENTS=-event_engine_listener,-event_engine_for_all_other_endpoints,-event_engine_callback_cq"
     ;;
 flame)
-    # issue 46: native frames beside Python ones. py-spy (--native; the bundle's wheel: EXTRA_WHEELS=py-spy==0.4.1)
-    # samples one in-process server process as shipped (2 per GPU under MPS: gRPC, Triton's core, the Python
-    # backend's threads) and each of its custom stubs while h2load sends custom at 32 images/request, then at 1,
-    # before the stub's levers (staging, spin) and after; collapsed stacks (.raw, campaigns/flame_stages.py divides
-    # them into stages) and, from a second window, flame graphs (.svg); py-spy itself on the generator's cores
-    pyspy=$(command -v py-spy || ls "${GPU_SITE:-/tmp/gpu-site}/bin/py-spy" 2>/dev/null)
-    if [[ -z $pyspy ]]; then echo "no py-spy: bundle it (EXTRA_WHEELS=py-spy==0.4.1)" | tee -a "$OUT/$task.log"
-        status=1; continue; fi
+    # issue 46: native frames beside Python ones, by Linux perf (carried as .perf/perf.tar.xz: scripts/gpu_host_prologue.sh
+    # says how to make it; py-spy cannot: it sees only threads with a Python state and its pauses crashed the server).
+    # perf records one in-process server process as shipped (2 per GPU under MPS) and its custom stubs, with DWARF
+    # unwinding at 97 Hz per busy thread for 8 s, while h2load sends custom at 32 images/request, then at 1, before the
+    # stubs' levers (staging, spin) and after; Python 3.12 names its functions to perf (PYTHONPERFSUPPORT=1).
+    # campaigns/flame_stages.py collapse writes the stacks per process kind and their flame graphs (.svg)
+    if ! command -v perf > /dev/null; then echo "no perf: carry .perf" | tee -a "$OUT/$task.log"; status=1; continue; fi
     export FUSEDRESNET_ADMIN_TOKEN="${FUSEDRESNET_ADMIN_TOKEN:-$(python3 -c 'import secrets; print(secrets.token_hex(24))')}"
     mkdir -p "$OUT/flame"
     for code in before after; do
-        server_env=()
-        [[ $code == before ]] && server_env=(FUSEDRESNET_HOST_INPUT=staging FUSEDRESNET_GPU_WAIT=spin)
+        server_env=(PYTHONPERFSUPPORT=1)
+        [[ $code == before ]] && server_env+=(FUSEDRESNET_HOST_INPUT=staging FUSEDRESNET_GPU_WAIT=spin)
         env "${server_env[@]}" taskset -c "$SERVER_CORES" python3 -m fusedresnet.backend.serve --front-end inprocess \
             --log-file "$OUT/flame/${code}_server.log" > "$OUT/flame/${code}_launcher.log" 2>&1 &
         launcher=$!
         for _ in $(seq 240); do grep -q "Triton ready on" "$OUT/flame/${code}_launcher.log" && break; sleep 0.5; done
-        server_pid=$(pgrep -f "fusedresnet.backend.inprocess_server" | head -n 1)
-        mapfile -t stub_pids < <(python3 -c "from fusedresnet.backend.stub_processes import python_stubs
-for name, stub in sorted(python_stubs($server_pid).items()):
-    if name.startswith('resnet18_custom_'): print(stub.pid)")
-        echo "$code: in-process server pid $server_pid, its custom stubs ${stub_pids[*]}" | tee -a "$OUT/$task.log"
+        server_pid=$(for pid in $(pgrep -f "fusedresnet.backend.inprocess_server"); do
+                         readlink "/proc/$pid/exe" | grep -q python && echo "$pid"; done | head -n 1)
+        pids=$(python3 -c "from fusedresnet.backend.stub_processes import python_stubs
+print(','.join(['$server_pid'] + [str(s.pid) for n, s in sorted(python_stubs($server_pid).items())
+                                  if n.startswith('resnet18_custom_')]))")
+        echo "$code: in-process server and its custom stubs: $pids" | tee -a "$OUT/$task.log"
         for images in 32 1; do
             taskset -c "$GENERATOR_CORES" python3 -m fusedresnet.loadtest.h2load_step --model resnet18_custom \
-                --images-per-request "$images" --connections 64 --streams $((images == 1 ? 8 : 1)) --seconds 26 \
+                --images-per-request "$images" --connections 64 --streams $((images == 1 ? 8 : 1)) --seconds 20 \
                 > "$OUT/flame/${code}_h2load_$images.json" 2>> "$OUT/$task.log" &
             generator=$!
-            sleep 5
-            samplers=()
-            targets=("server:$server_pid")
-            for pid in "${stub_pids[@]}"; do targets+=("stub-$pid:$pid"); done
-            for target in "${targets[@]}"; do
-                taskset -c "$GENERATOR_CORES" "$pyspy" record --native --rate 97 --duration 8 --format raw \
-                    --pid "${target#*:}" --output "$OUT/flame/${code}_${target%%:*}_$images.raw" >> "$OUT/$task.log" 2>&1 &
-                samplers+=($!)
-            done
-            wait "${samplers[@]}"
-            samplers=()
-            for target in "server:$server_pid" "stub:${stub_pids[0]}"; do
-                taskset -c "$GENERATOR_CORES" "$pyspy" record --native --rate 97 --duration 8 --pid "${target#*:}" \
-                    --output "$OUT/flame/${code}_${target%%:*}_$images.svg" >> "$OUT/$task.log" 2>&1 &
-                samplers+=($!)
-            done
-            wait "$generator" "${samplers[@]}"
+            sleep 6
+            taskset -c "$GENERATOR_CORES" perf record -F 97 --call-graph dwarf,16384 -p "$pids" \
+                -o "/tmp/flame_${code}_$images.data" -- sleep 8 >> "$OUT/$task.log" 2>&1
+            wait "$generator"
             tail -c 300 "$OUT/flame/${code}_h2load_$images.json" | tee -a "$OUT/$task.log"
         done
         kill -INT "$launcher"; wait "$launcher"
+        for images in 32 1; do   # after the server: perf script reads the processes' perf-<pid>.map files
+            taskset -c "$GENERATOR_CORES" perf script --no-inline -F comm,pid,tid,ip,sym,dso \
+                -i "/tmp/flame_${code}_$images.data" 2>> "$OUT/$task.log" | gzip > "/tmp/flame_${code}_$images.txt.gz"
+            python3 -m fusedresnet.campaigns.flame_stages collapse "/tmp/flame_${code}_$images.txt.gz" --code "$code" \
+                --images "$images" --out "$OUT/flame" 2>&1 | tee -a "$OUT/$task.log"
+            status=$((status | PIPESTATUS[0]))
+        done
     done
     ;;
 soak)

@@ -3,7 +3,7 @@
 # its default output folder:
 #   OUT="${OUT:-build/gpu-host}"
 #   source scripts/gpu_host_prologue.sh
-# 1. makes $OUT, and puts a carried h2load on PATH;
+# 1. makes $OUT, and puts a carried h2load and perf on PATH;
 # 2. sets the host up (scripts/gpu_host_env.sh: the offline bundle, the project, the model files),
 #    its output in $OUT/setup.log, shown and the script stopped if it fails; a script started by
 #    another one that already did it (FUSEDRESNET_GPU_HOST_READY=1) skips it;
@@ -16,6 +16,22 @@ mkdir -p "$OUT"
 if [ -f .h2load/h2load.tar.xz ] && [ ! -x .h2load/root/usr/bin/h2load ]; then tar xJf .h2load/h2load.tar.xz -C .h2load; fi
 if [ -x .h2load/root/usr/bin/h2load ]; then
     export PATH="$PWD/.h2load/root/usr/bin:$PATH" LD_LIBRARY_PATH="$PWD/.h2load/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+fi
+# Linux perf (issue 46's flame graphs), where the call carried it: .perf/perf.tar.xz (6 MB) of a root/ with Debian
+# 12's perf and the libraries it needs that the host lacks, made on a Debian 12 machine with
+#   mkdir -p .perf/debs && (cd .perf/debs && apt-get download linux-perf libopencsd1 libperl5.36 libpython3.11 \
+#     libbabeltrace1 libslang2 libdw1 libelf1 libunwind8 libnuma1 libglib2.0-0) \
+#   && for deb in .perf/debs/*.deb; do dpkg -x "$deb" .perf/root; done && cd .perf/root/usr \
+#   && rm -rf share lib/perf-core lib/python3* lib/x86_64-linux-gnu/{perl,glib-2.0,libgio*} bin/cpan* bin/perl5* \
+#   && cd ../.. && tar cJf perf.tar.xz root && rm -rf debs root
+# perf runs through a wrapper that gives only perf those libraries.
+if [ -f .perf/perf.tar.xz ] && [ ! -d .perf/root/usr/bin ]; then tar xJf .perf/perf.tar.xz -C .perf; fi
+if [ -d .perf/root/usr/bin ]; then
+    mkdir -p .perf/bin
+    printf '#!/bin/sh\nLD_LIBRARY_PATH="%s:%s" exec "%s" "$@"\n' "$PWD/.perf/root/usr/lib/x86_64-linux-gnu" \
+        "$PWD/.perf/root/lib/x86_64-linux-gnu" "$PWD/.perf/root/usr/bin/perf" > .perf/bin/perf
+    chmod +x .perf/bin/perf
+    export PATH="$PWD/.perf/bin:$PATH"
 fi
 if [[ ${FUSEDRESNET_GPU_HOST_READY:-} != 1 ]]; then
     # shellcheck source=scripts/gpu_host_env.sh
