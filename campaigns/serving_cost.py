@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from fusedresnet.backend.report_format import table, write_json_and_markdown
+from fusedresnet.campaigns import flame_stages
 
 # stage -> the thread pools ("process/thread name", loadtest/measurements.thread_group) that do its work
 STAGES = (
@@ -82,6 +84,40 @@ def lever_rows(name: str, report: dict) -> list[dict]:
             for r in runs if not r["shared_memory"] and r["protocol"] == "grpc"]
 
 
+def process_cpu_us(stages: list[dict], front_end: str = "inprocess", model: str = "resnet18_custom") -> dict:
+    """(code, images/request, process kind) -> CPU µs per image of the thread pools measured without the profiler:
+    the server process's (its gRPC EventEngine and other tritonserver threads) and the stubs' (flame_stages' kinds)."""
+    kinds = {STAGES[0][0]: "server", STAGES[1][0]: "server", STAGES[2][0]: "stub"}
+    spent: dict[tuple[str, int, str], float] = {}
+    for row in stages:
+        if (row["front_end"], row["model"]) == (front_end, model) and row["name"] in kinds:
+            for images in (1, 32):
+                if row[f"cpu_us_per_image_{images}"] is not None:
+                    key = (row["code"], images, kinds[row["name"]])
+                    spent[key] = spent.get(key, 0.0) + row[f"cpu_us_per_image_{images}"]
+    return spent
+
+
+def flame_cells(row: dict, images: int) -> tuple[str, str]:
+    share, spent, sampled = (row[f"{key}_{images}"] for key in ("share", "cpu_us_per_image", "sampled_us_per_image"))
+    return ("-" if share is None else f"{share:.0%}",
+            "-" if spent is None else f"{spent} ({'-' if sampled is None else sampled})")
+
+
+def flame_markdown(results: dict) -> list[str]:
+    if not results.get("flame_stages"):
+        return []
+    lines = ["", "## The request's stages, from perf's stacks", "",
+             "Each stage's share of a process kind's samples (custom, the in-process front end), times that kind's "
+             "CPU per image measured without the profiler (the thread pools above); in brackets perf's own estimate, "
+             "samples at 97 Hz per image served (campaigns/flame_stages.py):", "",
+             *table(["code", "process", "stage", "share, 1 image/request", "µs/image, 1", "share, 32", "µs/image, 32"],
+                    ([row["code"], row["process"], row["name"], *flame_cells(row, 1), *flame_cells(row, 32)]
+                     for row in results["flame_stages"]), "lllrrrr")]
+    lines += ["", "Flame graphs: " + ", ".join(f"[{Path(path).name}]({path})" for path in results["flame_graphs"])]
+    return lines
+
+
 def markdown(results: dict) -> str:
     commits = ", ".join(f"{code} {commit}" for code, commit in results.get("commits", {}).items())
     lines = [f"# Serving cost per image, stage by stage ({results['date']})", "",
@@ -99,6 +135,7 @@ def markdown(results: dict) -> str:
                            "CUDA" if r["shared_memory"] else "-", f"{r['img_per_s']:,.0f}", r["server_cpu_cores"],
                            r["cpu_us_per_image"], "-" if r.get("gpu_util") is None else f"{r['gpu_util']:.0%}"]
                           for r in results["runs"]), "llllrrrrr")]
+    lines += flame_markdown(results)
     if results.get("levers"):
         lines += ["", "## Levers", "", "Each lever's prediction, then what it measured and whether it was kept:", ""]
         lines += [f"- **{lever['name']}**: predicted: {lever['prediction']} Measured and decided: {lever['verdict']}"
@@ -120,6 +157,8 @@ def main(argv=None) -> int:
                         help="a front_door.py report (.json) and the front end it measured")
     parser.add_argument("--lever", action="append", default=[], metavar="NAME|PATH|PREDICTION|VERDICT",
                         help="a lever's front_door.py report, what was predicted and what was decided")
+    parser.add_argument("--flame", type=Path, help="a folder of campaigns/flame_stages.py's collapsed stacks and flame "
+                                                    "graphs (scripts/gpu_host_front_end.sh flame)")
     parser.add_argument("--note", action="append", default=[])
     parser.add_argument("--out", type=Path, default=Path("results/serving_cost.json"))
     args = parser.parse_args(argv)
@@ -134,7 +173,8 @@ def main(argv=None) -> int:
                "commands": old_commands + [{"code": args.code, "command": report["command"]} for _, report in reports],
                "stages": [s for s in old.get("stages", []) if s["code"] != args.code],
                "runs": [r for r in old.get("runs", []) if r["code"] != args.code],
-               "levers": old.get("levers", []), "notes": args.note or old.get("notes", [])}
+               "levers": old.get("levers", []), "notes": args.note or old.get("notes", []),
+               "flame_stages": old.get("flame_stages", []), "flame_graphs": old.get("flame_graphs", [])}
     if args.lever:
         results["levers"] = []
         for item in args.lever:
@@ -146,6 +186,10 @@ def main(argv=None) -> int:
         results["stages"] += stages
         results["runs"] += runs
     results["stages"].sort(key=lambda s: s["code"] != "before")
+    if args.flame:
+        results["flame_stages"] = flame_stages.stage_table(args.flame, process_cpu_us(results["stages"]))
+        results["flame_graphs"] = [Path(os.path.relpath(path, args.out.parent)).as_posix()
+                                   for path in sorted(args.flame.glob("*.svg"))]
     results["runs"].sort(key=lambda r: r["code"] != "before")
     results["commits"] = dict(sorted(results["commits"].items(), key=lambda item: item[0] != "before"))
     args.out.parent.mkdir(parents=True, exist_ok=True)

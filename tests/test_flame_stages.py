@@ -93,3 +93,32 @@ def test_a_flame_graph_is_written_as_svg(tmp_path):
     fs.flame_svg(stacks["server"], "server", "test", tmp_path / "server.svg")
     text = (tmp_path / "server.svg").read_text()
     assert text.lstrip().startswith("<?xml") and "<svg" in text
+
+
+def test_serving_cost_adds_the_stages_of_perfs_stacks_scaled_by_the_thread_pools(tmp_path):
+    """campaigns/serving_cost --flame: the server's thread pools measured 100 µs per image (10% of a core at 1,000
+    img/s) and the stubs' 50, so the stages get their shares of those."""
+    from fusedresnet.campaigns import serving_cost
+
+    flame = tmp_path / "flame"
+    flame.mkdir()
+    for kind, counted in fs.perf_stacks(PERF_SCRIPT.splitlines()).items():
+        fs.write_collapsed(counted, flame / f"after_{kind}_32.collapsed")
+        fs.flame_svg(counted, kind, kind, flame / f"after_{kind}_32.svg")
+    step = {"processes_per_gpu": 2, "model": "resnet18_custom", "images_per_request": 32, "shared_memory": False,
+            "img_per_s": 1000.0, "server_cpu_percent": 15.0,
+            "server_cpu_percent_by_thread": {"tritonserver/tritonserver": 10.0,
+                                             "triton_python_backend_stub/triton_python_b": 5.0}}
+    report = tmp_path / "profile.json"
+    report.write_text(json.dumps({"device": "test", "date": "2026-12-02", "git_commit": "0" * 40,
+                                  "server_cores": "0-11", "generator_cores": "12-15", "command": "front_door",
+                                  "layouts": [step]}))
+    out = tmp_path / "results" / "serving_cost.json"
+    assert serving_cost.main(["--code", "after", "--report", f"inprocess={report}", "--flame", str(flame),
+                              "--out", str(out)]) == 0
+    results = json.loads(out.read_text())
+    by_name = {(row["process"], row["name"]): row for row in results["flame_stages"]}
+    assert by_name[("server", fs.GRPC)]["cpu_us_per_image_32"] == pytest.approx(40.0)   # 2 of 5 x 100 µs
+    assert by_name[("stub", fs.STUB_MESSAGES)]["cpu_us_per_image_32"] == pytest.approx(25.0)   # 1 of 2 x 50 µs
+    assert results["flame_graphs"] == ["../flame/after_server_32.svg", "../flame/after_stub_32.svg"]
+    assert "perf's stacks" in out.with_suffix(".md").read_text()
