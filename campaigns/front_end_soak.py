@@ -271,6 +271,21 @@ def infer_threads(soak: dict, throughput: list[dict], name: str) -> int:
     return counts.pop() if counts else GRPC_INFER_THREADS
 
 
+POINT = ("protocol", "model", "images_per_request", "shared_memory", "processes_per_gpu")
+
+
+def median_rows(rows: list[dict]) -> list[dict]:
+    """One row per point (POINT) of a front end's throughput rows, several where it was measured in several rounds:
+    the medians of img/s, p50 and p99, with every round's img/s (`img_per_s_rounds`) in the order measured."""
+    points: dict[tuple, list[dict]] = {}
+    for row in rows:
+        points.setdefault(tuple(row[key] for key in POINT), []).append(row)
+    return [{**measured[0], **{key: float(np.median([row[key] for row in measured]))
+                               for key in ("img_per_s", "p50_ms", "p99_ms")},
+             "img_per_s_rounds": [row["img_per_s"] for row in measured]}
+            for measured in points.values()]
+
+
 def front_end_results(soak: dict, throughput: list[dict], notes: list[str]) -> dict:
     """results/front_end.json from this campaign's soak report and campaigns/front_door.py's reports (each run with
     `--launcher-args "--front-end <name> ..."`): per front end its soak and its throughput rows."""
@@ -280,10 +295,11 @@ def front_end_results(soak: dict, throughput: list[dict], notes: list[str]) -> d
     front_ends = []
     for entry in soak["front_ends"]:
         name = entry["name"]
-        rows = [{**{key: row[key] for key in ("model", "images_per_request", "shared_memory", "img_per_s", "p50_ms",
-                                              "p99_ms", "processes_per_gpu")}, "protocol": row.get("protocol", "grpc")}
-                for report in throughput if f"--front-end {name}" in report.get("launcher_args", "")
-                for row in report["layouts"]]
+        rows = median_rows([{**{key: row[key] for key in ("model", "images_per_request", "shared_memory", "img_per_s",
+                                                          "p50_ms", "p99_ms", "processes_per_gpu")},
+                             "protocol": row.get("protocol", "grpc")}
+                            for report in throughput if f"--front-end {name}" in report.get("launcher_args", "")
+                            for row in report["layouts"]])
         front_ends.append({"name": "binary-2.51" if name == "binary" else name,
                            "triton_frontend_version": "2.51.0" if name == "binary" else TRITONFRONTEND_VERSION,
                            "processes_per_gpu": DEFAULT_PROCESSES_PER_GPU,
@@ -363,16 +379,18 @@ def results_markdown(results: dict) -> str:
                         "llr" + "r" * len(SOAK_FIELDS))]
     rows = [(f["name"], row) for f in results["front_ends"] for row in f["throughput"]]
     lines += ["", "## Throughput", ""]
-    runs = {(run["date"], run["git_commit"]) for run in results.get("throughput_runs", [])}
+    runs = {(run["date"], run["git_commit"]) for run in results.get("throughput_runs", []) if run.get("date")}
     if runs and runs != {(results["date"], results["git_commit"])}:
         lines += [f"Measured in steps starting {', '.join(sorted(date[:16].replace('T', ' ') for date, _ in runs))} "
                   f"(code {', '.join(sorted({commit[:7] for _, commit in runs}))}), not in the soak's run.", ""]
     if rows:
         lines += table(["front end", "processes/GPU", "protocol", "model", "images/request", "shared memory",
-                        "img/s", "p50 ms", "p99 ms"],
+                        "img/s (median)", "each round", "p50 ms", "p99 ms"],
                        ([name, r["processes_per_gpu"], r["protocol"], r["model"], r["images_per_request"],
-                         "CUDA" if r["shared_memory"] else "-", f"{r['img_per_s']:,.0f}", r["p50_ms"], r["p99_ms"]]
-                        for name, r in rows), "lrllrlrrr")
+                         "CUDA" if r["shared_memory"] else "-", f"{r['img_per_s']:,.0f}",
+                         ", ".join(f"{figure:,.0f}" for figure in r.get("img_per_s_rounds", [r["img_per_s"]])),
+                         r["p50_ms"], r["p99_ms"]]
+                        for name, r in rows), "lrllrlrrrr")
         by_point = {(name, r["protocol"], r["model"], r["images_per_request"], r["processes_per_gpu"]): r["img_per_s"]
                     for name, r in rows if not r["shared_memory"]}
         ratios = [(point, figure / by_point[("binary-2.51", *point)]) for (name, *point), figure in by_point.items()

@@ -5,7 +5,8 @@
 #   bash scripts/gpu_host_front_end.sh levers       # its settings: processes per GPU x gRPC infer threads and
 #                                                   # allocation pool, custom at 1 and 32 images/request (4 min)
 #   bash scripts/gpu_host_front_end.sh throughput   # both: custom, cuDNN, zero at 1 and 32 images/request over
-#                                                   # gRPC and HTTP, and CUDA shared memory at 32 (7 min); the
+#                                                   # gRPC and HTTP, and CUDA shared memory at 32, in
+#                                                   # THROUGHPUT_ROUNDS rounds (default 2, about 6 min each); the
 #                                                   # in-process one with the setting the levers chose, if run
 #   bash scripts/gpu_host_front_end.sh profile      # where each one's server CPU goes, by thread pool, at 1 and
 #                                                   # 32 images/request, before and after the stub's levers,
@@ -82,20 +83,34 @@ levers)
     done
     ;;
 throughput)
-    # as each front end is shipped, then client shared memory chosen (--client-shared-memory: one process, the binary)
+    # as each front end is shipped, then client shared memory chosen (--client-shared-memory: one process, the binary);
+    # THROUGHPUT_ROUNDS rounds (default 2), the two front ends in turn, which goes first alternating, so that neither
+    # always meets the host first: front_end_soak results compares their medians
     http=h2load_http:1:none:512,h2load_http:32:none:64     # KServe HTTP/1.1, a connection per call in flight
-    front_door binary --processes 2 --mps on --launcher-args "--front-end binary" \
-        --series "h2load:1:none:512,h2load:32:none:64,grpc_flood:32:cuda:64,$http"
-    status=$((status | $?))
     inprocess_processes=2 inprocess_args="--front-end inprocess"
     if compgen -G "$OUT/front_end_lever_*.json" > /dev/null; then   # the fastest setting of the levers' run
         mapfile -t chosen < <(python3 -m fusedresnet.campaigns.front_end_soak choose "$OUT"/front_end_lever_*.json \
                               2>> "$OUT/$task.log")
         inprocess_processes=${chosen[0]:-2} inprocess_args=${chosen[1]:-$inprocess_args}
     fi
-    front_door inprocess --processes "$inprocess_processes" --mps on --launcher-args "$inprocess_args" \
-        --series "h2load:1:none:512,h2load:32:none:64,$http"
-    status=$((status | $?))
+    for round in $(seq "${THROUGHPUT_ROUNDS:-2}"); do
+        order=(binary inprocess)
+        (( round % 2 == 0 )) && order=(inprocess binary)
+        for front_end in "${order[@]}"; do
+            if [[ $front_end == binary ]]; then   # the generator check and the CUDA shared-memory steps once
+                extra=(--series "h2load:1:none:512,h2load:32:none:64,grpc_flood:32:cuda:64,$http")
+                (( round > 1 )) && extra=(--series "h2load:1:none:512,h2load:32:none:64,$http" --no-generator-check
+                                          --no-recovery)
+                front_door "binary_r$round" --processes 2 --mps on --launcher-args "--front-end binary" "${extra[@]}"
+            else
+                extra=()
+                (( round > 1 )) && extra=(--no-generator-check --no-recovery)
+                front_door "inprocess_r$round" --processes "$inprocess_processes" --mps on \
+                    --launcher-args "$inprocess_args" --series "h2load:1:none:512,h2load:32:none:64,$http" "${extra[@]}"
+            fi
+            status=$((status | $?))
+        done
+    done
     front_door client_shm --processes 1 --mps on --series grpc_flood:32:cuda:64 --no-recovery \
         --launcher-args "--front-end binary --client-shared-memory"
     status=$((status | $?))

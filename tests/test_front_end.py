@@ -242,6 +242,34 @@ def test_the_results_name_the_infer_threads_that_ran_and_the_ratio_at_every_poin
     with pytest.raises(ValueError, match="different gRPC infer threads"):
         front_end_results(soak, [eight, report("--front-end inprocess -- --grpc-infer-thread-count=2", [])], [])
 
+def test_throughput_measured_in_rounds_is_compared_by_its_medians():
+    """front_end_soak results over two rounds of each front end: each point's median img/s, every round's figure
+    kept in the order measured, and in-process over binary from the medians (220 / 190 at 1 image/request)."""
+    from fusedresnet.campaigns.front_end_soak import front_end_results, results_markdown
+
+    soak_entry = {"soak": {key: 0 for key in ("duration_s", "valid_sent", "valid_failed_with_retries",
+                                              "valid_failed_without_retries", "capacity_zero_s", "crashes",
+                                              "restarts", "abuse_cycles")}}
+    soak = {"device": "d", "date": "t", "git_commit": "c", "server_cores": "0-11", "generator_cores": "12-15",
+            "command": "front_end_soak --seconds 600", "pattern": "p",
+            "front_ends": [{"name": "binary", **soak_entry}, {"name": "inprocess", **soak_entry}]}
+
+    def report(front_end, img_per_s, p99_ms):
+        return {"command": "front_door", "launcher_args": f"--front-end {front_end}", "date": "t", "git_commit": "c",
+                "layouts": [{"processes_per_gpu": 2, "model": MODEL_CUSTOM, "images_per_request": 1,
+                             "shared_memory": False, "img_per_s": img_per_s, "p50_ms": 1.0, "p99_ms": p99_ms}]}
+    rounds = [report("binary", 200.0, 3.0), report("inprocess", 210.0, 2.0),
+              report("inprocess", 230.0, 4.0), report("binary", 180.0, 5.0)]
+    results = front_end_results(soak, rounds, [])
+    rows = {f["name"]: f["throughput"] for f in results["front_ends"]}
+    assert [(r["img_per_s"], r["img_per_s_rounds"], r["p99_ms"]) for r in rows["binary-2.51"]] == \
+        [(190.0, [200.0, 180.0], 4.0)]
+    assert [(r["img_per_s"], r["img_per_s_rounds"]) for r in rows["inprocess"]] == [(220.0, [210.0, 230.0])]
+    markdown = results_markdown(results)
+    assert "| grpc | resnet18_custom | 1 | 2 | 1.16 |" in markdown
+    assert "210, 230" in markdown
+
+
 def test_the_inprocess_server_polls_grpc_unless_its_environment_says_otherwise():
     """gRPC's completion-queue polling (measured faster than its EventEngine threads, results/front_end.md);
     a GRPC_EXPERIMENTS of the environment is kept as given."""
