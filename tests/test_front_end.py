@@ -213,18 +213,23 @@ def test_the_levers_choose_the_setting_fastest_at_every_request_size_together():
         best_setting([report("--front-end inprocess", [(1, MODEL_CUDNN, False, 1, 5)])])
 
 
+def soak_report() -> dict:
+    """A front_end_soak report of both front ends with every soak figure 0, for the results' tests."""
+    from fusedresnet.campaigns.front_end_soak import SOAK_FIELDS
+
+    entry = {"soak": dict.fromkeys(SOAK_FIELDS, 0)}
+    return {"device": "d", "date": "t", "git_commit": "c", "server_cores": "0-11", "generator_cores": "12-15",
+            "command": "front_end_soak --seconds 600", "pattern": "p",
+            "front_ends": [{"name": "binary", **entry}, {"name": "inprocess", **entry}]}
+
+
 def test_the_results_name_the_infer_threads_that_ran_and_the_ratio_at_every_point():
     """front_end_soak results: the in-process front end's gRPC infer threads from the launcher arguments the reports
     ran with (the code's default where none was given), and in-process over binary at each plain-gRPC point."""
     from fusedresnet.backend.inprocess_server import GRPC_INFER_THREADS
     from fusedresnet.campaigns.front_end_soak import front_end_results, results_markdown
 
-    soak_entry = {"soak": {key: 0 for key in ("duration_s", "valid_sent", "valid_failed_with_retries",
-                                              "valid_failed_without_retries", "capacity_zero_s", "crashes",
-                                              "restarts", "abuse_cycles")}}
-    soak = {"device": "d", "date": "t", "git_commit": "c", "server_cores": "0-11", "generator_cores": "12-15",
-            "command": "front_end_soak --seconds 600", "pattern": "p",
-            "front_ends": [{"name": "binary", **soak_entry}, {"name": "inprocess", **soak_entry}]}
+    soak = soak_report()
 
     def report(launcher_args, rows):
         return {"command": "front_door", "launcher_args": launcher_args, "layouts": [
@@ -247,12 +252,7 @@ def test_throughput_measured_in_rounds_is_compared_by_its_medians():
     kept in the order measured, and in-process over binary from the medians (220 / 190 at 1 image/request)."""
     from fusedresnet.campaigns.front_end_soak import front_end_results, results_markdown
 
-    soak_entry = {"soak": {key: 0 for key in ("duration_s", "valid_sent", "valid_failed_with_retries",
-                                              "valid_failed_without_retries", "capacity_zero_s", "crashes",
-                                              "restarts", "abuse_cycles")}}
-    soak = {"device": "d", "date": "t", "git_commit": "c", "server_cores": "0-11", "generator_cores": "12-15",
-            "command": "front_end_soak --seconds 600", "pattern": "p",
-            "front_ends": [{"name": "binary", **soak_entry}, {"name": "inprocess", **soak_entry}]}
+    soak = soak_report()
 
     def report(front_end, img_per_s, p99_ms):
         return {"command": "front_door", "launcher_args": f"--front-end {front_end}", "date": "t", "git_commit": "c",
