@@ -2,9 +2,9 @@
 
 Both `model_repository/*/1/model.py` files are the same file: their
 `TritonPythonModel` is `ResNetTritonModel`, and each model's config.pbtxt says
-which engine it serves (`engine_config.EngineConfig`, parsed and validated once
+which engine it serves (`engines.config.EngineConfig`, parsed and validated once
 at load: a bad parameter fails the load with a message naming it; the engine
-comes from the one factory `engines.create_engine`). Everything lives here:
+comes from the one factory `engines.serving.create_engine`). Everything lives here:
 
 - placement: the instance kind and device id Triton gives (`KIND_AUTO`
   becomes GPU on a GPU host, CPU elsewhere);
@@ -58,15 +58,15 @@ from pathlib import Path
 
 import psutil
 
-from . import cuda_context
+from .engines import cuda_context
 
-cuda_context.start()    # the CUDA context is made while torch imports (backend/cuda_context.py)
+cuda_context.start()    # the CUDA context is made while torch imports (backend/engines/cuda_context.py)
 
 import torch
 import triton_python_backend_utils as pb_utils
 
-from .engine_config import ConfigError, EngineConfig, parse_engine_config
-from .engines import EngineUnavailable, ServingEngine, create_engine, input_shape
+from .engines.config import ConfigError, EngineConfig, parse_engine_config
+from .engines.serving import EngineUnavailable, ServingEngine, create_engine, input_shape
 from .pinned_shm import PinnedSharedMemory, host_input_choice
 from .spec import (
     EXECUTE_PHASE_METRIC,

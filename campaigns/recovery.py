@@ -3,9 +3,9 @@
     python -m fusedresnet.campaigns.recovery --out results/recovery.json --server-cores 0-15 \\
         --mps off,on --early-context off,on --kills 3
 
-For each variant (CUDA MPS off/on x the early CUDA context off/on, backend/cuda_context.py) one launcher serves
-the shipped model repository (every entry, the configured instance counts; the launcher's default processes
-per GPU unless --processes says) on GPU `--gpu`, pinned to `--server-cores`. Once it is ready, its newest
+For each variant (CUDA MPS off/on x the early CUDA context off/on, backend/engines/cuda_context.py) one launcher
+serves the shipped model repository (every entry, the configured instance counts; the launcher's default
+processes per GPU unless --processes says) on GPU `--gpu`, pinned to `--server-cores`. Once it is ready, its newest
 tritonserver is killed with SIGKILL (a crash) `--kills` times, each time after the launcher had it ready again
 and `--settle-s` more. Kept per kill: seconds from the kill to the launcher's "ready again" line, and where the
 restart went, read from Triton's own log: its first line, each model loaded, the endpoints started, and each
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fusedresnet.backend.cuda_context import EARLY_CONTEXT_ENV
+from fusedresnet.backend.engines.cuda_context import EARLY_CONTEXT_ENV
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.report_format import table, write_json_and_markdown
 from fusedresnet.backend.spec import MODEL_REPOSITORY

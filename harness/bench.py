@@ -64,8 +64,8 @@ from pathlib import Path
 import cupy as cp
 import torch
 
-from ..backend.engine_config import environment_engine_arguments
-from ..backend.engine_cuda import FusedCudaEngine
+from ..backend.engines.config import environment_engine_arguments
+from ..backend.engines.fused_cuda import FusedCudaEngine
 from ..backend.provenance import git_commit
 from ..backend.resnet.architecture import DEFAULT_SEED
 from ..backend.resnet.folding import STEM, fold_resnet18

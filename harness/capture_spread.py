@@ -18,8 +18,8 @@ import sys
 
 import cupy as cp
 
-from ..backend.engine_config import environment_engine_arguments
-from ..backend.engine_cuda import FusedCudaEngine
+from ..backend.engines.config import environment_engine_arguments
+from ..backend.engines.fused_cuda import FusedCudaEngine
 from ..backend.resnet.architecture import DEFAULT_SEED
 from ..backend.resnet.folding import fold_resnet18
 from ..backend.resnet.weights import build_resnet18

@@ -45,8 +45,8 @@ import cupy as cp
 import torch
 import torch.nn.functional as F
 
-from ..backend.engine_config import CONV_PATH_ENV, conv_path_override, pdl_override
-from ..backend.engine_cuda import FusedCudaEngine
+from ..backend.engines.config import CONV_PATH_ENV, conv_path_override, pdl_override
+from ..backend.engines.fused_cuda import FusedCudaEngine
 from ..backend.images import normalize_uint8, smooth_random_images
 from ..backend.resnet.architecture import DEFAULT_SEED
 from ..backend.resnet.folding import STEM, engine_convs, fold_resnet18, resnet18_blocks, shortcut_params
@@ -96,7 +96,7 @@ def layer_shapes(h: int = 224, w: int = 224, *, batch: int):
     after the stem at this batch, in execution order (`folding.engine_convs`: from SHORTCUT_FUSION_MIN_BATCH
     up a downsampling block's conv2 carries the block's projection, whose input is the block's; below it the
     downsample is its own convolution of the block's input)."""
-    from ..backend.engine_cuda import stage_sizes
+    from ..backend.engines.fused_cuda import stage_sizes
     shapes, x_hw = [], stage_sizes(h, w)[1]
     for block in resnet18_blocks():
         *_, conv2 = convs = engine_convs(block, batch >= SHORTCUT_FUSION_MIN_BATCH)

@@ -39,7 +39,7 @@ import sys
 import numpy as np
 import torch
 
-from ..backend.engine_config import environment_engine_arguments
+from ..backend.engines.config import environment_engine_arguments
 from ..backend.images import normalize_uint8, smooth_random_images
 from ..backend.resnet.folding import (
     LOGITS_CHECKPOINT,
@@ -82,7 +82,7 @@ def reference_checkpoints(model, pixels: torch.Tensor) -> dict[str, torch.Tensor
 
 def folded_engine_checkpoints(params: dict, pixels: torch.Tensor) -> tuple[str, dict[str, torch.Tensor]]:
     """(engine name, activations) of the folded graph on the CPU."""
-    from ..backend.engines import TorchFoldedEngine
+    from ..backend.engines.serving import TorchFoldedEngine
     engine = TorchFoldedEngine(params, "cpu")
     with torch.inference_mode():
         return engine.name, dict(engine.checkpoints(normalize_uint8(pixels)))
@@ -92,7 +92,7 @@ def fused_engine_checkpoints(params: dict, pixels: torch.Tensor,
                              **engine_arguments) -> tuple[str, dict[str, torch.Tensor]]:
     """(engine name, activations) of the fused CUDA kernels (`engine_arguments`: conv_path, pdl), fed the UINT8
     pixels."""
-    from ..backend.engine_cuda import FusedCudaEngine
+    from ..backend.engines.fused_cuda import FusedCudaEngine
     engine = FusedCudaEngine(params, "cuda", **engine_arguments)
     return engine.name, engine.checkpoint_outputs(pixels.cuda())
 

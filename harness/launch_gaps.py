@@ -27,8 +27,8 @@ import time
 import cupy as cp
 import torch
 
-from ..backend.engine_config import conv_path_override
-from ..backend.engine_cuda import FusedCudaEngine
+from ..backend.engines.config import conv_path_override
+from ..backend.engines.fused_cuda import FusedCudaEngine
 from ..backend.resnet.architecture import DEFAULT_SEED
 from ..backend.resnet.folding import fold_resnet18
 from ..backend.resnet.weights import build_resnet18

@@ -14,8 +14,8 @@ from __future__ import annotations
 import cupy as cp
 
 # The engine only for its prepared weights (folded, fp16 KRSC, the stem padded).
-from ..backend.engine_config import environment_engine_arguments
-from ..backend.engine_cuda import FusedCudaEngine
+from ..backend.engines.config import environment_engine_arguments
+from ..backend.engines.fused_cuda import FusedCudaEngine
 from ..backend.resnet.folding import fold_resnet18
 from ..backend.resnet.weights import build_resnet18
 

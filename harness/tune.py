@@ -28,8 +28,8 @@ import time
 
 import cupy as cp
 
-from ..backend.engine_config import environment_engine_arguments
-from ..backend.engine_cuda import BATCH_BUCKETS, FusedCudaEngine
+from ..backend.engines.config import environment_engine_arguments
+from ..backend.engines.fused_cuda import BATCH_BUCKETS, FusedCudaEngine
 from ..backend.resnet.architecture import DEFAULT_SEED
 from ..backend.resnet.folding import fold_resnet18
 from ..backend.resnet.weights import build_resnet18

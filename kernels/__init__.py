@@ -46,7 +46,7 @@ Python:
     dev/              experiments the tuner never chose, apart from what ships, each runnable as a check and then
                       a benchmark (dev/__init__.py lists them)
 
-The engine that strings the kernels together is `fusedresnet.backend.engine_cuda`; the harness that
+The engine that strings the kernels together is `fusedresnet.backend.engines.fused_cuda`; the harness that
 checks, times and tunes them (check, bench, diff, profile_layers, tune) is `fusedresnet.harness`. This package
 imports neither (nor `fusedresnet.client`): tests/test_package_layering.py.
 Measurements, predictions and outcomes: NOTES.md.

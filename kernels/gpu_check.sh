@@ -33,9 +33,9 @@ mkdir -p "$OUT/results"
 # the clocks, temperature and power at the start: what the timings below ran at
 nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv
 t0=$(date +%s)
-python3 -c "from fusedresnet.backend.engine_config import environment_engine_arguments; from fusedresnet.kernels.launch import library; import time; t=time.time(); lib=library(0, *environment_engine_arguments().values()); print(f'compile+load of the {len(lib.served)} served kernels {time.time()-t:.1f}s, conv path {lib.path} (cc {lib.cc[0]}.{lib.cc[1]}), {len(lib.tuned)} tuned plans for {lib.device_name}, programmatic dependent launch {lib.pdl} ({lib.pdl_reason})')" 2>&1 | tail -12 \
+python3 -c "from fusedresnet.backend.engines.config import environment_engine_arguments; from fusedresnet.kernels.launch import library; import time; t=time.time(); lib=library(0, *environment_engine_arguments().values()); print(f'compile+load of the {len(lib.served)} served kernels {time.time()-t:.1f}s, conv path {lib.path} (cc {lib.cc[0]}.{lib.cc[1]}), {len(lib.tuned)} tuned plans for {lib.device_name}, programmatic dependent launch {lib.pdl} ({lib.pdl_reason})')" 2>&1 | tail -12 \
   || { echo "COMPILE/LOAD FAILED"; exit 1; }
-path=$(python3 -c "import cupy; from fusedresnet.backend.engine_config import conv_path_override; from fusedresnet.kernels.launch_choices import conv_path; cc=cupy.cuda.Device(0).compute_capability; print(conv_path((int(cc[:-1]), int(cc[-1])), conv_path_override()))" 2>/dev/null)
+path=$(python3 -c "import cupy; from fusedresnet.backend.engines.config import conv_path_override; from fusedresnet.kernels.launch_choices import conv_path; cc=cupy.cuda.Device(0).compute_capability; print(conv_path((int(cc[:-1]), int(cc[-1])), conv_path_override()))" 2>/dev/null)
 rc=0
 rc_tune=0
 if [[ $what == full || $what == tuned ]]; then

@@ -1,4 +1,4 @@
-"""The early CUDA context (backend/cuda_context.py): made in the background through the driver API where exactly
+"""The early CUDA context (backend/engines/cuda_context.py): made in the background through the driver API where exactly
 one GPU is visible, left to initialize() elsewhere, off with FUSEDRESNET_EARLY_CUDA_CONTEXT=0.
 
 On the CPU a stand-in libcuda.so.1 (built here with the C compiler) reports the device count a test asks for and
@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from fusedresnet.backend.cuda_context import EARLY_CONTEXT_ENV
+from fusedresnet.backend.engines.cuda_context import EARLY_CONTEXT_ENV
 
 FAKE_DRIVER = textwrap.dedent("""
     #include <stdio.h>
@@ -32,7 +32,7 @@ FAKE_DRIVER = textwrap.dedent("""
     int cuDevicePrimaryCtxRetain(void **context, int device) { *context = (void *)0x1234;
                                                                note("cuDevicePrimaryCtxRetain", device); return 0; }
 """)
-PROBE = "from fusedresnet.backend import cuda_context; cuda_context.start(); print(cuda_context.wait())"
+PROBE = "from fusedresnet.backend.engines import cuda_context; cuda_context.start(); print(cuda_context.wait())"
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_no_driver_at_all(tmp_path):
 def test_on_a_gpu_torch_uses_the_context_made_before_it():
     code = textwrap.dedent("""
         import ctypes, os
-        from fusedresnet.backend import cuda_context
+        from fusedresnet.backend.engines import cuda_context
         cuda_context.start()
         outcome = cuda_context.wait()
         driver = ctypes.CDLL("libcuda.so.1")

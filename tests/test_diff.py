@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fusedresnet.backend.engines import TorchFoldedEngine
+from fusedresnet.backend.engines.serving import TorchFoldedEngine
 from fusedresnet.backend.images import normalize_uint8, smooth_random_images
 from fusedresnet.backend.resnet.folding import fold_resnet18
 from fusedresnet.backend.resnet.weights import build_resnet18

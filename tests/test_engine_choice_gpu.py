@@ -15,8 +15,8 @@ import torch
 from test_engine_config import SHIM_MARK, model_copy
 
 from fusedresnet.backend import spec
-from fusedresnet.backend.engine_config import EngineConfig
-from fusedresnet.backend.engines import ServingEngine, create_engine
+from fusedresnet.backend.engines.config import EngineConfig
+from fusedresnet.backend.engines.serving import ServingEngine, create_engine
 from fusedresnet.backend.images import smooth_random_images
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.prepared_stamp import STAMP_FILE
@@ -48,7 +48,7 @@ def test_gpu_instance_without_cupy_refuses_to_load_unless_the_config_opts_in_to_
 
 
 def test_fused_engine_library_calls_from_several_threads_each_get_their_own_answer(prepared_repository):
-    from fusedresnet.backend.engine_cuda import FusedCudaEngine
+    from fusedresnet.backend.engines.fused_cuda import FusedCudaEngine
     engine = FusedCudaEngine(prepared_repository / spec.MODEL_CUSTOM / "1" / spec.FOLDED_PARAMS_FILE, "cuda:0")
     batches = [smooth_random_images(n, seed=n) for n in (1, 3, 8, 5, 2, 8)]
     alone = [engine.classify_uint8(batch.cuda()).cpu() for batch in batches]   # one call at a time

@@ -23,13 +23,13 @@ import torch
 from google.protobuf import json_format
 
 from fusedresnet.backend import spec
-from fusedresnet.backend.engine_config import (
+from fusedresnet.backend.engines.config import (
     ConfigError,
     EngineConfig,
     environment_engine_arguments,
     parse_engine_config,
 )
-from fusedresnet.backend.engines import (
+from fusedresnet.backend.engines.serving import (
     GPU_INSTALL_COMMAND,
     ServingEngine,
     TorchFoldedEngine,
@@ -181,7 +181,7 @@ DECIDE = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import no_cupy  # noqa: F401  (before anything can import CuPy)
-from fusedresnet.backend.engines import EngineUnavailable, custom_engine_plan
+from fusedresnet.backend.engines.serving import EngineUnavailable, custom_engine_plan
 out = {}
 try:
     import cupy  # noqa: F401

@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from fusedresnet.backend.engines import TorchFoldedEngine
+from fusedresnet.backend.engines.serving import TorchFoldedEngine
 from fusedresnet.backend.images import normalize_uint8, smooth_random_images
 from fusedresnet.backend.resnet.folding import all_convs, conv_and_batchnorm, fold_batchnorm, fold_resnet18
 from fusedresnet.backend.resnet.weights import build_resnet18

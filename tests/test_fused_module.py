@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from fusedresnet.backend.fused_module import FusedResNet18
+from fusedresnet.backend.engines.fused_module import FusedResNet18
 from fusedresnet.backend.images import normalize_uint8, smooth_random_images
 from fusedresnet.backend.resnet.folding import fold_resnet18
 from fusedresnet.backend.resnet.weights import build_resnet18

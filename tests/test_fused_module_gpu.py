@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from fusedresnet.backend.fused_module import FusedResNet18
+from fusedresnet.backend.engines.fused_module import FusedResNet18
 from fusedresnet.backend.images import normalize_uint8, smooth_random_images
 from fusedresnet.backend.resnet.weights import build_resnet18
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLERANCE, compare_logits

@@ -60,7 +60,7 @@ def test_a_fused_shortcut_has_its_own_plan_key_and_never_a_patch_tile():
 
 def test_conv_path_is_mixed_on_cc_9_0_only_and_one_family_can_be_forced(monkeypatch):
     """The kernel library takes the path as an argument and reads no environment; the environment's override
-    is read by engine_config (test_engine_config.py)."""
+    is read by engines.config (test_engine_config.py)."""
     from fusedresnet.kernels.launch_choices import MIXED, conv_path
     monkeypatch.setenv("FUSEDRESNET_CONV_PATH", "mma")   # not read here
     assert conv_path((9, 0)) == MIXED == conv_path((9, 0), "auto") == conv_path((9, 0), None)

@@ -48,7 +48,7 @@ def test_whole_network_agrees_with_float32_resnet18_on_500_inputs(checker):
 
 
 def test_engine_serves_through_create_custom_engine(checker, tmp_path):
-    from fusedresnet.backend.engines import create_custom_engine
+    from fusedresnet.backend.engines.serving import create_custom_engine
     torch.save(checker.params, tmp_path / "folded.pt")
     engine, reason = create_custom_engine(tmp_path / "folded.pt", "cuda:0")
     assert engine.name.startswith("fused-cuda-fp16-"), reason   # not a fallback engine

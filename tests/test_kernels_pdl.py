@@ -19,7 +19,7 @@ import types
 
 import pytest
 
-from fusedresnet.backend.engine_config import PDL_ENV, pdl_override
+from fusedresnet.backend.engines.config import PDL_ENV, pdl_override
 from fusedresnet.kernels.build import KERNEL_DIR, SOURCES
 from fusedresnet.kernels.dev import DEV_SOURCES
 from fusedresnet.kernels.launch_choices import pdl_choice
@@ -121,7 +121,7 @@ def test_pdl_is_on_where_the_device_and_the_host_have_it(monkeypatch):
 
 
 def test_pdl_can_be_turned_off_and_an_explicit_request_is_never_dropped(monkeypatch):
-    """pdl_choice takes the request as an argument; FUSEDRESNET_PDL is read at the edge (engine_config's
+    """pdl_choice takes the request as an argument; FUSEDRESNET_PDL is read at the edge (engines.config's
     pdl_override, what the server and the command-line tools pass down), never by the kernel library."""
     _bindings(monkeypatch, installed=True)
     monkeypatch.setenv(PDL_ENV, "0")

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from fusedresnet.backend import serve
-from fusedresnet.backend.engines import TorchScriptEngine, create_custom_engine
+from fusedresnet.backend.engines.serving import TorchScriptEngine, create_custom_engine
 from fusedresnet.backend.spec import (
     EXECUTE_PHASE_METRIC,
     EXECUTIONS_METRIC,

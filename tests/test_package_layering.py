@@ -110,14 +110,14 @@ def kernel_modules() -> list[Path]:
 def test_imports_are_resolved_against_the_package_of_the_file():
     source = ("from __future__ import annotations\n"
               "import cupy as cp\n"
-              "from ..backend.engine_cuda import FusedCudaEngine\n"
+              "from ..backend.engines.fused_cuda import FusedCudaEngine\n"
               "from .launch import library\n"
               "from . import configs\n"
               "def main():\n"
               "    from ..client.agreement import compare_logits\n"
               "    import fusedresnet.harness.check\n")
     assert [m for _, m in imports(source, "fusedresnet.kernels")] == [
-        "__future__", "cupy", "fusedresnet.backend.engine_cuda", "fusedresnet.kernels.launch",
+        "__future__", "cupy", "fusedresnet.backend.engines.fused_cuda", "fusedresnet.kernels.launch",
         "fusedresnet.kernels.configs", "fusedresnet.client.agreement", "fusedresnet.harness.check"]
     assert [m for _, m in imports("from ..kernels.tune import time_graph\n", "fusedresnet.harness")] == [
         "fusedresnet.kernels.tune"]
@@ -125,7 +125,7 @@ def test_imports_are_resolved_against_the_package_of_the_file():
 
 def test_the_old_layout_is_caught():
     """bench.py as it was inside kernels/: the harness in the kernel library, importing the backend."""
-    old_bench = ("from ..backend.engine_cuda import FusedCudaEngine\n"
+    old_bench = ("from ..backend.engines.fused_cuda import FusedCudaEngine\n"
                  "from ..backend.spec import INPUT_UINT8\n"
                  "from .check import layer_shapes\n"
                  "from .launch import conv_out_size\n"
@@ -133,7 +133,7 @@ def test_the_old_layout_is_caught():
                  "from ..loadtest.step import Step\n"
                  "import fusedresnet\n")
     assert kernel_library_violations("kernels/bench.py", old_bench) == [
-        "kernels/bench.py:1: imports fusedresnet.backend.engine_cuda",
+        "kernels/bench.py:1: imports fusedresnet.backend.engines.fused_cuda",
         "kernels/bench.py:2: imports fusedresnet.backend.spec",
         "kernels/bench.py:3: imports fusedresnet.kernels.check",
         "kernels/bench.py:6: imports fusedresnet.loadtest.step",
@@ -147,11 +147,13 @@ def test_kernel_library_imports_no_other_fusedresnet_package(path):
 
 
 def imports_of(folders, forbidden) -> list[str]:
-    """'path:line: imports module' for every import of a module within `forbidden` by a module of `folders`."""
+    """'path:line: imports module' for every import of a module within `forbidden` by a module of `folders` (relative
+    imports resolved against the package of the file: `from ...kernels` in backend/engines/ is fusedresnet.kernels)."""
     offenders = []
     for folder in folders:
         for path in sorted((ROOT / folder).rglob("*.py")):
-            for line, module in imports(path.read_text(), PACKAGES[folder]):
+            package = ".".join([PACKAGES[folder], *path.relative_to(ROOT / folder).parent.parts])
+            for line, module in imports(path.read_text(), package):
                 if within(module, forbidden):
                     offenders.append(f"{path.relative_to(ROOT).as_posix()}:{line}: imports {module}")
     return offenders
@@ -248,7 +250,7 @@ def test_a_module_imported_from_its_package_is_an_edge():
 
 def test_no_module_imports_itself_back_through_others():
     graph = module_imports()
-    assert "fusedresnet.backend.engine_cuda" in graph["fusedresnet.backend.engines"]   # lazy imports count
+    assert "fusedresnet.backend.engines.fused_cuda" in graph["fusedresnet.backend.engines.serving"]  # lazy ones count
     assert "fusedresnet.loadtest.step" in graph["fusedresnet.loadtest.sweep"]     # a name from a module
     assert "fusedresnet.loadtest.triton_metrics" in graph["fusedresnet.loadtest.step"]   # a module from a package
     assert import_cycles(graph) == []
@@ -287,8 +289,9 @@ def third_party_at_import(module: str) -> set[str]:
 
 # The launcher's modules (backend/launcher/), lowest first: each imports only modules before it in this order.
 LAUNCHER_ROOMS = ("settings", "health", "repository", "supervisor", "process", "group", "cli")
-# The network and its weights (backend/resnet/), lowest first, the same way.
+# The network and its weights (backend/resnet/), and the engines that run it (backend/engines/), the same way.
 RESNET_ROOMS = ("pretrained", "architecture", "folding", "onnx_import", "weights")
+ENGINES_ROOMS = ("cuda_context", "config", "fused_cuda", "serving", "fused_module")
 # What only the server extra installs (pyproject.toml), and the project's modules that start or build the server.
 SERVER_SIDE_PACKAGES = {"psutil", "torch", "pytriton", "triton_python_backend_utils", "cupy"}
 SERVER_SIDE_MODULES = {f"fusedresnet.backend.{name}" for name in (
@@ -377,6 +380,28 @@ def test_the_networks_rooms_import_only_downward():
         outside = {other for other in graph[module] if not within(other, ("fusedresnet.backend.resnet",))}
         assert outside <= {"fusedresnet.backend.images", "fusedresnet.backend.spec"}, (module, sorted(outside))
     assert imports((ROOT / "backend" / "resnet" / "__init__.py").read_text(), "fusedresnet.backend.resnet") == []
+
+
+def test_the_engines_rooms_import_only_downward():
+    """backend/engines/: the early CUDA context needs nothing and the config no engine; the fused CUDA engine knows
+    neither the PyTorch engines nor the factory that picks it (which imports it lazily, where it runs it); the
+    engine as a torch module sits on top. The engines stand on the network (backend/resnet/), which never imports
+    them, and on nothing of the server: no launcher, no Triton adapter. The package's __init__ imports nothing, so
+    the Triton adapter makes its CUDA context before torch is imported and the tests read the config without it."""
+    graph = module_imports()
+    assert upward_imports(graph, "fusedresnet.backend.engines", ENGINES_ROOMS) == []
+    assert "fusedresnet.backend.engines.fused_cuda" in graph["fusedresnet.backend.engines.serving"]
+    allowed = ("fusedresnet.backend.engines", "fusedresnet.backend.resnet", "fusedresnet.backend.batching",
+               "fusedresnet.backend.images", "fusedresnet.backend.spec", "fusedresnet.kernels")
+    for room in ENGINES_ROOMS:
+        module = f"fusedresnet.backend.engines.{room}"
+        assert {other for other in graph[module] if not within(other, allowed)} == set(), module
+    for module in graph:
+        if within(module, ("fusedresnet.backend.resnet",)):
+            assert not {other for other in graph[module] if within(other, ("fusedresnet.backend.engines",))}, module
+    assert imports((ROOT / "backend" / "engines" / "__init__.py").read_text(), "fusedresnet.backend.engines") == []
+    assert "torch" not in third_party_at_import("fusedresnet.backend.engines.cuda_context")
+    assert "torch" not in third_party_at_import("fusedresnet.backend.engines.config")
 
 
 def test_the_admin_token_needs_neither_the_triton_installation_nor_the_launcher():

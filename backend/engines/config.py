@@ -13,7 +13,7 @@ serves is said by its config alone:
 | `torch_threads` | auto or a positive integer          | every model           | auto    |
 
 `engine`: auto = the fused CUDA kernels on a GPU instance (refusing to load if
-they cannot run there: no silent fallback, see `engines.custom_engine_plan`),
+they cannot run there: no silent fallback, see `serving.custom_engine_plan`),
 the folded graph on PyTorch ops on a CPU instance; cuda = the fused kernels or
 nothing; torch = the folded graph on PyTorch ops on any device (the explicit
 opt-in to serve without our kernels); torchscript = the cuDNN baseline.
@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, fields
 
-from ..kernels.launch_choices import CONV_PATHS, MIXED
+from ...kernels.launch_choices import CONV_PATHS, MIXED
 
 CONV_PATH_ENV = "FUSEDRESNET_CONV_PATH"   # auto, mma or wgmma: the fused engine's kernel family
 PDL_ENV = "FUSEDRESNET_PDL"               # 0 or 1: programmatic dependent launch off or required

@@ -2,14 +2,14 @@
 
 Importing this module needs CuPy: on a host without it the import raises
 ImportError, and a GPU instance of `resnet18_custom` refuses to load, naming
-it (`engines.custom_engine_plan`: no silent fallback).
+it (`serving.custom_engine_plan`: no silent fallback).
 
 How a batch runs:
 1. The input (uint8 [N,H,W,3] or fp32 [N,3,H,W], CPU or CUDA) is copied into a
    static device buffer of the plan for (batch bucket, input kind, H, W); the
    bucket is the next power of two >= N (up to 256; larger batches go in chunks).
    The Triton model writes straight into that buffer (`input_buffer`, the
-   serving interface of `backend/engines.py`), so a served batch is copied once.
+   serving interface of `backend/engines/serving.py`), so a served batch is copied once.
 2. The plan's CUDA graph is replayed: stem conv (normalisation fused into its
    loader, the 3x3/2 max-pool into its epilogue) -> 8 BasicBlocks, each conv
    an implicit-GEMM kernel with the folded BatchNorm bias, residual and ReLU
@@ -30,7 +30,7 @@ How a batch runs:
 Threads: the library calls (classify_uint8, classify_normalized, features,
 checkpoint_outputs) may come from several threads; the engine's lock holds
 each call's copy-in, replay, copy-out and synchronisation together. The
-serving interface has one caller at a time (see `backend/engines.py`).
+serving interface has one caller at a time (see `backend/engines/serving.py`).
 
 A CUDA input is read on the engine's own stream after the caller's current torch
 stream has reached this point (the engine's stream waits on it), so an input
@@ -50,12 +50,12 @@ import cupy as cp  # noqa: E402  (ImportError here means: no fused engine on thi
 import numpy as np
 import torch
 
-from ..kernels.geometry import STEM_FILTER_ROWS, STEM_KG_PADDED, STEM_ROW_VALUES
-from ..kernels.launch import conv_out_size, library
-from ..kernels.launch_choices import PDL_MAX_BATCH, SHORTCUT_FUSION_MIN_BATCH
-from ..kernels.tiles import tile_family
-from .batching import next_power_of_two
-from .resnet.folding import (
+from ...kernels.geometry import STEM_FILTER_ROWS, STEM_KG_PADDED, STEM_ROW_VALUES
+from ...kernels.launch import conv_out_size, library
+from ...kernels.launch_choices import PDL_MAX_BATCH, SHORTCUT_FUSION_MIN_BATCH
+from ...kernels.tiles import tile_family
+from ..batching import next_power_of_two
+from ..resnet.folding import (
     MAXPOOL_KERNEL,
     MAXPOOL_PADDING,
     MAXPOOL_STRIDE,
@@ -65,7 +65,7 @@ from .resnet.folding import (
     resnet18_blocks,
     shortcut_params,
 )
-from .spec import (
+from ..spec import (
     IMAGE_SIZE,
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -181,7 +181,7 @@ class FusedCudaEngine:
         """`conv_path`: "mma", "wgmma", "auto" or None (auto: by compute capability);
         `pdl`: programmatic dependent launch, None = where the device has it
         (`kernels.launch_choices.pdl_choice`), for the batch buckets up to `pdl_max_batch`. Both explicit:
-        the environment's overrides are resolved by the caller (`engine_config`)."""
+        the environment's overrides are resolved by the caller (`config`)."""
         params = load_folded(params_or_path) if not isinstance(params_or_path, dict) else params_or_path
         self.torch_device = torch.device(device)
         if self.torch_device.type != "cuda":
@@ -293,7 +293,7 @@ class FusedCudaEngine:
             x = step.out
         lib.avgpool_fc(x, self.fc_weight, self.fc_bias, plan.logits)
 
-    # -- serving interface (backend/engines.py: ServingEngine) ----------------
+    # -- serving interface (backend/engines/serving.py: ServingEngine) --------
     def describe(self) -> str:
         lib = self.lib
         return (f"fused CUDA kernels on {self.device} ({lib.device_name}, cc {lib.cc[0]}.{lib.cc[1]}), conv path "

@@ -1,7 +1,7 @@
 """`FusedResNet18`: the custom engine as a ``torch.nn.Module``, for use inside a PyTorch program.
 
     import torch, torchvision
-    from fusedresnet.backend.fused_module import FusedResNet18
+    from fusedresnet.backend.engines.fused_module import FusedResNet18
 
     model = FusedResNet18.from_torchvision(torchvision.models.resnet18(weights="DEFAULT"))  # cuda:0
     with torch.inference_mode():
@@ -41,12 +41,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .engine_config import environment_engine_arguments
-from .engines import create_custom_engine
-from .resnet.architecture import ResNet18
-from .resnet.folding import fold_resnet18, load_folded
-from .resnet.weights import build_resnet18
-from .spec import CHANNELS, FOLDED_PARAMS_FILE, MIN_INPUT_SIZE, MODEL_CUSTOM, MODEL_REPOSITORY
+from ..resnet.architecture import ResNet18
+from ..resnet.folding import fold_resnet18, load_folded
+from ..resnet.weights import build_resnet18
+from ..spec import CHANNELS, FOLDED_PARAMS_FILE, MIN_INPUT_SIZE, MODEL_CUSTOM, MODEL_REPOSITORY
+from .config import environment_engine_arguments
+from .serving import create_custom_engine
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

@@ -13,7 +13,7 @@ load log and in every response, so nobody mistakes one engine for another.
 - `TorchFoldedEngine`: the custom model's folded graph (BatchNorm folded,
   fp16 weights) run by plain PyTorch ops. It is what `resnet18_custom` runs on
   hosts without a GPU, and the in-process reference of the folded parameters.
-- The fused CUDA engine (``fusedresnet.backend.engine_cuda``) runs the same
+- The fused CUDA engine (``fusedresnet.backend.engines.fused_cuda``) runs the same
   folded parameters on our own kernels; `create_custom_engine` picks it when a
   GPU and CuPy are present.
 
@@ -40,7 +40,7 @@ threads: the fused engine serialises them on its lock, the PyTorch engines
 share no state between calls.
 
 `create_engine` is the one factory: it builds the engine a model's
-`EngineConfig` (`backend/engine_config.py`) asks for.
+`EngineConfig` (`backend/engines/config.py`) asks for.
 """
 
 from __future__ import annotations
@@ -51,10 +51,9 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
-from .batching import next_power_of_two
-from .engine_config import CUSTOM_ENGINES, EngineConfig
-from .images import normalize_uint8
-from .resnet.folding import (
+from ..batching import next_power_of_two
+from ..images import normalize_uint8
+from ..resnet.folding import (
     LOGITS_CHECKPOINT,
     MAXPOOL_KERNEL,
     MAXPOOL_PADDING,
@@ -65,7 +64,8 @@ from .resnet.folding import (
     load_folded,
     resnet18_blocks,
 )
-from .spec import CHANNELS, FOLDED_PARAMS_FILE, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8, TORCHSCRIPT_FILE
+from ..spec import CHANNELS, FOLDED_PARAMS_FILE, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8, TORCHSCRIPT_FILE
+from .config import CUSTOM_ENGINES, EngineConfig
 
 # Warm-up and CUDA-graph capture run each bucket a few times first (cuDNN's algorithm
 # choice and TorchScript's profiling executor settle in the first runs).
@@ -300,7 +300,7 @@ def custom_engine_plan(device: str, choice: str = "auto") -> tuple[str, str]:
                                     "GPU (engine auto runs the PyTorch graph on a CPU instance)")
         return "torch", "no GPU for this instance"
     try:
-        from . import engine_cuda  # noqa: F401
+        from . import fused_cuda  # noqa: F401
     except ImportError as error:
         missing = error.name or "a dependency"
         raise EngineUnavailable(
@@ -317,7 +317,7 @@ def create_custom_engine(params_path, device: str = "cpu", choice: str = "auto",
     kind, reason = custom_engine_plan(device, choice)
     if kind == "torch":
         return TorchFoldedEngine(params_path, device), reason
-    from .engine_cuda import FusedCudaEngine
+    from .fused_cuda import FusedCudaEngine
     return FusedCudaEngine(params_path, device, conv_path=conv_path, pdl=pdl), reason
 
 

@@ -14,7 +14,7 @@ weight as fp16 in KRSC order (output channel, kernel row, kernel column, input
 channel: the filter layout of NHWC convolution) and the bias as fp32.
 
 The first convolution stays in normalised space: an engine that reads UINT8
-pixels folds the ImageNet normalisation in itself (`engine_cuda`, exact at the border).
+pixels folds the ImageNet normalisation in itself (`engines.fused_cuda`, exact at the border).
 """
 
 from __future__ import annotations
