@@ -20,7 +20,10 @@
     shape and split-K the engine uses (split-K reduction included), timed from
     replays of a CUDA graph of 10 launches (no launch gaps), ms,
     TFLOP/s and % of the tensor-core peak measured here with a large fp16
-    matrix product (cuBLAS), written as CSV.
+    matrix product (cuBLAS), and its roofline (harness/roofline.py): the
+    bytes it must move, GB/s, the memory's bandwidth measured by a copy, the
+    bound (compute or memory), % of its roof and its share of the layers'
+    time at its batch, written as CSV.
     From batch SHORTCUT_FUSION_MIN_BATCH up a downsampling block's conv2 runs
     with the block's 1x1 projection fused into its reduction (layer
     "...conv2+downsample"; its FLOPs include the projection's), below it the
@@ -76,6 +79,7 @@ from ..kernels.launch_choices import SHORTCUT_FUSION_MIN_BATCH
 from ..kernels.tune import time_graph
 from .bench_report import record, summary_table, write_result
 from .check import layer_shapes
+from .roofline import conv_bytes, memory_bandwidth_gbs, roofline, stem_bytes, time_shares
 
 GFLOP_PER_IMAGE = 3.63
 
@@ -239,8 +243,8 @@ def gpu_state() -> dict:
 
 
 def conv_runner(engine: FusedCudaEngine, spec, n: int, h: int, w: int, shortcut_hw=None):
-    """(run, tile label, split-K, flops) for one convolution of the network alone, at batch n and input h x w
-    (`shortcut_hw`: the input size of a fused shortcut, `check.layer_shapes`)."""
+    """(run, tile label, split-K, flops, compulsory bytes) for one convolution of the network alone, at batch n and
+    input h x w (`shortcut_hw`: the input size of a fused shortcut, `check.layer_shapes`; bytes: harness/roofline)."""
     lib = engine.lib
     p = conv_out_size(h, spec.kernel, spec.stride, spec.padding)
     q = conv_out_size(w, spec.kernel, spec.stride, spec.padding)
@@ -252,7 +256,10 @@ def conv_runner(engine: FusedCudaEngine, spec, n: int, h: int, w: int, shortcut_
         pooled = cp.empty((n, conv_out_size(p, 3, 2, 1), conv_out_size(q, 3, 2, 1), 64), dtype=cp.float16)
         return (lambda: lib.stem_pool(x, engine.stem_weight, engine.stem_bias, pooled, kind="uint8",
                                       in_scale=engine.in_scale, in_shift=engine.in_shift),
-                f"stem+maxpool fused ({'wgmma' if lib.wgmma_module else 'mma.sync'})", 1, flops)
+                f"stem+maxpool fused ({'wgmma' if lib.wgmma_module else 'mma.sync'})", 1, flops,
+                stem_bytes(n, h, w, pooled.shape[1], pooled.shape[2]))
+    moved = conv_bytes(n, h, w, p, q, spec.in_channels, spec.out_channels, spec.kernel,
+                       adds_residual=spec.adds_residual, shortcut_channels=shortcut_c, shortcut_hw=shortcut_hw)
     x = cp.random.standard_normal((n, h, w, spec.in_channels), dtype=cp.float32).astype(cp.float16)
     weight, bias = engine.weights[spec.name]
     residual = cp.ones_like(y) if spec.adds_residual else None
@@ -263,25 +270,27 @@ def conv_runner(engine: FusedCudaEngine, spec, n: int, h: int, w: int, shortcut_
         xs = cp.random.standard_normal((n, *shortcut_hw, shortcut_c), dtype=cp.float32).astype(cp.float16)
         return (lambda: lib.conv_shortcut(x, weight, bias, y, xs, shortcut_stride=spec.shortcut.stride,
                                           relu=spec.relu, plan=plan, workspace=ws),
-                plan.tile.label, plan.splits, flops)
+                plan.tile.label, plan.splits, flops, moved)
     return (lambda: lib.conv(x, weight, bias, y, stride=spec.stride, pad=spec.padding, relu=spec.relu,
                              residual=residual, plan=plan, workspace=ws),
-            plan.tile.label, plan.splits, flops)
+            plan.tile.label, plan.splits, flops, moved)
 
 
 def layer_table(engine: FusedCudaEngine, batches) -> list[dict]:
-    """Each convolution alone at each batch: ms and TFLOP/s (the share of the peak is added by the caller)."""
+    """Each convolution alone at each batch: ms, GFLOP, compulsory bytes and TFLOP/s (the share of the peak and the
+    roofline are added by the caller)."""
     rows = []
     for n in batches:
         for spec, h, w, shortcut_hw in [(STEM, 224, 224, None)] + layer_shapes(batch=n):
-            run, label, splits, flops = conv_runner(engine, spec, n, h, w, shortcut_hw)
+            run, label, splits, flops, moved = conv_runner(engine, spec, n, h, w, shortcut_hw)
             with engine.lib.launch_mode(n <= engine.pdl_max_batch):   # launched as the engine launches batch n
                 ms = time_graph(run)
             tflops = flops / ms / 1e9
             rows.append({"path": engine.lib.path, "layer": spec.name, "N": n, "H": h, "W": w,
                          "C": spec.in_channels, "K": spec.out_channels, "R": spec.kernel, "S": spec.kernel,
                          "stride": spec.stride, "tile": label, "splitk": splits,
-                         "ms": round(ms, 5), "TFLOP/s": round(tflops, 1)})
+                         "ms": round(ms, 5), "TFLOP/s": round(tflops, 1), "GFLOP": round(flops / 1e9, 4),
+                         "bytes": moved})
     return rows
 
 
@@ -380,7 +389,10 @@ def main(argv=None):
     states["after_layers"] = gpu_state()
     peaks.append(tensor_core_peak_tflops())
     peak = max(peaks)
-    layers = [dict(r, pct_peak=round(100 * r["TFLOP/s"] / peak, 1)) for rows_ in layer_rows.values() for r in rows_]
+    bandwidth = memory_bandwidth_gbs()
+    layers = time_shares([dict(r, pct_peak=round(100 * r["TFLOP/s"] / peak, 1),
+                               **roofline(r["GFLOP"] * 1e9, r["bytes"], r["ms"], peak, bandwidth))
+                          for rows_ in layer_rows.values() for r in rows_])
     if min(peaks) < 0.85 * peak:
         print(f"WARNING: tensor-core peak {min(peaks):.0f} vs {peak:.0f} TFLOP/s in one run: the GPU was shared "
               f"or throttled (gpu_state in the JSON)", flush=True)
@@ -393,7 +405,8 @@ def main(argv=None):
               "python -m fusedresnet.harness.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
               "conv_path": engine.lib.path, "engine": engine.name, "tuned_plans": len(engine.lib.tuned),
               "pdl": engine.lib.pdl, "pdl_reason": engine.lib.pdl_reason, "pdl_max_batch": engine.pdl_max_batch,
-              "peak_tflops": round(peak, 1), "peak_tflops_runs": [round(v, 1) for v in peaks], "gpu_state": states,
+              "peak_tflops": round(peak, 1), "peak_tflops_runs": [round(v, 1) for v in peaks],
+              "memory_bandwidth_gbs": round(bandwidth, 1), "gpu_state": states,
               "whole_network": rows, "features_64": features, "shortcut_fusion": fusion}
     commit = git_commit()
     if commit:
@@ -424,10 +437,12 @@ def main(argv=None):
               f"+ fused projection {r['conv2_fused_shortcut_ms']:.4f} (+{r['fused_shortcut_cost_ms']:.4f})")
     print(f"peak TFLOP/s after the network / the layers: {', '.join(f'{v:.0f}' for v in peaks)}; "
           f"gpu state: {json.dumps(states)}")
-    for r in layers:   # the issue's target: batch-128 3x3 convs at >= 50% of the measured peak
-        if r["N"] == 128 and r["R"] == 3 and r["path"] == engine.lib.path:
-            print(f"3x3 N=128 {r['path']:>5} {r['layer']:<16} {r['tile']:<22} {r['ms']:.4f} ms "
-                  f"{r['TFLOP/s']:6.1f} TFLOP/s {r['pct_peak']:5.1f}% of peak")
+    print(f"roofline: tensor cores {peak:.0f} TFLOP/s, memory {bandwidth:.0f} GB/s (a copy)")
+    for r in layers:   # where the time goes: each layer's share, its bound and how close it runs to its roof
+        if r["N"] in (32, 128) and r["path"] == engine.lib.path:
+            print(f"N={r['N']:<3} {r['layer']:<26} {r['tile']:<22} {r['ms']:.4f} ms {r['time_share']:5.1f}% of the "
+                  f"layers' time, {r['TFLOP/s']:6.1f} TFLOP/s ({r['pct_peak']:5.1f}% of peak), {r['GB/s']:7.1f} GB/s, "
+                  f"{r['bound']}-bound, {r['pct_roof']:5.1f}% of its roof")
     # Last, so that the tail of the log (kernels/gpu_check.sh prints it) holds the whole-network table.
     print(summary_table(rows))
     return 0
