@@ -4,8 +4,11 @@ scripts/gpu_host_front_end.sh flame records, with `perf record --call-graph dwar
 thread), one in-process server process as shipped and its custom stubs while h2load sends custom at 32, then at 1
 image/request, before the stubs' levers and after, with PYTHONPERFSUPPORT=1 (Python 3.12 names its functions to
 perf: `py::execute:/path/model.py`). `collapse` turns `perf script -F comm,pid,tid,ip,sym,dso` into collapsed
-stacks per process kind, `<code>_<kind>_<images>.collapsed` (kind: server, stub): one stack per line, root first,
-frames `symbol (library)` separated by `;`, then its sample count. `svg` draws one as a flame graph.
+stacks per process kind, `<code>_<kind>_<images>.collapsed` (kind: server, the process --server-pid names; stub:
+every other), one stack per line, root first, frames `symbol (library)` separated by `;`, then its sample count, and
+draws each as a flame graph (.svg). With DWARF unwinding a stack that runs Python ends at its innermost Python
+function (Python 3.12's perf frames carry no unwind tables): the stage is still its innermost component's, but a
+flame graph's roots are then partial.
 
 A stack belongs to the component of its innermost frame that names one (COMPONENTS, by library or symbol):
 `memcpy`, `libcuda` or the interpreter count for whoever called them. Triton's libraries keep only their C API's
@@ -47,7 +50,7 @@ COMPONENTS = {
                           r"|\bgrpc::")),
         (CORE, re.compile(r"\(libtritonserver")),
         (PYTHON_BACKEND, re.compile(r"\(libtriton_python\.so")),
-        (SERVER_PYTHON, re.compile(r"^py::|\(libpython|\(triton_bindings")),
+        (SERVER_PYTHON, re.compile(r"^py::|\(libpython|\(python3|\(triton_bindings")),
     ),
     "stub": (
         (STUB_MESSAGES, re.compile(r"triton::backend::python::|\(triton_python_backend_stub\)|boost::interprocess"
@@ -85,16 +88,21 @@ def short_library(path: str) -> str:
     return "/".join(parts[package:])
 
 
-def perf_stacks(lines) -> dict[str, Counter]:
+def perf_stacks(lines, server_pid: int | None = None) -> dict[str, Counter]:
     """`perf script -F comm,pid,tid,ip,sym,dso` text -> process kind (server, stub) -> collapsed stack (root first)
     -> samples. Each sample: a line `comm pid/tid`, then one frame per line, leaf first: `address symbol (library)`;
-    an inlined frame, `(inlined)`, takes the library of the frame it sits in."""
+    an inlined frame, `(inlined)`, takes the library of the frame it sits in. The kind: `server` for the process
+    `server_pid`, `stub` for any other (threads of a stub carry other names too); without `server_pid`, by the
+    thread's name (STUB_COMM)."""
     stacks: dict[str, Counter] = {}
-    comm, frames = None, []
+    comm, pid, frames = None, None, []
 
     def flush():
         if comm is not None and frames:
-            kind = "stub" if comm.startswith(STUB_COMM) else "server"
+            if server_pid is not None:
+                kind = "server" if pid == server_pid else "stub"
+            else:
+                kind = "stub" if comm.startswith(STUB_COMM) else "server"
             libraries = [library for _, library in frames]
             for i in range(len(frames) - 2, -1, -1):   # an inlined frame sits in its caller-side neighbour's library
                 if libraries[i] == "inlined":
@@ -107,7 +115,8 @@ def perf_stacks(lines) -> dict[str, Counter]:
             continue
         if not line[0].isspace():
             flush()
-            comm, frames = line.rsplit(None, 1)[0] if len(line.split()) > 1 else line.strip(), []
+            comm, _, ids = line.strip().rpartition(" ")
+            pid, frames = int(ids.split("/")[0]) if ids.split("/")[0].isdigit() else None, []
             continue
         parts = line.strip().split(" ", 1)
         symbol, _, library = (parts[1] if len(parts) > 1 else "[unknown]").rpartition(" (")
@@ -263,10 +272,14 @@ def main(argv=None) -> int:
     collapse.add_argument("--code", required=True, help="before | after")
     collapse.add_argument("--images", type=int, required=True, help="images per request of the recorded load")
     collapse.add_argument("--out", type=Path, required=True, help="folder of the collapsed stacks")
+    collapse.add_argument("--server-pid", type=int, help="the server process's pid (its stubs: every other)")
     args = parser.parse_args(argv)
     opener = gzip.open if args.perf_script.suffix == ".gz" else open
     with opener(args.perf_script, "rt", errors="replace") as lines:
-        stacks = perf_stacks(lines)
+        stacks = perf_stacks(lines, args.server_pid)
+    if not stacks:
+        print(f"flame_stages: no stacks in {args.perf_script}", file=sys.stderr)
+        return 1
     args.out.mkdir(parents=True, exist_ok=True)
     for kind, counted in stacks.items():
         name = f"{args.code}_{kind}_{args.images}"

@@ -292,6 +292,9 @@ def front_end_results(soak: dict, throughput: list[dict], notes: list[str]) -> d
     from fusedresnet.backend.front_end import TRITONFRONTEND_VERSION
     from fusedresnet.backend.serve import DEFAULT_PROCESSES_PER_GPU
 
+    changed = [report["command"] for report in throughput if report.get("server_env")]
+    if changed:   # a profile's 'before' runs another path: its figures are not the front end's as shipped
+        raise ValueError(f"throughput reports run with --server-env, not as shipped: {changed}")
     front_ends = []
     for entry in soak["front_ends"]:
         name = entry["name"]
@@ -382,7 +385,8 @@ def results_markdown(results: dict) -> str:
     runs = {(run["date"], run["git_commit"]) for run in results.get("throughput_runs", []) if run.get("date")}
     if runs and runs != {(results["date"], results["git_commit"])}:
         lines += [f"Measured in steps starting {', '.join(sorted(date[:16].replace('T', ' ') for date, _ in runs))} "
-                  f"(code {', '.join(sorted({commit[:7] for _, commit in runs}))}), not in the soak's run.", ""]
+                  f"(code {', '.join(sorted({(commit or '?')[:7] for _, commit in runs}))}), not in the soak's run.",
+                  ""]
     if rows:
         lines += table(["front end", "processes/GPU", "protocol", "model", "images/request", "shared memory",
                         "img/s (median)", "each round", "p50 ms", "p99 ms"],

@@ -259,7 +259,8 @@ def conv_runner(engine: FusedCudaEngine, spec, n: int, h: int, w: int, shortcut_
                 f"stem+maxpool fused ({'wgmma' if lib.wgmma_module else 'mma.sync'})", 1, flops,
                 stem_bytes(n, h, w, pooled.shape[1], pooled.shape[2]))
     moved = conv_bytes(n, h, w, p, q, spec.in_channels, spec.out_channels, spec.kernel,
-                       adds_residual=spec.adds_residual, shortcut_channels=shortcut_c, shortcut_hw=shortcut_hw)
+                       adds_residual=spec.adds_residual, shortcut_channels=shortcut_c, shortcut_hw=shortcut_hw,
+                       shortcut_stride=spec.shortcut.stride if spec.shortcut is not None else 1)
     x = cp.random.standard_normal((n, h, w, spec.in_channels), dtype=cp.float32).astype(cp.float16)
     weight, bias = engine.weights[spec.name]
     residual = cp.ones_like(y) if spec.adds_residual else None
@@ -390,8 +391,9 @@ def main(argv=None):
     peaks.append(tensor_core_peak_tflops())
     peak = max(peaks)
     bandwidth = memory_bandwidth_gbs()
+    l2_bytes = cp.cuda.Device().attributes["L2CacheSize"]
     layers = time_shares([dict(r, pct_peak=round(100 * r["TFLOP/s"] / peak, 1),
-                               **roofline(r["GFLOP"] * 1e9, r["bytes"], r["ms"], peak, bandwidth))
+                               **roofline(r["GFLOP"] * 1e9, r["bytes"], r["ms"], peak, bandwidth, l2_bytes))
                           for rows_ in layer_rows.values() for r in rows_])
     if min(peaks) < 0.85 * peak:
         print(f"WARNING: tensor-core peak {min(peaks):.0f} vs {peak:.0f} TFLOP/s in one run: the GPU was shared "
@@ -406,8 +408,8 @@ def main(argv=None):
               "conv_path": engine.lib.path, "engine": engine.name, "tuned_plans": len(engine.lib.tuned),
               "pdl": engine.lib.pdl, "pdl_reason": engine.lib.pdl_reason, "pdl_max_batch": engine.pdl_max_batch,
               "peak_tflops": round(peak, 1), "peak_tflops_runs": [round(v, 1) for v in peaks],
-              "memory_bandwidth_gbs": round(bandwidth, 1), "gpu_state": states,
-              "whole_network": rows, "features_64": features, "shortcut_fusion": fusion}
+              "memory_bandwidth_gbs": round(bandwidth, 1), "l2_bytes": l2_bytes, "gpu_state": states,
+              "whole_network": rows, "features_64": features, "shortcut_fusion": fusion, "layers": layers}
     commit = git_commit()
     if commit:
         result["git_commit"] = commit
@@ -442,7 +444,7 @@ def main(argv=None):
         if r["N"] in (32, 128) and r["path"] == engine.lib.path:
             print(f"N={r['N']:<3} {r['layer']:<26} {r['tile']:<22} {r['ms']:.4f} ms {r['time_share']:5.1f}% of the "
                   f"layers' time, {r['TFLOP/s']:6.1f} TFLOP/s ({r['pct_peak']:5.1f}% of peak), {r['GB/s']:7.1f} GB/s, "
-                  f"{r['bound']}-bound, {r['pct_roof']:5.1f}% of its roof")
+                  f"{r['bound']}-bound, {r['pct_roof']:5.1f}% of its roof" + (" (fits in L2)" if r["fits_l2"] else ""))
     # Last, so that the tail of the log (kernels/gpu_check.sh prints it) holds the whole-network table.
     print(summary_table(rows))
     return 0

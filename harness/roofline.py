@@ -20,17 +20,19 @@ FP32_BYTES = 4
 
 def conv_bytes(n: int, h: int, w: int, p: int, q: int, in_channels: int, out_channels: int, kernel: int, *,
                adds_residual: bool = False, shortcut_channels: int = 0, shortcut_hw: tuple[int, int] | None = None,
-               input_bytes: int = FP16_BYTES) -> int:
+               shortcut_stride: int = 1, input_bytes: int = FP16_BYTES) -> int:
     """The bytes a convolution of batch n, input h x w x in_channels, output p x q x out_channels, must move at least
-    (module docstring)."""
-    moved = n * h * w * in_channels * input_bytes                        # input
+    (module docstring). A 1x1 convolution reads only the pixels its stride lands on (p x q of them); a 3x3 one of
+    stride 2 reads every pixel."""
+    read_h, read_w = (p, q) if kernel == 1 else (h, w)
+    moved = n * read_h * read_w * in_channels * input_bytes              # input
     moved += out_channels * kernel * kernel * in_channels * FP16_BYTES   # weights
     moved += out_channels * FP32_BYTES                                   # bias
     moved += n * p * q * out_channels * FP16_BYTES                       # output
     if adds_residual:
         moved += n * p * q * out_channels * FP16_BYTES
-    if shortcut_channels:
-        sh, sw = shortcut_hw
+    if shortcut_channels:   # a fused 1x1 projection: the pixels its stride lands on, and its weights
+        sh, sw = (-(-side // shortcut_stride) for side in shortcut_hw)
         moved += n * sh * sw * shortcut_channels * FP16_BYTES + out_channels * shortcut_channels * FP16_BYTES
     return moved
 
@@ -41,16 +43,19 @@ def stem_bytes(n: int, h: int, w: int, pooled_h: int, pooled_w: int, out_channel
             + n * pooled_h * pooled_w * out_channels * FP16_BYTES)
 
 
-def roofline(flops: float, moved_bytes: int, ms: float, peak_tflops: float, bandwidth_gbs: float) -> dict:
+def roofline(flops: float, moved_bytes: int, ms: float, peak_tflops: float, bandwidth_gbs: float,
+             l2_bytes: int = 0) -> dict:
     """A layer's place under its roof: arithmetic intensity, achieved TFLOP/s and GB/s, each resource's time at
-    its peak, which one bounds it, and the share of the roof reached."""
+    its peak, which one bounds it, and the share of the roof reached. `fits_l2`: the bytes fit in an L2 cache of
+    `l2_bytes`, so replayed back to back the layer may read from L2 faster than the memory's bandwidth (GB/s and the
+    share of a memory roof can then exceed it)."""
     compute_ms = flops / (peak_tflops * 1e9)
     memory_ms = moved_bytes / (bandwidth_gbs * 1e6)
     roof_ms = max(compute_ms, memory_ms)
     return {"MB": round(moved_bytes / 1e6, 2), "flop_per_byte": round(flops / moved_bytes, 1),
             "GB/s": round(moved_bytes / ms / 1e6, 1), "compute_ms": round(compute_ms, 5),
             "memory_ms": round(memory_ms, 5), "bound": "compute" if compute_ms >= memory_ms else "memory",
-            "pct_roof": round(100 * roof_ms / ms, 1)}
+            "pct_roof": round(100 * roof_ms / ms, 1), "fits_l2": moved_bytes <= l2_bytes}
 
 
 def memory_bandwidth_gbs(size_bytes: int = 1 << 30, trials: int = 5) -> float:

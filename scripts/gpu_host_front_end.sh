@@ -6,8 +6,9 @@
 #                                                   # allocation pool, custom at 1 and 32 images/request (4 min)
 #   bash scripts/gpu_host_front_end.sh throughput   # both: custom, cuDNN, zero at 1 and 32 images/request over
 #                                                   # gRPC and HTTP, and CUDA shared memory at 32, in
-#                                                   # THROUGHPUT_ROUNDS rounds (default 2, about 6 min each); the
-#                                                   # in-process one with the setting the levers chose, if run
+#                                                   # THROUGHPUT_ROUNDS rounds (default 2, about 6 min each: past
+#                                                   # one call's 10 minutes, run it through gpu_host_background.sh);
+#                                                   # the in-process one with the setting the levers chose, if run
 #   bash scripts/gpu_host_front_end.sh profile      # where each one's server CPU goes, by thread pool, at 1 and
 #                                                   # 32 images/request, before and after the stub's levers,
 #                                                   # each lever alone, gRPC's polling (about 12 min; before and
@@ -15,7 +16,8 @@
 #                                                   # PROFILE_LEVERS=none, about 5 min)
 #   bash scripts/gpu_host_front_end.sh flame        # perf's stacks and flame graphs of an in-process server and
 #                                                   # its custom stubs under h2load, 32 then 1 image/request,
-#                                                   # before and after the stubs' levers (about 3 min; carry .perf)
+#                                                   # before and after the stubs' levers (about 3 min; carry
+#                                                   # .perf/perf.tar.xz only: the host unpacks it)
 #   bash scripts/gpu_host_front_end.sh levers,throughput,check   # several, one after the other
 #   bash scripts/gpu_host_front_end.sh soak SECONDS [LAUNCHER ARGS]  # both at once, each beside abusive clients of
 #                                                   # every kind, each launcher as the README starts it (plus ARGS)
@@ -165,14 +167,22 @@ flame)
 print(','.join(['$server_pid'] + [str(s.pid) for n, s in sorted(python_stubs($server_pid).items())
                                   if n.startswith('resnet18_custom_')]))")
         echo "$code: in-process server and its custom stubs: $pids" | tee -a "$OUT/$task.log"
+        if [[ -z $server_pid || $pids != *,* ]]; then
+            echo "$code: no ready in-process server or no custom stub: nothing recorded" | tee -a "$OUT/$task.log"
+            status=1; kill -INT "$launcher"; wait "$launcher"; continue
+        fi
         for images in 32 1; do
             taskset -c "$GENERATOR_CORES" python3 -m fusedresnet.loadtest.h2load_step --model resnet18_custom \
                 --images-per-request "$images" --connections 64 --streams $((images == 1 ? 8 : 1)) --seconds 20 \
                 > "$OUT/flame/${code}_h2load_$images.json" 2>> "$OUT/$task.log" &
             generator=$!
             sleep 6
-            taskset -c "$GENERATOR_CORES" perf record -F 97 --call-graph dwarf,16384 -p "$pids" \
-                -o "/tmp/flame_${code}_$images.data" -- sleep 8 >> "$OUT/$task.log" 2>&1
+            if ! taskset -c "$GENERATOR_CORES" perf record -F 97 --call-graph dwarf,16384 -p "$pids" \
+                    -o "/tmp/flame_${code}_$images.data" -- sleep 8 >> "$OUT/$task.log" 2>&1 \
+                    || [[ ! -s /tmp/flame_${code}_$images.data ]]; then
+                echo "$code, $images image(s)/request: perf recorded nothing (see above)" | tee -a "$OUT/$task.log"
+                status=1
+            fi
             wait "$generator"
             tail -c 300 "$OUT/flame/${code}_h2load_$images.json" | tee -a "$OUT/$task.log"
         done
@@ -181,7 +191,7 @@ print(','.join(['$server_pid'] + [str(s.pid) for n, s in sorted(python_stubs($se
             taskset -c "$GENERATOR_CORES" perf script --no-inline -F comm,pid,tid,ip,sym,dso \
                 -i "/tmp/flame_${code}_$images.data" 2>> "$OUT/$task.log" | gzip > "/tmp/flame_${code}_$images.txt.gz"
             python3 -m fusedresnet.campaigns.flame_stages collapse "/tmp/flame_${code}_$images.txt.gz" --code "$code" \
-                --images "$images" --out "$OUT/flame" 2>&1 | tee -a "$OUT/$task.log"
+                --images "$images" --server-pid "$server_pid" --out "$OUT/flame" 2>&1 | tee -a "$OUT/$task.log"
             status=$((status | PIPESTATUS[0]))
         done
     done

@@ -59,6 +59,26 @@ def test_perf_samples_become_stacks_of_each_process_kind_root_first():
                               "gnu.so)") for stack in stacks["server"])
 
 
+def test_a_stubs_threads_of_other_names_count_as_the_stubs_given_the_servers_pid():
+    thread = "cuda-EvtHandlr 200/205\n\t       1 [unknown] (/usr/lib/x86_64-linux-gnu/libcuda.so.1)\n"
+    lines = (PERF_SCRIPT + "\n" + thread).splitlines()
+    by_pid = fs.perf_stacks(lines, server_pid=100)
+    assert sum(by_pid["server"].values()) == 5 and sum(by_pid["stub"].values()) == 3
+    by_name = fs.perf_stacks(lines)          # by the thread's name alone it would be the server's
+    assert sum(by_name["server"].values()) == 6
+
+
+def test_collapse_writes_each_kinds_stacks_and_flame_graph_and_fails_on_an_empty_recording(tmp_path):
+    recording = tmp_path / "perf.txt"
+    recording.write_text(PERF_SCRIPT)
+    assert fs.main(["collapse", str(recording), "--code", "after", "--images", "32", "--out", str(tmp_path / "out"),
+                    "--server-pid", "100"]) == 0
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == [
+        "after_server_32.collapsed", "after_server_32.svg", "after_stub_32.collapsed", "after_stub_32.svg"]
+    recording.write_text("")
+    assert fs.main(["collapse", str(recording), "--code", "after", "--images", "1", "--out", str(tmp_path)]) == 1
+
+
 def test_each_stack_goes_to_the_innermost_component_it_names_and_responses_apart():
     stacks = fs.perf_stacks(PERF_SCRIPT.splitlines())
     server = fs.stage_samples(stacks["server"], "server")

@@ -268,6 +268,9 @@ def test_throughput_measured_in_rounds_is_compared_by_its_medians():
     markdown = results_markdown(results)
     assert "| grpc | resnet18_custom | 1 | 2 | 1.16 |" in markdown
     assert "210, 230" in markdown
+    before = dict(report("inprocess", 150.0, 2.0), server_env=["FUSEDRESNET_HOST_INPUT=staging"])
+    with pytest.raises(ValueError, match="not as shipped"):    # a profile's 'before' is not the front end's figure
+        front_end_results(soak, [*rounds, before], [])
 
 
 def test_the_inprocess_server_polls_grpc_unless_its_environment_says_otherwise():
