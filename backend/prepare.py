@@ -87,7 +87,7 @@ def prepare(repository: Path = MODEL_REPOSITORY, weights: str | None = None, see
         repository / MODEL_CUSTOM / "1" / FOLDED_PARAMS_FILE: lambda path: torch.save(folded, path),
     }
     # Every entry its labels (Triton's classification extension reads them from the entry's folder); the
-    # *_normalized entries read their network's weights from the network's own entry (triton_model.py).
+    # *_normalized entries read their network's weights from the network's own entry (triton_adapter/python_model.py).
     for name in MODEL_ENTRIES:
         writers[repository / name / LABELS_FILENAME] = lambda path: shutil.copyfile(LABELS_FILE, path)
     # The stamp last: `make` and the tests take its presence to mean the other files are complete.

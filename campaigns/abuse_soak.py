@@ -71,11 +71,11 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from fusedresnet.backend.launcher.stub_processes import python_stubs, tritonserver_of, tritonservers_of
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.report_format import table, write_json_and_markdown
 from fusedresnet.backend.serve import READY_AGAIN_LINE, grpc_ready, shm_prefix_of, shm_region_paths
 from fusedresnet.backend.spec import INPUT_SHAPES, INPUT_UINT8, MODEL_CUSTOM
-from fusedresnet.backend.stub_processes import python_stubs, tritonserver_of, tritonservers_of
 from fusedresnet.campaigns import client_abuse
 from fusedresnet.campaigns.launched_server import LaunchedServer, metrics_url_of
 from fusedresnet.loadtest import triton_metrics

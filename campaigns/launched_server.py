@@ -23,10 +23,10 @@ from pathlib import Path
 
 import psutil
 
+from fusedresnet.backend.launcher.stub_processes import SERVER_BINARY, live_children, python_stubs, tritonserver_of
 from fusedresnet.backend.network import http_ready, server_ports
 from fusedresnet.backend.serve import DEFAULT_READY_TIMEOUT_S, READY_LINE
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, DEFAULT_HOST, metrics_url
-from fusedresnet.backend.stub_processes import SERVER_BINARY, live_children, python_stubs, tritonserver_of
 from fusedresnet.loadtest.measurements import tree_cpu_seconds
 
 

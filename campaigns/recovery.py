@@ -10,7 +10,7 @@ tritonserver is killed with SIGKILL (a crash) `--kills` times, each time after t
 and `--settle-s` more. Kept per kill: seconds from the kill to the launcher's "ready again" line, and where the
 restart went, read from Triton's own log: its first line, each model loaded, the endpoints started, and each
 model's start phases (its slowest instance: stub start and imports, CUDA context, engine, warm-up;
-backend/triton_model.py). Each variant's median is set against the target (RECOVERY_TARGET_S).
+backend/triton_adapter/python_model.py). Each variant's median is set against the target (RECOVERY_TARGET_S).
 
 Writes `--out` (.json, and .md beside it): device, date, git_commit, command, server_cores, and the variants
 [{mps, early_context, processes_per_gpu, ready_again_s: [...], median_s, kills: [...]}].

@@ -12,7 +12,7 @@ step is the difference of a snapshot taken after it and one taken before it:
     nv_inference_compute_{input,infer,output}_duration_us
                                               copying inputs in, running the model, copying outputs out
 
-The models add the time of each phase of their execute() (backend/triton_model.py),
+The models add the time of each phase of their execute() (backend/triton_adapter/python_model.py),
 summed over executions: `fusedresnet_execute_phase_us{model,model_instance,device,gpu_uuid,phase}`.
 
 The A/B router (`resnet18_ab`) counts what it sends each arm and what it compares, with histograms of each

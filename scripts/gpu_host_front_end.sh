@@ -163,7 +163,7 @@ flame)
         for _ in $(seq 240); do grep -q "Triton ready on" "$OUT/flame/${code}_launcher.log" && break; sleep 0.5; done
         server_pid=$(for pid in $(pgrep -f "fusedresnet.backend.inprocess_server"); do
                          readlink "/proc/$pid/exe" | grep -q python && echo "$pid"; done | head -n 1)
-        pids=$(python3 -c "from fusedresnet.backend.stub_processes import python_stubs
+        pids=$(python3 -c "from fusedresnet.backend.launcher.stub_processes import python_stubs
 print(','.join(['$server_pid'] + [str(s.pid) for n, s in sorted(python_stubs($server_pid).items())
                                   if n.startswith('resnet18_custom_')]))")
         echo "$code: in-process server and its custom stubs: $pids" | tee -a "$OUT/$task.log"

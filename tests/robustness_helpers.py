@@ -28,8 +28,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from fusedresnet.backend.launcher.stub_processes import python_stubs
 from fusedresnet.backend.spec import INPUT_UINT8, OUTPUT_LOGITS
-from fusedresnet.backend.stub_processes import python_stubs
 from fusedresnet.campaigns.launched_server import LaunchedServer, metrics_url_of  # noqa: F401  (the tests' import)
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.loadtest import triton_metrics

@@ -28,6 +28,7 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 
+from fusedresnet.backend.launcher.stub_processes import python_stubs
 from fusedresnet.backend.network import ephemeral_port_range, free_port_run, free_ports, http_ready, port_is_free
 from fusedresnet.backend.serve import (
     CRASH_LOOP_S,
@@ -38,7 +39,6 @@ from fusedresnet.backend.serve import (
     metrics_list_models,
 )
 from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, MODELS, model_config
-from fusedresnet.backend.stub_processes import python_stubs
 from fusedresnet.backend.triton_install import ServerError
 from fusedresnet.campaigns import client_abuse
 from fusedresnet.campaigns.serving_sequence import repository_with_instances

@@ -288,15 +288,17 @@ def third_party_at_import(module: str) -> set[str]:
 
 
 # The launcher's modules (backend/launcher/), lowest first: each imports only modules before it in this order.
-LAUNCHER_ROOMS = ("settings", "health", "repository", "supervisor", "process", "group", "cli")
-# The network and its weights (backend/resnet/), and the engines that run it (backend/engines/), the same way.
+LAUNCHER_ROOMS = ("settings", "stub_processes", "health", "repository", "supervisor", "process", "group", "cli")
+# The network and its weights (backend/resnet/), the engines that run it (backend/engines/) and the Triton adapter
+# that serves them from a Python-backend stub (backend/triton_adapter/), the same way.
 RESNET_ROOMS = ("pretrained", "architecture", "folding", "onnx_import", "weights")
-ENGINES_ROOMS = ("cuda_context", "config", "fused_cuda", "serving", "fused_module")
+ENGINES_ROOMS = ("cuda_context", "batch_buckets", "config", "fused_cuda", "serving", "fused_module")
+TRITON_ADAPTER_ROOMS = ("pinned_shm", "python_model")
 # What only the server extra installs (pyproject.toml), and the project's modules that start or build the server.
 SERVER_SIDE_PACKAGES = {"psutil", "torch", "pytriton", "triton_python_backend_utils", "cupy"}
 SERVER_SIDE_MODULES = {f"fusedresnet.backend.{name}" for name in (
     "serve", "launcher", *(f"launcher.{module}" for module in LAUNCHER_ROOMS),
-    "triton_install", "stub_processes", "ab_router_build", "frontend_shim_build", "native_build",
+    "triton_install", "ab_router_build", "frontend_shim_build", "native_build",
     "front_end", "inprocess_server", "cuda_mps")}
 
 
@@ -322,9 +324,9 @@ def test_only_what_runs_at_import_counts_without_lazy():
         "sys", "fusedresnet.backend.serve", "fusedresnet.backend"]
     assert [m for _, m in imports(new_demo, "fusedresnet.client", lazy=False)] == ["sys", "fusedresnet.backend"]
     assert "fusedresnet.backend.serve" in [m for _, m in imports(new_demo, "fusedresnet.client")]
-    graph = {"client.demo": {"backend.serve"}, "backend.serve": {"backend.stub_processes"},
-             "backend.stub_processes": set()}
-    assert loaded(graph, "client.demo") == {"backend.serve", "backend.stub_processes"}
+    graph = {"client.demo": {"backend.serve"}, "backend.serve": {"backend.launcher.stub_processes"},
+             "backend.launcher.stub_processes": set()}
+    assert loaded(graph, "client.demo") == {"backend.serve", "backend.launcher.stub_processes"}
 
 
 def test_the_triton_installation_does_not_build_the_router():
@@ -337,14 +339,12 @@ def test_the_triton_installation_does_not_build_the_router():
 
 
 def test_the_launchers_rooms_import_only_downward():
-    """backend/launcher/: settings, health and repository know no process; the supervision of a process knows
+    """backend/launcher/: settings, health and repository know no process; finding a server's Python-backend stubs
+    (stub_processes, which the campaigns and tests use too) needs nothing of ours; the supervision of a process knows
     neither the process class nor the group; the command line sits on top; backend/serve.py only re-exports."""
     graph = module_imports()
-    rooms = [f"fusedresnet.backend.launcher.{room}" for room in LAUNCHER_ROOMS]
-    assert set(rooms) <= set(graph), sorted(set(rooms) - set(graph))
-    for index, room in enumerate(rooms):
-        upward = graph[room] & set(rooms[index:])
-        assert upward == set(), f"{room} imports {sorted(upward)}"
+    assert upward_imports(graph, "fusedresnet.backend.launcher", LAUNCHER_ROOMS) == []
+    assert graph["fusedresnet.backend.launcher.stub_processes"] == set()
     assert graph["fusedresnet.backend.serve"] <= {"fusedresnet.backend.launcher", "fusedresnet.backend.launcher.cli"}
 
 
@@ -391,8 +391,8 @@ def test_the_engines_rooms_import_only_downward():
     graph = module_imports()
     assert upward_imports(graph, "fusedresnet.backend.engines", ENGINES_ROOMS) == []
     assert "fusedresnet.backend.engines.fused_cuda" in graph["fusedresnet.backend.engines.serving"]
-    allowed = ("fusedresnet.backend.engines", "fusedresnet.backend.resnet", "fusedresnet.backend.batching",
-               "fusedresnet.backend.images", "fusedresnet.backend.spec", "fusedresnet.kernels")
+    allowed = ("fusedresnet.backend.engines", "fusedresnet.backend.resnet", "fusedresnet.backend.images",
+               "fusedresnet.backend.spec", "fusedresnet.kernels")
     for room in ENGINES_ROOMS:
         module = f"fusedresnet.backend.engines.{room}"
         assert {other for other in graph[module] if not within(other, allowed)} == set(), module
@@ -402,6 +402,42 @@ def test_the_engines_rooms_import_only_downward():
     assert imports((ROOT / "backend" / "engines" / "__init__.py").read_text(), "fusedresnet.backend.engines") == []
     assert "torch" not in third_party_at_import("fusedresnet.backend.engines.cuda_context")
     assert "torch" not in third_party_at_import("fusedresnet.backend.engines.config")
+
+
+def test_the_triton_adapters_rooms_import_only_downward():
+    """backend/triton_adapter/: the Python backend's shared memory page-locked knows no model; the Python-backend
+    model every model_repository/*/1/model.py delegates to sits on it. The adapter stands on the engines and the
+    wire contract only, and no module of ours imports it (Triton's stub does, through the models' model.py): not
+    the engines, nor the launcher, which finds the stubs it runs in from outside (launcher.stub_processes). Its
+    package's __init__ imports nothing, and python_model makes the stub's CUDA context (engines.cuda_context)
+    before it imports torch or anything that loads torch (the context is made while torch imports)."""
+    graph = module_imports()
+    package = "fusedresnet.backend.triton_adapter"
+    assert upward_imports(graph, package, TRITON_ADAPTER_ROOMS) == []
+    allowed = (package, "fusedresnet.backend.engines", "fusedresnet.backend.spec")
+    for room in TRITON_ADAPTER_ROOMS:
+        module = f"{package}.{room}"
+        assert {other for other in graph[module] if not within(other, allowed)} == set(), module
+    for module in graph:
+        if not within(module, (package,)):
+            assert not {other for other in graph[module] if within(other, (package,))}, module
+    assert imports((ROOT / "backend" / "triton_adapter" / "__init__.py").read_text(), package) == []
+    source = (ROOT / "backend" / "triton_adapter" / "python_model.py").read_text()
+    start = next(node.lineno for node in ast.parse(source).body
+                 if isinstance(node, ast.Expr) and ast.unparse(node) == "cuda_context.start()")
+    modules = project_modules()
+    before = set()
+    for line, name in imports(source, package, names=True, lazy=False):
+        while name not in modules and "." in name:
+            name = name.rsplit(".", 1)[0]
+        if line < start:
+            before.add(name)
+        elif name == "torch":
+            break
+    else:
+        raise AssertionError("python_model imports torch nowhere after cuda_context.start()")
+    assert "fusedresnet.backend.engines.cuda_context" in before, sorted(before)
+    assert "torch" not in before and not any("torch" in third_party_at_import(name) for name in before & set(modules))
 
 
 def test_the_admin_token_needs_neither_the_triton_installation_nor_the_launcher():

@@ -1,4 +1,4 @@
-"""The Python backend's shared memory page-locked for the GPU (backend/pinned_shm.py): which mappings it
+"""The Python backend's shared memory page-locked for the GPU (backend/triton_adapter/pinned_shm.py): which mappings it
 registers, once each, and what it leaves staged; on a GPU, the DMA from a registered /dev/shm mapping."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fusedresnet.backend.pinned_shm import (
+from fusedresnet.backend.triton_adapter.pinned_shm import (
     HOST_INPUT_ENV,
     PinnedSharedMemory,
     host_input_choice,

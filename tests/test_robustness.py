@@ -5,7 +5,7 @@ or batched together with bad ones, get the correct answer.
 Requests are built at the wire level (KServe v2 protobuf over gRPC, JSON header + binary
 body over HTTP), because tritonclient refuses to build most of them. Most checks are
 Triton's own (data type, shape, batch size, byte sizes, names); the model adds the ones
-Triton cannot make (exactly one input, finite FP32 values; backend/triton_model.py).
+Triton cannot make (exactly one input, finite FP32 values; backend/triton_adapter/python_model.py).
 """
 
 from __future__ import annotations

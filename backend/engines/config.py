@@ -1,6 +1,6 @@
 """The models' config parameters (config.pbtxt `parameters`), parsed once into a validated `EngineConfig`.
 
-Both Triton models are the same code (`backend/triton_model.py`); what a model
+Both Triton models are the same code (`backend/triton_adapter/python_model.py`); what a model
 serves is said by its config alone:
 
 | parameter       | values                              | applies to            | default |
@@ -67,7 +67,7 @@ class EngineConfig:
     pdl: str = "auto"
     precision: str = "fp16"
     cuda_graphs: bool = True
-    torch_threads: int | None = None    # None: auto (triton_model.torch_threads)
+    torch_threads: int | None = None    # None: auto (triton_adapter.python_model.torch_threads)
 
     def conv_path_request(self) -> tuple[str, str]:
         """(the `conv_path` argument of the fused engine, where it comes from): FUSEDRESNET_CONV_PATH when

@@ -54,7 +54,6 @@ from ...kernels.geometry import STEM_FILTER_ROWS, STEM_KG_PADDED, STEM_ROW_VALUE
 from ...kernels.launch import conv_out_size, library
 from ...kernels.launch_choices import PDL_MAX_BATCH, SHORTCUT_FUSION_MIN_BATCH
 from ...kernels.tiles import tile_family
-from ..batching import next_power_of_two
 from ..resnet.folding import (
     MAXPOOL_KERNEL,
     MAXPOOL_PADDING,
@@ -74,6 +73,7 @@ from ..spec import (
     MIN_INPUT_SIZE,
     power_of_two_buckets,
 )
+from .batch_buckets import next_power_of_two
 
 BATCH_BUCKETS = power_of_two_buckets(256)
 # The kernels' name for the dtype of each Triton input.

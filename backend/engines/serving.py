@@ -17,7 +17,7 @@ load log and in every response, so nobody mistakes one engine for another.
   folded parameters on our own kernels; `create_custom_engine` picks it when a
   GPU and CuPy are present.
 
-Serving interface (`ServingEngine`, what the Triton models use, `backend/triton_model.py`),
+Serving interface (`ServingEngine`, what the Triton models use, `backend/triton_adapter/python_model.py`),
 the same for every engine so that both models get the same treatment:
 
     bucket = engine.bucket(count)                  # batch size actually run for `count` images
@@ -51,7 +51,6 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
-from ..batching import next_power_of_two
 from ..images import normalize_uint8
 from ..resnet.folding import (
     LOGITS_CHECKPOINT,
@@ -65,6 +64,7 @@ from ..resnet.folding import (
     resnet18_blocks,
 )
 from ..spec import CHANNELS, FOLDED_PARAMS_FILE, IMAGE_SIZE, INPUT_FP32, INPUT_UINT8, TORCHSCRIPT_FILE
+from .batch_buckets import next_power_of_two
 from .config import CUSTOM_ENGINES, EngineConfig
 
 # Warm-up and CUDA-graph capture run each bucket a few times first (cuDNN's algorithm

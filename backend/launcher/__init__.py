@@ -44,11 +44,13 @@ token of `admin_token`, and supervises each of them and its Python-backend stubs
   status EXIT_STUB_DIED (3) or EXIT_SERVER_DIED (4), leaving the restart to an orchestrator;
   past the restart limit it exits with the same statuses.
 
-The launcher's modules: settings (defaults, exit statuses, the lines it prints), health (readiness and liveness
-probes), repository (the entries and backends a repository names), process (one tritonserver: TritonServer),
-supervisor (its failures and restarts), group (the processes on shared ports: ServerGroup), cli (the command
-line). What a program needs is importable from here, and from backend/serve.py, the one way to start a server:
-`python -m fusedresnet.backend.serve` from a shell, `TritonServer` / `ServerGroup` from Python.
+The launcher's modules: settings (defaults, exit statuses, the lines it prints), stub_processes (a server's
+Python-backend stubs and a launcher's tritonservers, found with psutil; the campaigns and tests use it too), health
+(readiness and liveness probes), repository (the entries and backends a repository names), process (one
+tritonserver: TritonServer), supervisor (its failures and restarts), group (the processes on shared ports:
+ServerGroup), cli (the command line). What a program needs is importable from here, and from backend/serve.py,
+the one way to start a server: `python -m fusedresnet.backend.serve` from a shell, `TritonServer` / `ServerGroup`
+from Python.
 """
 
 from ..server_error import ServerError

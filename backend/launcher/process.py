@@ -36,7 +36,6 @@ from ..spec import (
     PACKAGE_ROOT,
     RESTRICTED_APIS,
 )
-from ..stub_processes import python_stubs
 from ..triton_install import (
     TritonInstallation,
     core_library_dir,
@@ -53,6 +52,7 @@ from .settings import (
     SHM_PREFIX_OPTION,
     shm_region_paths,
 )
+from .stub_processes import python_stubs
 from .supervisor import Supervision
 
 

@@ -58,17 +58,16 @@ from pathlib import Path
 
 import psutil
 
-from .engines import cuda_context
+from ..engines import cuda_context
 
 cuda_context.start()    # the CUDA context is made while torch imports (backend/engines/cuda_context.py)
 
 import torch
 import triton_python_backend_utils as pb_utils
 
-from .engines.config import ConfigError, EngineConfig, parse_engine_config
-from .engines.serving import EngineUnavailable, ServingEngine, create_engine, input_shape
-from .pinned_shm import PinnedSharedMemory, host_input_choice
-from .spec import (
+from ..engines.config import ConfigError, EngineConfig, parse_engine_config
+from ..engines.serving import EngineUnavailable, ServingEngine, create_engine, input_shape
+from ..spec import (
     EXECUTE_PHASE_METRIC,
     EXECUTE_PHASES,
     EXECUTIONS_METRIC,
@@ -87,6 +86,7 @@ from .spec import (
     network_of,
     power_of_two_buckets,
 )
+from .pinned_shm import PinnedSharedMemory, host_input_choice
 
 # Warm-up at load runs each batch size once, so that no first request pays for
 # kernel compilation, CUDA-graph capture or cuDNN's algorithm choice. On a GPU
