@@ -27,7 +27,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-SAMPLE_RATE_HZ = 97   # perf record -F and its window in scripts/gpu_host_front_end.sh flame
+SAMPLE_RATE_HZ = 97   # perf record -F and its window (s), which scripts/gpu_host_front_end.sh flame reads here
 SAMPLE_SECONDS = 8
 STUB_COMM = "triton_python_b"   # the stubs' threads' name (triton_python_backend_stub, cut to 15 characters)
 

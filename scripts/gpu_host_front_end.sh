@@ -148,12 +148,16 @@ flame)
     # issue 46: native frames beside Python ones, by Linux perf (carried as .perf/perf.tar.xz: scripts/gpu_host_prologue.sh
     # says how to make it; py-spy cannot: it sees only threads with a Python state and its pauses crashed the server).
     # perf records one in-process server process as shipped (2 per GPU under MPS) and its custom stubs, with DWARF
-    # unwinding at 97 Hz per busy thread for 8 s, while h2load sends custom at 32 images/request, then at 1, before the
-    # stubs' levers (staging, spin) and after; Python 3.12 names its functions to perf (PYTHONPERFSUPPORT=1).
+    # unwinding (campaigns/flame_stages.py's rate per busy thread and window), while h2load sends custom at 32
+    # images/request, then at 1, before the stubs' levers (staging, spin) and after; Python 3.12 names its functions
+    # to perf (PYTHONPERFSUPPORT=1).
     # campaigns/flame_stages.py collapse writes the stacks per process kind and their flame graphs (.svg)
     if ! command -v perf > /dev/null; then echo "no perf: carry .perf" | tee -a "$OUT/$task.log"; status=1; continue; fi
     export FUSEDRESNET_ADMIN_TOKEN="${FUSEDRESNET_ADMIN_TOKEN:-$(python3 -c 'import secrets; print(secrets.token_hex(24))')}"
     mkdir -p "$OUT/flame"
+    # the rate and window campaigns/flame_stages.py divides by: defined there once
+    read -r rate_hz window_s < <(python3 -c "from fusedresnet.campaigns.flame_stages import SAMPLE_RATE_HZ, SAMPLE_SECONDS
+print(SAMPLE_RATE_HZ, SAMPLE_SECONDS)")
     for code in before after; do
         server_env=(PYTHONPERFSUPPORT=1)
         [[ $code == before ]] && server_env+=(FUSEDRESNET_HOST_INPUT=staging FUSEDRESNET_GPU_WAIT=spin)
@@ -177,8 +181,8 @@ print(','.join(['$server_pid'] + [str(s.pid) for n, s in sorted(python_stubs($se
                 > "$OUT/flame/${code}_h2load_$images.json" 2>> "$OUT/$task.log" &
             generator=$!
             sleep 6
-            if ! taskset -c "$GENERATOR_CORES" perf record -F 97 --call-graph dwarf,16384 -p "$pids" \
-                    -o "/tmp/flame_${code}_$images.data" -- sleep 8 >> "$OUT/$task.log" 2>&1 \
+            if ! taskset -c "$GENERATOR_CORES" perf record -F "$rate_hz" --call-graph dwarf,16384 -p "$pids" \
+                    -o "/tmp/flame_${code}_$images.data" -- sleep "$window_s" >> "$OUT/$task.log" 2>&1 \
                     || [[ ! -s /tmp/flame_${code}_$images.data ]]; then
                 echo "$code, $images image(s)/request: perf recorded nothing (see above)" | tee -a "$OUT/$task.log"
                 status=1
