@@ -11,9 +11,9 @@
 #                                                   # the in-process one with the setting the levers chose, if run
 #   bash scripts/gpu_host_front_end.sh profile      # where each one's server CPU goes, by thread pool, at 1 and
 #                                                   # 32 images/request, before and after the stub's levers,
-#                                                   # each lever alone, gRPC's polling (about 12 min; before and
-#                                                   # after in-process only: PROFILE_FRONT_ENDS=inprocess
-#                                                   # PROFILE_LEVERS=none, about 5 min)
+#                                                   # each lever alone, gRPC's polling (about 12 min; issue 46's
+#                                                   # before and after only: PROFILE_RUNS="binary_before
+#                                                   # inprocess" PROFILE_LEVERS=none, about 5 min)
 #   bash scripts/gpu_host_front_end.sh flame        # perf's stacks and flame graphs of an in-process server and
 #                                                   # its custom stubs under h2load, 32 then 1 image/request,
 #                                                   # before and after the stubs' levers (about 3 min; carry
@@ -132,9 +132,14 @@ profile)
             --no-generator-check --no-recovery --launcher-args "--front-end $front_end" "$@"
         status=$((status | $?))
     }
-    for front_end in ${PROFILE_FRONT_ENDS:-inprocess binary}; do
-        profile_run "profile_${front_end}_before" "$front_end" resnet18_custom,resnet18_cudnn,zero_answer "${before[@]}"
-        profile_run "profile_${front_end}" "$front_end" resnet18_custom,resnet18_cudnn,zero_answer
+    # PROFILE_RUNS: which of each front end's before and after (issue 46's own before and after, in one run:
+    # PROFILE_RUNS="binary_before inprocess", the 2.51 binary with the stub's levers off, then as shipped)
+    for run in ${PROFILE_RUNS:-inprocess_before inprocess binary_before binary}; do
+        if [[ $run == *_before ]]; then
+            profile_run "profile_$run" "${run%_before}" resnet18_custom,resnet18_cudnn,zero_answer "${before[@]}"
+        else
+            profile_run "profile_$run" "$run" resnet18_custom,resnet18_cudnn,zero_answer
+        fi
     done
     [[ ${PROFILE_LEVERS:-each} == each ]] || continue   # none: before and after only
     profile_run lever_registered inprocess resnet18_custom,resnet18_cudnn --server-env FUSEDRESNET_GPU_WAIT=spin
