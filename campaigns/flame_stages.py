@@ -22,6 +22,7 @@ it samples only threads that hold a Python state (none of Triton's), and its pau
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from collections import Counter
@@ -126,9 +127,11 @@ def perf_stacks(lines, server_pid: int | None = None) -> dict[str, Counter]:
 
 
 def read_collapsed(path: Path) -> Counter:
-    """A collapsed-stacks file: stack (root first, `;`-separated) -> samples."""
+    """A collapsed-stacks file (or its gzip, `.collapsed.gz`, as results/ keeps them): stack (root first,
+    `;`-separated) -> samples."""
     stacks: Counter = Counter()
-    for line in path.read_text().splitlines():
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    for line in text.splitlines():
         stack, _, count = line.rpartition(" ")
         if stack and count.isdigit():
             stacks[stack] += int(count)
@@ -155,15 +158,15 @@ def stage_samples(stacks: Counter, process: str) -> Counter:
 
 
 def file_key(path: Path) -> tuple[str, str, int]:
-    """`<code>_<kind>_<images>.collapsed` -> (code, kind, images)."""
-    code, kind, images = path.stem.split("_")
+    """`<code>_<kind>_<images>.collapsed[.gz]` -> (code, kind, images)."""
+    code, kind, images = path.name.split(".")[0].split("_")
     return code, kind, int(images)
 
 
 def flame_runs(directory: Path) -> dict[tuple[str, int], dict[str, Counter]]:
     """(code, images per request) -> process kind -> stage -> samples (every stub of a kind summed)."""
     runs: dict[tuple[str, int], dict[str, Counter]] = {}
-    for path in sorted(directory.glob("*.collapsed")):
+    for path in sorted([*directory.glob("*.collapsed"), *directory.glob("*.collapsed.gz")]):
         code, kind, images = file_key(path)
         runs.setdefault((code, images), {})[kind] = stage_samples(read_collapsed(path), kind)
     return runs

@@ -280,7 +280,7 @@ def median_rows(rows: list[dict]) -> list[dict]:
     points: dict[tuple, list[dict]] = {}
     for row in rows:
         points.setdefault(tuple(row[key] for key in POINT), []).append(row)
-    return [{**measured[0], **{key: float(np.median([row[key] for row in measured]))
+    return [{**measured[0], **{key: round(float(np.median([row[key] for row in measured])), 2)
                                for key in ("img_per_s", "p50_ms", "p99_ms")},
              "img_per_s_rounds": [row["img_per_s"] for row in measured]}
             for measured in points.values()]

@@ -129,12 +129,12 @@ def markdown(results: dict) -> str:
                     ([s["code"], s["front_end"], s["model"], s["name"],
                       *("-" if s[key] is None else s[key] for key in ("cpu_us_per_image_1", "cpu_us_per_image_32"))]
                      for s in results["stages"]), "llllrr")]
-    lines += ["", *table(["code", "front end", "model", "images/request", "shared memory", "img/s",
+    lines += ["", *table(["code", "front end", "protocol", "model", "images/request", "shared memory", "img/s",
                           "server CPU (cores)", "CPU µs/image", "GPU util"],
-                         ([r["code"], r["front_end"], r["model"], r["images_per_request"],
+                         ([r["code"], r["front_end"], r.get("protocol", "grpc"), r["model"], r["images_per_request"],
                            "CUDA" if r["shared_memory"] else "-", f"{r['img_per_s']:,.0f}", r["server_cpu_cores"],
                            r["cpu_us_per_image"], "-" if r.get("gpu_util") is None else f"{r['gpu_util']:.0%}"]
-                          for r in results["runs"]), "llllrrrrr")]
+                          for r in results["runs"]), "lllllrrrrr")]
     lines += flame_markdown(results)
     if results.get("levers"):
         lines += ["", "## Levers", "", "Each lever's prediction, then what it measured and whether it was kept:", ""]

@@ -108,6 +108,22 @@ def test_the_stage_table_scales_each_share_by_the_cpu_measured_without_the_profi
     assert [row["code"] for row in rows] == ["after"] * len(rows)
 
 
+def test_gzipped_collapsed_stacks_as_results_keeps_them_count_like_plain_ones(tmp_path):
+    import gzip
+
+    stacks = fs.perf_stacks(PERF_SCRIPT.splitlines())
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    plain.mkdir()
+    packed.mkdir()
+    for kind, counted in stacks.items():
+        fs.write_collapsed(counted, plain / f"before_{kind}_1.collapsed")
+        (packed / f"before_{kind}_1.collapsed.gz").write_bytes(
+            gzip.compress((plain / f"before_{kind}_1.collapsed").read_bytes()))
+    assert fs.file_key(packed / "before_server_1.collapsed.gz") == ("before", "server", 1)
+    assert fs.flame_runs(packed) == fs.flame_runs(plain)
+    assert sum(fs.flame_runs(packed)[("before", 1)]["server"].values()) == sum(stacks["server"].values()) > 0
+
+
 def test_a_flame_graph_is_written_as_svg(tmp_path):
     stacks = fs.perf_stacks(PERF_SCRIPT.splitlines())
     fs.flame_svg(stacks["server"], "server", "test", tmp_path / "server.svg")
