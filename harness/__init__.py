@@ -9,7 +9,7 @@ PyTorch reference before timing anything (in the style of llm.c's dev/cuda harne
                       (`python -m fusedresnet.harness.diff`)
     profile_layers.py a few launches for Nsight Compute (`python -m fusedresnet.harness.profile_layers`)
     tune.py           every conv of ResNet-18 at every batch bucket of the engine through
-                      `fusedresnet.kernels.tune`, refined in the engine's graph, writes kernels/tuned_plans.json
+                      `fusedresnet.kernels.tune`, refined in the engine's graph, writes kernels/tuned_plans/<model>.json
                       (`python -m fusedresnet.harness.tune`)
     launch_gaps.py    the network graph idle, behind a spin kernel and back to back, PDL on and off
     capture_spread.py the network graph's time over fresh captures (`python -m fusedresnet.harness.capture_spread`)

@@ -138,6 +138,7 @@ def markdown(result: dict) -> str:
                   *table(["N", "custom ms", "TS fp32 ms", "TS fp16 CL ms", "fp16 CL + graph ms", "custom vs graph"],
                          ([r["batch"], *(both(r, key) for key in ("custom", "ts_fp32", "ts_fp16", "graph_fp16")),
                            ratio(r, "graph_fp16")] for r in result["features_64"]))]
+    lines += roofline_markdown(result)
     acc = result.get("accuracy")
     if acc:
         lines += ["", f"Accuracy (whole network vs float32 PyTorch, {acc['inputs']} inputs): top-1 agreement "
@@ -145,6 +146,41 @@ def markdown(result: dict) -> str:
                       f"clear disagreements {acc.get('clear_disagreements')}, relative L2 {acc['rel_l2']:.2e}, "
                       f"max abs {acc.get('max_abs', float('nan')):.3g}."]
     return "\n".join(lines) + "\n"
+
+
+def roofline_markdown(result: dict, batches=(32, 128, 256)) -> list[str]:
+    """The per-layer roofline (harness/roofline.py's columns of bench.py's layer rows) at `batches`, on the path the
+    engine serves: each layer alone, its TFLOP/s against the measured peak, its bytes against the memory's
+    bandwidth, which roof binds, and its share of the layers' time; then where the whole network's time goes beyond
+    its layers (the layers timed alone, summed, against the whole network back-to-back)."""
+    path = result.get("conv_path", "mma")
+    layers = [r for r in result.get("layers", []) if r.get("path", path) == path and r["N"] in batches]
+    if not layers:
+        return []
+    network = {r["batch"]: r.get("custom_b2b_ms") for r in result["whole_network"]}
+    lines = ["", "## Per-layer roofline", "",
+             f"Each layer timed alone (CUDA graph of one kernel, {path} path), against the measured tensor-core peak "
+             f"({result['peak_tflops']:.0f} TFLOP/s) and the memory's bandwidth "
+             f"({number(result.get('memory_bandwidth_gbs'), 0)} GB/s): % of roof is its time's share of the time its "
+             "binding roof allows; a layer whose bytes fit in L2 can pass the memory's bandwidth.", ""]
+    for batch in batches:
+        rows = [r for r in layers if r["N"] == batch]
+        if not rows:
+            continue
+        layer_ms = sum(r["ms"] for r in rows)
+        flop = sum(r["GFLOP"] for r in rows) * 1e9
+        whole = network.get(batch)
+        lines += [f"Batch {batch}: the layers {layer_ms:.3f} ms, {flop / layer_ms / 1e9:.0f} TFLOP/s "
+                  f"({flop / layer_ms / 1e9 / result['peak_tflops']:.0%} of the peak)"
+                  + (f"; the whole network {whole:.3f} ms back-to-back, {flop / whole / 1e9:.0f} TFLOP/s "
+                     f"({flop / whole / 1e9 / result['peak_tflops']:.0%}): {whole - layer_ms:+.3f} ms between and "
+                     "around the layers (launches, the head, overlap)" if whole else "") + ".", "",
+                  *table(["layer", "tile", "ms", "share", "TFLOP/s", "% of peak", "GB/s", "bound", "% of roof",
+                          "fits L2"],
+                         ([r["layer"], r["tile"], f"{r['ms']:.4f}", f"{r['time_share']:.1f}%", r["TFLOP/s"],
+                           f"{r['pct_peak']:.1f}", r["GB/s"], r["bound"], f"{r['pct_roof']:.1f}",
+                           "yes" if r.get("fits_l2") else "-"] for r in rows), "llrrrrrlrl"), ""]
+    return lines[:-1]
 
 
 def write_result(result: dict, out: Path):

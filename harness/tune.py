@@ -7,7 +7,7 @@ families, CUDA-graph timed) for each convolution shape of ResNet-18 at 224x224
 and each batch bucket the engine captures graphs for (a shape that both a
 stage's conv1 and its residual-adding conv2 have: timed with each epilogue and
 ranked by the mean, `tune_shared_key`), and writes the table that
-`KernelLibrary.plan` consults (kernels/tuned_plans.json): per plan key the
+`KernelLibrary.plan` consults (kernels/tuned_plans/<model>.json): per plan key the
 overall winner (the mixed path's plan) and each family's own winner (the paths
 forced by FUSEDRESNET_CONV_PATH=mma|wgmma). The overall winners are then
 refined in the network itself (`refine_in_network`: the engine's CUDA graph at

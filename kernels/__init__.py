@@ -38,10 +38,10 @@ Python:
     nvrtc_build.py    NVRTC compile, one program per kernel in parallel, cached on disk per kernel (CuPy's RawModule
                       cannot target sm_90a, and recompiles name expressions at every start)
     sass_diff.py      per-kernel SASS dump and compare (CPU, nvcc + cuobjdump): a refactor keeps the machine code
-    tuned_plans.json  measured best tile / split-K per layer shape and batch bucket, overall and per kernel
-                      family (for the GPU model it names: H100, both families)
+    tuned_plans/      one table per GPU model (<its name>.json: H100, H200): measured best tile / split-K per layer
+                      shape and batch bucket, overall and per kernel family (both families)
     tune.py           times every candidate plan of one conv (CUDA-graph timed); the network tuner that
-                      writes tuned_plans.json is `fusedresnet.harness.tune`
+                      writes tuned_plans/<model>.json is `fusedresnet.harness.tune`
     gpu_check.sh      one GPU-host call: [tune +] check + bench [+ ncu]; `served`: cold start + quick check + dev
     dev/              experiments the tuner never chose, apart from what ships, each runnable as a check and then
                       a benchmark (dev/__init__.py lists them)

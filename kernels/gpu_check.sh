@@ -8,7 +8,7 @@
 #   bash kernels/gpu_check.sh served      (~3-5 min on the H100)
 # all = check + bench; tuned = quick check of every tile (check_pretune.json:
 # a faulting or wrong new tile shows up here, not as a crash inside the tune;
-# on failure the tune is skipped) + tune (writes kernels/tuned_plans.json here
+# on failure the tune is skipped) + tune (writes this GPU model's kernels/tuned_plans/<model>.json here
 # and $OUT/tuned_plans.json, prints what it chose; all batch buckets: extra
 # args go to bench only) + check + bench, the H100 run:
 #   bash kernels/gpu_check.sh tuned --batches 1,8,32,128,256     (~5 min)
@@ -44,7 +44,7 @@ if [[ $what == full || $what == tuned ]]; then
   python3 -m fusedresnet.harness.check --quick --json "$OUT/check_pretune.json" 2>&1 \
     | tee /tmp/check_pretune.log | grep -v "^ok " ; rc_tune=$?
   echo "pre-tune check ($path path, quick) exit $rc_tune after $(( $(date +%s) - t0 ))s"
-  (( rc_tune != 0 )) && echo "PRE-TUNE CHECK FAILED: tune skipped, kernels/tuned_plans.json left as it was"
+  (( rc_tune != 0 )) && echo "PRE-TUNE CHECK FAILED: tune skipped, kernels/tuned_plans/ left as it was"
 fi
 if [[ ( $what == full || $what == tune || $what == tuned ) && $rc_tune == 0 ]]; then
   # Limit: a tune that runs away must not eat the check and the bench (a failure is loud, no table copied).
@@ -52,12 +52,13 @@ if [[ ( $what == full || $what == tune || $what == tuned ) && $rc_tune == 0 ]]; 
     | tee "$OUT/tune.log"
   rc_tune=${PIPESTATUS[0]}
   if (( rc_tune != 0 )); then
-    echo "TUNE FAILED (exit $rc_tune after $(( $(date +%s) - t0 ))s): kernels/tuned_plans.json left as it was"
+    echo "TUNE FAILED (exit $rc_tune after $(( $(date +%s) - t0 ))s): kernels/tuned_plans/ left as it was"
     [[ $what == tune ]] && exit 1
   fi
 fi
 if [[ ( $what == full || $what == tune || $what == tuned ) && $rc_tune == 0 ]]; then
-  cp "$OUT/tuned_plans.json" "$REPO/kernels/tuned_plans.json"
+  cp "$OUT/tuned_plans.json" "$(python3 -c "import json, sys; from fusedresnet.kernels.planner import tuned_plans_path
+print(tuned_plans_path(json.load(open(sys.argv[1]))['device']))" "$OUT/tuned_plans.json")"
   python3 - "$OUT/tuned_plans.json" <<'PY'
 import collections, json, sys
 table = json.load(open(sys.argv[1]))

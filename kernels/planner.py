@@ -1,13 +1,15 @@
 """The planner: which tile and split-K each convolution runs with, and which kernels serving compiles.
 
-A tuned plan comes from the measured table (`load_tuned_plans`, kernels/tuned_plans.json, written by
-`python -m fusedresnet.harness.tune`); any other shape or GPU model is planned by `untuned_plan`
+A tuned plan comes from the measured table of the GPU model it runs on (`load_tuned_plans`,
+kernels/tuned_plans/<model>.json, written by `python -m fusedresnet.harness.tune`); any other shape or GPU model is
+planned by `untuned_plan`
 (conv3x3_patch_wgmma where it wins, else the cost model of `plan_conv`). Pure Python.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +38,18 @@ from .tiles import (
     without_cuda_bindings,
 )
 
-TUNED_PLANS = KERNEL_DIR / "tuned_plans.json"   # written by `python -m fusedresnet.harness.tune`
+TUNED_PLANS_DIR = KERNEL_DIR / "tuned_plans"   # one table per GPU model, by `python -m fusedresnet.harness.tune`
+
+
+def tuned_plans_path(device: str) -> Path:
+    """The tuning table of one GPU model (its CUDA device name): kernels/tuned_plans/<the name, each run of other
+    characters than letters and digits as one _>.json, e.g. NVIDIA_H100_80GB_HBM3.json."""
+    return TUNED_PLANS_DIR / (re.sub(r"[^A-Za-z0-9]+", "_", device).strip("_") + ".json")
+
+
+def committed_tuned_plans() -> list[Path]:
+    """Every GPU model's committed tuning table."""
+    return sorted(TUNED_PLANS_DIR.glob("*.json"))
 
 
 @dataclass(frozen=True)
@@ -187,8 +200,9 @@ def served_name_expressions(arch: str | None, path: str, tuned: dict, bindings_l
     return list(names)
 
 
-def load_tuned_plans(device: str, path: str, table_path: Path = TUNED_PLANS) -> dict:
-    """{plan_key: (tile, splits)} from the tuning table, {} if it has nothing for this GPU model and path.
+def load_tuned_plans(device: str, path: str, table_path: Path | None = None) -> dict:
+    """{plan_key: (tile, splits)} from the tuning table (`table_path`, default this GPU model's,
+    `tuned_plans_path(device)`), {} if it has nothing for this GPU model and path.
 
     A table holds what one GPU model measured (its "device"). Per plan key it
     records the fastest candidate of each family it measured ("by_family") and
@@ -199,6 +213,7 @@ def load_tuned_plans(device: str, path: str, table_path: Path = TUNED_PLANS) -> 
     one family's plans. Any other GPU model plans with the cost model.
     """
     import json
+    table_path = tuned_plans_path(device) if table_path is None else table_path
     if not table_path.is_file():
         return {}
     data = json.loads(table_path.read_text())

@@ -4,7 +4,7 @@ One dataclass per kernel (`TileConfig`: conv_implicit_gemm, `PatchConfig`: conv3
 conv_wgmma / conv_wgmma_tma, `PatchWgmmaConfig`: conv3x3_patch_wgmma), its instantiations in tables
 (CONV_TILES, PATCH_TILES, WGMMA_CONV_TILES, PATCH_WGMMA_TILES). As in CUTLASS, a schedule and an epilogue are
 named types (`Schedule`, `Epilogue`, `PatchEpilogue`), not flags: a tile's `label`, the name the tuned table
-(tuned_plans.json) records, is derived from those names, and `tile_by_label` reads it back. Pure Python.
+(tuned_plans/*.json) records, is derived from those names, and `tile_by_label` reads it back. Pure Python.
 """
 
 from __future__ import annotations

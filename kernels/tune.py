@@ -7,7 +7,7 @@ each candidate (tile config x split-K) runs REPS times inside a captured CUDA
 graph (so launch gaps do not count) and the fastest is kept. On compute
 capability 9.0 the candidates are the mma.sync tiles (generic and
 conv3x3_patch) AND the wgmma tiles; elsewhere the mma.sync ones. The result
-is the table `kernels/tuned_plans.json` that `KernelLibrary.plan` consults
+is the table `kernels/tuned_plans/<model>.json` that `KernelLibrary.plan` consults
 before falling back to `planner.untuned_plan` (conv3x3_patch_wgmma or the cost model, other input
 sizes): per plan key the overall winner (with its family: the mixed path's
 plan) and each family's own winner (the paths forced by

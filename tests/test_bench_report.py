@@ -55,3 +55,28 @@ def test_result_files_keep_both_timings(tmp_path):
     assert (saved["custom_b2b_ms"], saved["custom_ms"]) == (0.142, 0.143)
     assert (tmp_path / "kernels_bench.png").stat().st_size > 10_000
     assert "0.290 / 0.374" in (tmp_path / "kernels_bench.md").read_text()
+
+
+def test_the_roofline_section_sums_the_layers_against_the_peak_and_the_whole_network():
+    """Two layers at batch 128 (0.5 ms for 330 GFLOP, 0.25 ms for 82.5) against a 660 TFLOP/s peak and the whole
+    network's 1.215 ms back-to-back: the layers run 0.75 ms at 550 TFLOP/s (83%), the network 412.5 GFLOP in
+    1.215 ms, 340 TFLOP/s (51%), 0.465 ms beside the layers; each layer's row keeps its tile, bound and roof."""
+    bench = result()
+    bench["conv_path"] = "mixed"
+    bench["memory_bandwidth_gbs"] = 3350.0
+    common = {"path": "mixed", "N": 128, "bound": "compute", "fits_l2": False}
+    bench["layers"] = [
+        {**common, "layer": "layer1.0.conv1", "tile": "pwg128g2s4v1", "ms": 0.5, "GFLOP": 330.0, "TFLOP/s": 660.0,
+         "pct_peak": 100.0, "GB/s": 10.0, "pct_roof": 100.0, "time_share": 66.7},
+        {**common, "layer": "layer4.1.conv2", "tile": "wg64x128g1s3", "ms": 0.25, "GFLOP": 82.5, "TFLOP/s": 330.0,
+         "pct_peak": 50.0, "GB/s": 20.0, "pct_roof": 50.0, "time_share": 33.3, "fits_l2": True},
+        {**common, "path": "mma", "layer": "layer1.0.conv1", "tile": "128x128w2x4s3", "ms": 9.0, "GFLOP": 330.0,
+         "TFLOP/s": 36.7, "pct_peak": 5.6, "GB/s": 1.0, "pct_roof": 5.6, "time_share": 100.0}]
+    text = markdown(bench)
+    section = text[text.index("## Per-layer roofline"):]
+    assert "(660 TFLOP/s)" in section and "(3,350 GB/s)" in section
+    assert "Batch 128: the layers 0.750 ms, 550 TFLOP/s (83% of the peak); the whole network 1.215 ms" in section
+    assert "340 TFLOP/s (51%): +0.465 ms between and around the layers" in section
+    assert "| layer4.1.conv2 | wg64x128g1s3 | 0.2500 | 33.3% | 330.0 | 50.0 | 20.0 | compute | 50.0 | yes |" in section
+    assert "128x128w2x4s3" not in section            # the forced mma.sync path is not the engine's
+    assert "Batch 32" not in section                 # no layer rows there

@@ -131,17 +131,26 @@ def test_tuned_table_gives_each_path_its_own_family_and_only_on_its_gpu(tmp_path
 
 
 def test_committed_tuned_plans_apply_only_to_the_gpu_they_were_measured_on():
+    """One table per GPU model (kernels/tuned_plans/<model>.json), named for the device it records; a GPU reads its
+    own table and no other."""
     import json
 
     from fusedresnet.kernels.launch_choices import CONV_PATHS, MIXED
-    from fusedresnet.kernels.planner import TUNED_PLANS, load_tuned_plans
-    table = json.loads(TUNED_PLANS.read_text())
-    device = table["device"]
-    families = table.get("families", [table.get("conv_path", "mma")])
-    for family in CONV_PATHS:
-        assert (len(load_tuned_plans(device, family)) == len(table["plans"])) == (family in families)
-    assert bool(load_tuned_plans(device, MIXED)) == (set(families) == set(CONV_PATHS))
-    assert load_tuned_plans("NVIDIA A100-SXM4-80GB", families[0]) == {}
+    from fusedresnet.kernels.planner import committed_tuned_plans, load_tuned_plans, tuned_plans_path
+    tables = committed_tuned_plans()
+    assert {path.name for path in tables} >= {"NVIDIA_H100_80GB_HBM3.json", "NVIDIA_H200.json"}
+    for table_path in tables:
+        table = json.loads(table_path.read_text())
+        device = table["device"]
+        assert tuned_plans_path(device) == table_path
+        families = table.get("families", [table.get("conv_path", "mma")])
+        for family in CONV_PATHS:
+            assert (len(load_tuned_plans(device, family)) == len(table["plans"])) == (family in families)
+        assert bool(load_tuned_plans(device, MIXED)) == (set(families) == set(CONV_PATHS))
+        assert load_tuned_plans("NVIDIA A100-SXM4-80GB", families[0]) == {}
+        assert load_tuned_plans("NVIDIA A100-SXM4-80GB", families[0], table_path) == {}   # another GPU's table
+    assert tuned_plans_path("NVIDIA H100 80GB HBM3").name == "NVIDIA_H100_80GB_HBM3.json"
+    assert tuned_plans_path("NVIDIA A100-SXM4-80GB").name == "NVIDIA_A100_SXM4_80GB.json"
 
 
 def test_a_cluster_splitk_plan_needs_no_workspace_and_falls_back_to_its_workspace_twin():
@@ -171,20 +180,25 @@ def _key_shape(key: str) -> tuple[int, ...]:
 
 def test_served_kernels_are_those_the_tuned_plans_and_the_untuned_plans_can_choose():
     """What the engine compiles at load on each path (planner.served_name_expressions): the kernel of every
-    plan in kernels/tuned_plans.json for its GPU, of every untuned plan (other batch sizes, input sizes and
-    GPUs), the stem + max-pool of its module and the head; not the tuner's other candidates (the
-    warp-specialised conv_wgmma_ws, which it never chose), which a library compiles only when asked."""
+    plan in each committed table (kernels/tuned_plans/<model>.json) on its GPU, of every untuned plan (other batch
+    sizes, input sizes and GPUs), the stem + max-pool of its module and the head; not the tuner's other candidates
+    (the warp-specialised conv_wgmma_ws, which it never chose), which a library compiles only when asked."""
     import json
 
+    from fusedresnet.kernels.planner import committed_tuned_plans
+    for table_path in committed_tuned_plans():
+        served_on_its_gpu(json.loads(table_path.read_text()))
+
+
+def kernel(tile, shortcut_c):
+    return shortcut_name_expression(tile) if shortcut_c else tile.name_expression
+
+
+def served_on_its_gpu(table: dict) -> None:
     from fusedresnet.kernels.launch_choices import MIXED, path_arch
-    from fusedresnet.kernels.planner import TUNED_PLANS, load_tuned_plans, served_name_expressions, untuned_plan
+    from fusedresnet.kernels.planner import load_tuned_plans, served_name_expressions, untuned_plan
     from fusedresnet.kernels.tiles import STEM_POOL_KERNELS, tile_by_label
-    table = json.loads(TUNED_PLANS.read_text())
     device = table["device"]
-
-    def kernel(tile, shortcut_c):
-        return shortcut_name_expression(tile) if shortcut_c else tile.name_expression
-
     for path in (MIXED, "wgmma", "mma"):
         arch = path_arch(path)
         served = served_name_expressions(arch, path, load_tuned_plans(device, path), True)
@@ -203,7 +217,8 @@ def test_served_kernels_are_those_the_tuned_plans_and_the_untuned_plans_can_choo
         stems = ({"stem_pool_wgmma<StemInput::UINT8_NHWC>", "stem_pool_wgmma<StemInput::FP32_NCHW>"}
                  if arch == WGMMA_ARCH else set(STEM_POOL_KERNELS.values()))
         assert stems | {"avgpool_fc<8>", "splitk_epilogue"} <= set(served)
-    # On the table's GPU (H100: 90 plans, all wgmma) the sm_90a module shrinks to less than half of the candidates
+    # On the table's GPU (90 plans, all wgmma on the H100 and the H200) the sm_90a module shrinks to less than half
+    # of the candidates
     mixed = served_name_expressions(WGMMA_ARCH, MIXED, load_tuned_plans(device, MIXED), True)
     assert len(mixed) < len(name_expressions(WGMMA_ARCH)) / 2
     # Without cuda.bindings the tuned "wc", "wt" and "wq" tiles are served by their twins: none of theirs compiled
@@ -211,5 +226,5 @@ def test_served_kernels_are_those_the_tuned_plans_and_the_untuned_plans_can_choo
     assert not any(n.startswith("conv_wgmma_tma<") or "CLUSTER_SPLIT_K" in n
                    for n in twins)
     # another GPU: only what the untuned plans can choose
-    other = served_name_expressions(WGMMA_ARCH, MIXED, load_tuned_plans("NVIDIA H200", MIXED), True)
+    other = served_name_expressions(WGMMA_ARCH, MIXED, load_tuned_plans("NVIDIA H20", MIXED), True)
     assert set(other) < set(mixed) and not any(n.startswith("conv_wgmma_tma<") for n in other)

@@ -237,12 +237,12 @@ def test_patch_wgmma_tiles_are_sm_90a_only_and_their_shared_memory_is_the_filter
 
 
 def test_every_label_is_derived_from_the_named_schedule_and_reads_back_as_its_tile():
-    """A tile's label (what kernels/tuned_plans.json records) is built from its kernel's names: the Schedule's
+    """A tile's label (what kernels/tuned_plans/*.json record) is built from its kernel's names: the Schedule's
     prefix and the Epilogue's suffix for conv_wgmma*, the PatchEpilogue's suffix for conv3x3_patch_wgmma
     ("pwg128g2s4v1": 128 positions, 2 warpgroups, 4 stages, VEC16_STORES). Each label names one tile and one
-    kernel, `tile_by_label` gives that tile back, and every label the committed table names is one of them."""
+    kernel, `tile_by_label` gives that tile back, and every label the committed tables name is one of them."""
     from fusedresnet.kernels.dev.conv_wgmma_ws import TILES as DEV_TILES
-    from fusedresnet.kernels.planner import TUNED_PLANS, UNTUNED_PATCH_WGMMA
+    from fusedresnet.kernels.planner import UNTUNED_PATCH_WGMMA, committed_tuned_plans
     from fusedresnet.kernels.tiles import (
         CONV_TILES,
         PATCH_TILES,
@@ -266,9 +266,8 @@ def test_every_label_is_derived_from_the_named_schedule_and_reads_back_as_its_ti
     assert tile_by_label("pwg256g2s3v2").epilogue is PatchEpilogue.VEC16_STORES_AND_LOADS
     assert [t.label for t in UNTUNED_PATCH_WGMMA] == ["pwg128g2s4v1", "pwg64g1s4"]
     assert tile_by_label("wq128x128g2s4v") is None   # no such tile: ping-pong has no 16-byte epilogue
-    table = json.loads(TUNED_PLANS.read_text())
     planned, runners_up = set(), set()
-    for entry in table["plans"].values():
+    for entry in (e for path in committed_tuned_plans() for e in json.loads(path.read_text())["plans"].values()):
         planned |= {entry["tile"], *(e["tile"] for e in entry.get("by_family", {}).values())}
         runners_up |= {r.split("/")[0] for r in entry.get("runner_up", [])}
     assert len(planned) > 10

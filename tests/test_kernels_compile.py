@@ -316,13 +316,13 @@ def test_kernels_compile_under_nvrtc_like_the_engine(arch, compiles):
     import json
 
     from fusedresnet.kernels.launch_choices import MIXED
-    from fusedresnet.kernels.planner import TUNED_PLANS, load_tuned_plans, served_name_expressions
-    device = json.loads(TUNED_PLANS.read_text())["device"]
-    for path in ((MIXED, "wgmma") if arch == WGMMA_ARCH else ("mma",)):
-        for bindings in (True, False):
-            served = served_name_expressions(arch if arch == WGMMA_ARCH else None, path,
-                                             load_tuned_plans(device, path), bindings)
-            assert set(served) <= set(names), (path, set(served) - set(names))
+    from fusedresnet.kernels.planner import committed_tuned_plans, load_tuned_plans, served_name_expressions
+    for device in (json.loads(table.read_text())["device"] for table in committed_tuned_plans()):
+        for path in ((MIXED, "wgmma") if arch == WGMMA_ARCH else ("mma",)):
+            for bindings in (True, False):
+                served = served_name_expressions(arch if arch == WGMMA_ARCH else None, path,
+                                                 load_tuned_plans(device, path), bindings)
+                assert set(served) <= set(names), (device, path, set(served) - set(names))
     # Programmatic dependent launch (common.cuh pdl_begin): every kernel of a cc >= 9.0 module waits for
     # the kernels before it (griddepcontrol.wait, once per kernel, inlined); none of an sm_8x module does.
     ptx = compiled["ptx"]

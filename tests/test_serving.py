@@ -35,7 +35,7 @@ from fusedresnet.campaigns.serving_sequence import repository_with_instances
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.client.preprocess import normalize
 from fusedresnet.client.resnet_client import ResNetClient
-from fusedresnet.kernels.planner import TUNED_PLANS
+from fusedresnet.kernels.planner import tuned_plans_path
 
 from robustness_helpers import read_until
 
@@ -51,17 +51,17 @@ EXPECTED_ENGINE = {
 def custom_gpu_engine() -> str:
     """The fused engine's name by the kernel families its plans run on (docs/ENGINE.md, *Kernel families*):
     mma.sync before compute capability 9.0; on 9.0 the wgmma stem and the families of the tuned table's
-    plans for this GPU (kernels/tuned_plans.json), both without a table; one family where
+    plans for this GPU (kernels/tuned_plans/<model>.json), both without a table; one family where
     FUSEDRESNET_CONV_PATH (inherited by the server) forces it."""
     forced = os.environ.get("FUSEDRESNET_CONV_PATH", "").strip().lower()
     if forced in ("mma", "wgmma"):
         return f"fused-cuda-fp16-{forced}"
     if torch.cuda.get_device_capability() != (9, 0):
         return "fused-cuda-fp16-mma"
-    table = json.loads(TUNED_PLANS.read_text())
+    table_path = tuned_plans_path(torch.cuda.get_device_name())
     families = {"wgmma", "mma"}
-    if table["device"] == torch.cuda.get_device_name():
-        families = {"wgmma"} | {entry["family"] for entry in table["plans"].values()}
+    if table_path.is_file():
+        families = {"wgmma"} | {entry["family"] for entry in json.loads(table_path.read_text())["plans"].values()}
     return "fused-cuda-fp16-" + "+".join(f for f in ("wgmma", "mma") if f in families)
 
 
