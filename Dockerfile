@@ -66,7 +66,7 @@ COPY deploy/docker/fusedresnet-ready /usr/local/bin/fusedresnet-ready
 # NumPy 2, which one resolution refuses; the Python backend reads and writes tensors through DLPack, right on
 # either NumPy (the image's pip installs into its system Python: NGC sets PIP_BREAK_SYSTEM_PACKAGES=1).
 # The model files are prepared here with the seeded weights (a checkpoint mounted at start
-# replaces them: FUSEDRESNET_WEIGHTS). The A/B router's C++ backend is built here (backend/ab_router_build.py:
+# replaces them: FUSEDRESNET_WEIGHTS). The A/B router's C++ backend is built here (backend/ab_router/build.py:
 # build/ab_router_backend/, found again at start from the installed sources) with g++ alone (RapidJSON and
 # BLAKE2 are vendored with its source); the library needs only the C library. The source folders go once the
 # package is installed.
@@ -78,7 +78,7 @@ RUN apt-get update \
  && python3 -m pip install --no-cache-dir '.[gpu]' \
  && python3 -c "import cupy, torch, fusedresnet.backend.serve" \
  && python3 -m fusedresnet.backend.prepare \
- && python3 -m fusedresnet.backend.ab_router_build \
+ && python3 -m fusedresnet.backend.ab_router.build \
  && rm -rf /var/lib/apt/lists/* \
  && rm -rf backend kernels client loadtest campaigns harness \
  && mkdir -p triton/backends build /var/cache/fusedresnet/cupy \

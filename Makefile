@@ -36,9 +36,9 @@ SERVE_ARGS ?=
 .PHONY: setup prepare serve demo lint test loadtest clean
 
 # The A/B router is a Triton C++ backend: built once per source into build/ab_router_backend/ with the C++ compiler
-# alone (its JSON parser and hash are vendored; backend/ab_router_build.py says what is missing).
+# alone (its JSON parser and hash are vendored; backend/ab_router/build.py says what is missing).
 setup: $(INSTALLED) $(STAMP)
-	$(PY) -m fusedresnet.backend.ab_router_build
+	$(PY) -m fusedresnet.backend.ab_router.build
 
 $(INSTALLED): pyproject.toml
 ifeq ($(strip $(VENV)),)

@@ -4,8 +4,8 @@ shared-memory manager, which that wheel's Python options cannot pass (backend/in
 
 It compiles with the system C++ compiler and nothing else: against the frontend classes' declarations of Triton
 2.73.0 (frontend_shim/include/triton_server, upstream's restricted_features.h verbatim, with its licence) and
-Triton's C API headers of r24.10 (the core this project runs, backend/ab_router_backend/include). Built once per
-source into build/frontend_shim/<digest>/ (backend/native_build.py, the pattern the A/B router's build shares); the
+Triton's C API headers of r24.10 (the core this project runs, backend/ab_router/ab_router_backend/include). Built once
+per source into build/frontend_shim/<digest>/ (backend/native_build.py, the pattern the A/B router's build shares); the
 offline bundle brings one built here for the GPU host
 ($FUSEDRESNET_FRONTEND_SHIM_PREBUILT), as it does the A/B router.
 
@@ -22,7 +22,7 @@ from .spec import BUILD_DIR
 
 SOURCE_DIR = Path(__file__).resolve().parent / "frontend_shim"
 SOURCE = SOURCE_DIR / "frontend_shim.cc"
-INCLUDE_DIRS = (SOURCE_DIR / "include", Path(__file__).resolve().parent / "ab_router_backend" / "include")
+INCLUDE_DIRS = (SOURCE_DIR / "include", Path(__file__).resolve().parent / "ab_router" / "ab_router_backend" / "include")
 HEADERS = (SOURCE_DIR / "include" / "triton_server" / "frontend_abi.h",
            SOURCE_DIR / "include" / "triton_server" / "restricted_features.h",
            INCLUDE_DIRS[1] / "triton" / "core" / "tritonserver.h")

@@ -8,8 +8,8 @@ gives the tritonserver binary: the flags below are that binary's, with its meani
 know is refused (exit status 2; the binary takes it: --front-end binary). Its process is named `tritonserver`, so
 whatever finds the server's process by name finds this one.
 
-The core is made through Triton's C API (ctypes, the r24.10 signatures of backend/ab_router_backend/include); the
-frontends through backend/frontend_shim (the admin token's restrictions on every frontend; a client shared-memory
+The core is made through Triton's C API (ctypes, the r24.10 signatures of backend/ab_router/ab_router_backend/include);
+the frontends through backend/frontend_shim (the admin token's restrictions on every frontend; a client shared-memory
 manager, whose registrations --allow-client-shm=true allows). On SIGTERM or SIGINT it stops as the binary does: the
 HTTP and gRPC frontends stop taking calls and drain those in flight, the core waits out what remains of
 --exit-timeout-secs, then the gRPC and metrics frontends stop. A crash prints Python's fatal-error report (the

@@ -1,4 +1,4 @@
-"""The build pattern both of the project's native libraries share (backend/ab_router_build.py, the A/B router's
+"""The build pattern both of the project's native libraries share (backend/ab_router/build.py, the A/B router's
 Triton backend; backend/frontend_shim_build.py, the in-process front end's shim): one library per source, built
 with the system C++ compiler into `<output>/<digest>/<library>`, where the digest (`source_digest`) covers what it
 is built from; a library built elsewhere (the offline bundle's, for the GPU host, which has no compiler) is used as

@@ -61,7 +61,7 @@ def entry_input(entry: str) -> str:
 MODEL_ENTRIES = tuple(served_model(network, name) for network in MODELS for name in INPUTS)  # all served entries
 # The A/B router (docs/AB_LIVE.md): one more entry with the IMAGE contract that sends live traffic to both networks'
 # entries (shadow) or splits it between them (split), or to one (primary). It is a Triton C++ backend of its own
-# (backend/ab_router_backend/, built by backend/ab_router_build.py, which hands it these facts as a header).
+# (backend/ab_router/ab_router_backend/, built by backend/ab_router/build.py, which hands it these facts as a header).
 AB_ROUTER_MODEL = "resnet18_ab"
 AB_ROUTER_BACKEND = "fusedresnet_ab"   # its config's `backend:`; <backends>/fusedresnet_ab/libtriton_fusedresnet_ab.so
 SERVED_ENTRIES = (*MODEL_ENTRIES, AB_ROUTER_MODEL)   # every entry of model_repository/

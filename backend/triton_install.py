@@ -4,7 +4,7 @@ Finds `tritonserver` ($TRITON_HOME, PATH, or the server bundled in the nvidia-py
 wheel), and prepares a private copy of its backend tree with the Python-backend stub that
 matches this interpreter (the wheel ships one stub per Python version) and the project's own
 C++ backends that the caller names (the launcher names the A/B router's, built by
-backend/ab_router_build.py, when its model repository serves the router).
+backend/ab_router/build.py, when its model repository serves the router).
 """
 
 from __future__ import annotations

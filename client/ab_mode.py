@@ -6,7 +6,7 @@
 
 A change reloads `resnet18_ab` with its current configuration (GET /v2/models/resnet18_ab/config) and the given
 parameters replaced (POST /v2/repository/models/resnet18_ab/load with the configuration in the body). Triton
-reloads the router with it. The parameters are checked here first (backend/ab_config.py, as the router checks
+reloads the router with it. The parameters are checked here first (backend/ab_router/config.py, as the router checks
 them at load): a bad one is named and nothing is sent, since a configuration the router refuses at load has
 crashed Triton 2.51 (after a few such loads, under CPU load). The load API is
 an admin API: it takes the admin token ($FUSEDRESNET_ADMIN_TOKEN, --admin-token-file, else build/admin-token)
@@ -26,11 +26,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from fusedresnet.backend.ab_config import ConfigError, parse_router_config
+from fusedresnet.backend.ab_router.config import ConfigError, parse_router_config
 from fusedresnet.backend.spec import AB_ROUTER_MODEL, ADMIN_TOKEN_HEADER, DEFAULT_HOST, DEFAULT_HTTP_PORT
 from fusedresnet.client.shared_memory import read_admin_token
 
-# The router's parameters a user changes (backend/ab_router_backend/ab_router.cc: all of them, validated at load).
+# The router's parameters a user changes (backend/ab_router/ab_router_backend/ab_router.cc: all of them, validated at
+# load).
 PARAMETERS = ("mode", "primary", "candidate", "candidate_percent", "shadow_timeout_ms", "shadow_max_in_flight",
               "disagreement_records")
 

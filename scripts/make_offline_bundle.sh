@@ -20,7 +20,7 @@
 #                   tool), cuda-bindings and cuda-pathfinder, with their dependencies that the host
 #                   lacks (HOST_HAS), for the host's Python (PYTHON_VERSION) on manylinux x86_64
 #   setup.sh        scripts/offline_bundle_setup.sh: installs the bundle on the host (sourced)
-#   ab_router_backend/  the A/B router's Triton backend built here (backend/ab_router_build.py; the host has no
+#   ab_router_backend/  the A/B router's Triton backend built here (backend/ab_router/build.py; the host has no
 #                   compiler packages), used there when its sources are the same
 #
 # Settings (environment):
@@ -139,7 +139,7 @@ done
 # (pyproject.toml's package-dir; fusedresnet is a namespace package) on PYTHONPATH.
 router_python="$ROOT/.venv/bin/python"; [ -x "$router_python" ] || router_python=python3
 mkdir -p "$TMP/router/fusedresnet" && ln -s "$ROOT/backend" "$TMP/router/fusedresnet/backend"
-router="$(PYTHONPATH="$TMP/router${PYTHONPATH:+:$PYTHONPATH}" "$router_python" -m fusedresnet.backend.ab_router_build)"
+router="$(PYTHONPATH="$TMP/router${PYTHONPATH:+:$PYTHONPATH}" "$router_python" -m fusedresnet.backend.ab_router.build)"
 rm -rf "$DEST/ab_router_backend" && mkdir -p "$DEST/ab_router_backend"
 cp -r "$(dirname "$router")" "$DEST/ab_router_backend/"
 shim="$(PYTHONPATH="$TMP/router${PYTHONPATH:+:$PYTHONPATH}" "$router_python" -m fusedresnet.backend.frontend_shim_build)"

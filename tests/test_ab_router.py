@@ -1,4 +1,5 @@
-"""The A/B router (`resnet18_ab`, the C++ backend backend/ab_router_backend/ab_router.cc) against the real server.
+"""The A/B router (`resnet18_ab`, the C++ backend backend/ab_router/ab_router_backend/ab_router.cc) against the real
+server.
 
 On the session server (the shipped repository, the router in shadow mode, cuDNN primary, custom candidate):
 the router answers with the primary's logits and engine, and its metrics count every request, as Triton's own
@@ -34,7 +35,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from fusedresnet.backend.ab_config import sticky_share
+from fusedresnet.backend.ab_router.config import sticky_share
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import (

@@ -6,7 +6,7 @@ puts its tools on PATH and installs again only when the bundle's requirements ch
 a real bundle downloads about 50 MB: docs/GPU_HOST.md.
 
 The A/B router's backend, which the bundle brings built: it builds with the C++ compiler alone, from the
-RapidJSON and BLAKE2 vendored in backend/ab_router_backend/third_party (a system copy of either is never read;
+RapidJSON and BLAKE2 vendored in backend/ab_router/ab_router_backend/third_party (a system copy of either is never read;
 the digest covers them), its sticky hash is hashlib's blake2b, and the bundle script builds it in a checkout
 where nothing is installed."""
 from __future__ import annotations
@@ -149,8 +149,8 @@ def test_bundle_setup_installs_without_an_index_and_again_only_when_the_bundle_c
 # ---------------------------------------------------------------- the A/B router's backend, which the bundle brings
 
 def router_build():
-    from fusedresnet.backend import ab_router_build
-    return ab_router_build
+    from fusedresnet.backend.ab_router import build
+    return build
 
 
 def test_router_builds_from_its_vendored_code_alone_with_the_compiler(tmp_path, monkeypatch):
@@ -211,7 +211,7 @@ def test_routers_sticky_share_is_pythons_with_the_vendored_blake2b(tmp_path):
     """The router's StickyShare (its text in ab_router.cc) compiled with the vendored BLAKE2b, as the build compiles
     it, puts every key where ab_config.sticky_share (hashlib.blake2b) does: empty, ASCII, UTF-8, one and more than
     one 128-byte block."""
-    from fusedresnet.backend.ab_config import sticky_share
+    from fusedresnet.backend.ab_router.config import sticky_share
     build = router_build()
     source = build.COMPILED[0].read_text()
     start = source.index("double StickyShare(const std::string& key) {")

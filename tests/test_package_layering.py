@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import sys
 from pathlib import Path
 
 import pytest
@@ -294,11 +295,13 @@ LAUNCHER_ROOMS = ("settings", "stub_processes", "health", "repository", "supervi
 RESNET_ROOMS = ("pretrained", "architecture", "folding", "onnx_import", "weights")
 ENGINES_ROOMS = ("cuda_context", "batch_buckets", "config", "fused_cuda", "serving", "fused_module")
 TRITON_ADAPTER_ROOMS = ("pinned_shm", "python_model")
+# The A/B router (backend/ab_router/): its parameters, then its build.
+AB_ROUTER_ROOMS = ("config", "build")
 # What only the server extra installs (pyproject.toml), and the project's modules that start or build the server.
 SERVER_SIDE_PACKAGES = {"psutil", "torch", "pytriton", "triton_python_backend_utils", "cupy"}
 SERVER_SIDE_MODULES = {f"fusedresnet.backend.{name}" for name in (
     "serve", "launcher", *(f"launcher.{module}" for module in LAUNCHER_ROOMS),
-    "triton_install", "ab_router_build", "frontend_shim_build", "native_build",
+    "triton_install", "ab_router.build", "frontend_shim_build", "native_build",
     "front_end", "inprocess_server", "cuda_mps")}
 
 
@@ -333,9 +336,9 @@ def test_the_triton_installation_does_not_build_the_router():
     """Finding and preparing Triton (every server start) neither imports nor builds the A/B router's backend: the
     launcher builds it, lazily, where its repository serves the router (launcher.repository_backends)."""
     graph = module_imports()
-    assert "fusedresnet.backend.ab_router_build" not in loaded(graph, "fusedresnet.backend.triton_install")
-    assert "fusedresnet.backend.ab_router_build" in graph["fusedresnet.backend.launcher.repository"]   # lazily
-    assert "fusedresnet.backend.ab_router_build" not in loaded(import_time_graph(), "fusedresnet.backend.serve")
+    assert "fusedresnet.backend.ab_router.build" not in loaded(graph, "fusedresnet.backend.triton_install")
+    assert "fusedresnet.backend.ab_router.build" in graph["fusedresnet.backend.launcher.repository"]   # lazily
+    assert "fusedresnet.backend.ab_router.build" not in loaded(import_time_graph(), "fusedresnet.backend.serve")
 
 
 def test_the_launchers_rooms_import_only_downward():
@@ -438,6 +441,25 @@ def test_the_triton_adapters_rooms_import_only_downward():
         raise AssertionError("python_model imports torch nowhere after cuda_context.start()")
     assert "fusedresnet.backend.engines.cuda_context" in before, sorted(before)
     assert "torch" not in before and not any("torch" in third_party_at_import(name) for name in before & set(modules))
+
+
+def test_the_ab_routers_rooms_import_only_downward():
+    """backend/ab_router/: the router's parameters (which the client checks a change with) need the wire contract
+    alone and the standard library; its build sits on them, the wire contract and the native builds' shared pattern,
+    and on nothing of the launcher or the Triton installation. Only the launcher (lazily, where its repository serves
+    the router) and client.ab_mode (the parameters) import the router. Its package's __init__ imports
+    nothing, so the client reads the parameters without the build."""
+    graph = module_imports()
+    package = "fusedresnet.backend.ab_router"
+    assert upward_imports(graph, package, AB_ROUTER_ROOMS) == []
+    assert graph[f"{package}.config"] == {"fusedresnet.backend.spec"}
+    assert third_party_at_import(f"{package}.config") <= sys.stdlib_module_names
+    assert graph[f"{package}.build"] <= {f"{package}.config", "fusedresnet.backend.spec",
+                                         "fusedresnet.backend.native_build"}
+    for module in graph:
+        if not within(module, (package, "fusedresnet.client.ab_mode", "fusedresnet.backend.launcher.repository")):
+            assert not {other for other in graph[module] if within(other, (package,))}, module
+    assert imports((ROOT / "backend" / "ab_router" / "__init__.py").read_text(), package) == []
 
 
 def test_the_admin_token_needs_neither_the_triton_installation_nor_the_launcher():

@@ -21,7 +21,7 @@ def repository_models(repository: Path) -> list[str]:
 def repository_backends(repository: Path) -> dict[str, Path]:
     """The project's own C++ backends that the entries of a model repository name (`backend:` in config.pbtxt),
     each built now where missing (or found prebuilt): {"fusedresnet_ab": the A/B router's library} when an entry is
-    the router (backend/ab_router_build.py), else nothing, so a server without the router neither imports nor
+    the router (backend/ab_router/build.py), else nothing, so a server without the router neither imports nor
     builds it. A config that does not parse is Triton's to report when it loads it."""
     from google.protobuf import text_format
 
@@ -33,7 +33,7 @@ def repository_backends(repository: Path) -> dict[str, Path]:
 
     if not any(backend_of(entry) == AB_ROUTER_BACKEND for entry in repository_models(repository)):
         return {}
-    from .. import ab_router_build
+    from ..ab_router import build as ab_router_build
     try:
         return {AB_ROUTER_BACKEND: ab_router_build.build()}
     except ab_router_build.RouterBuildError as error:

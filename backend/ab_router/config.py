@@ -1,10 +1,10 @@
 """The A/B router's config parameters, parsed once into a validated `RouterConfig` (docs/AB_LIVE.md).
 
-The router itself is a C++ backend (backend/ab_router_backend/ab_router.cc): it checks its parameters at load by
-the same rules, and takes the parameters' names and defaults, and STICKY_BUCKETS, from here (through the header
-backend/ab_router_build.py writes). `client.ab_mode` checks a change with `parse_router_config` before it sends it
-(a configuration refused at load has crashed Triton 2.51, docs/AB_LIVE.md); tests/test_ab_router.py holds both
-checks to the same bad parameters, and `sticky_share` to the router's split."""
+The router itself is a C++ backend (backend/ab_router/ab_router_backend/ab_router.cc): it checks its parameters at
+load by the same rules, and takes the parameters' names and defaults, and STICKY_BUCKETS, from here (through the
+header backend/ab_router/build.py writes). `client.ab_mode` checks a change with `parse_router_config` before it
+sends it (a configuration refused at load has crashed Triton 2.51, docs/AB_LIVE.md); tests/test_ab_router.py holds
+both checks to the same bad parameters, and `sticky_share` to the router's split."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass, fields
 
-from .spec import AB_MODES, MODEL_CUDNN, MODEL_CUSTOM
+from ..spec import AB_MODES, MODEL_CUDNN, MODEL_CUSTOM
 
 STICKY_BUCKETS = 10_000     # candidate_percent resolves to 0.01 %
 # The texts a number parameter may be (the C++ router matches the same patterns, through its generated header):
