@@ -77,7 +77,7 @@ RUN apt-get update \
  && python3 -m pip install --no-cache-dir '.[server]' \
  && python3 -m pip install --no-cache-dir '.[gpu]' \
  && python3 -c "import cupy, torch, fusedresnet.backend.serve" \
- && python3 -m fusedresnet.backend.prepare \
+ && python3 -m fusedresnet.backend.repository.prepare \
  && python3 -m fusedresnet.backend.ab_router.build \
  && rm -rf /var/lib/apt/lists/* \
  && rm -rf backend kernels client loadtest campaigns harness \

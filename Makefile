@@ -60,11 +60,11 @@ endif
 	touch $@
 endif
 
-$(STAMP): $(INSTALLED) backend/resnet/architecture.py backend/resnet/folding.py backend/prepare.py backend/prepared_stamp.py
-	$(PY) -m fusedresnet.backend.prepare
+$(STAMP): $(INSTALLED) backend/resnet/architecture.py backend/resnet/folding.py backend/repository/prepare.py backend/repository/prepared_stamp.py
+	$(PY) -m fusedresnet.backend.repository.prepare
 
 prepare: $(INSTALLED)
-	$(PY) -m fusedresnet.backend.prepare $(if $(WEIGHTS),--weights $(WEIGHTS))
+	$(PY) -m fusedresnet.backend.repository.prepare $(if $(WEIGHTS),--weights $(WEIGHTS))
 
 serve: setup
 	$(PY) -m fusedresnet.backend.serve $(SERVE_ARGS)

@@ -30,7 +30,7 @@ from pathlib import Path
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.report_format import number, table
-from fusedresnet.backend.repository_copy import both, copy_repository, with_instances, with_parameters
+from fusedresnet.backend.repository.copies import both, copy_repository, with_instances, with_parameters
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import (
     AB_ROUTER_MODEL,

@@ -38,7 +38,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fusedresnet.backend.repository_copy import both, copy_repository, with_instances
+from fusedresnet.backend.repository.copies import both, copy_repository, with_instances
 from fusedresnet.backend.serve import READY_LINE
 from fusedresnet.backend.spec import (
     AB_ROUTER_MODEL,
@@ -86,7 +86,7 @@ def repository_with_instances(source: Path, instances: int, destination: Path, q
                               entries: tuple[str, ...] = MODEL_ENTRIES):
     """`source`'s model entries (`entries` of them) in `destination` with `instances` per network entry and the
     A/B router (and the networks' dynamic batchers' queue delay, when given); the prepared files (weights, labels,
-    stamp) linked from the prepared repository of this tree (backend/repository_copy.py)."""
+    stamp) linked from the prepared repository of this tree (backend/repository/copies.py)."""
     def queue_delay(name, config):
         if queue_delay_us is not None and name in MODELS:   # the A/B router waits for nothing of its own
             config.dynamic_batching.max_queue_delay_microseconds = queue_delay_us

@@ -15,7 +15,7 @@ import statistics
 import sys
 
 from fusedresnet.backend.network import free_ports, port_is_free
-from fusedresnet.backend.prepared_stamp import read_weights_source, seed_of
+from fusedresnet.backend.repository.prepared_stamp import read_weights_source, seed_of
 from fusedresnet.backend.resnet.pretrained import WEIGHTS_TORCHVISION
 from fusedresnet.backend.spec import (
     BUILD_DIR,

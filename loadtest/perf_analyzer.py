@@ -49,7 +49,7 @@ import numpy as np
 import psutil
 
 from fusedresnet.backend.provenance import git_commit
-from fusedresnet.backend.repository_copy import copy_repository, with_instances
+from fusedresnet.backend.repository.copies import copy_repository, with_instances
 from fusedresnet.backend.spec import (
     ADMIN_TOKEN_ENV,
     ADMIN_TOKEN_HEADER,
@@ -257,7 +257,7 @@ def zero_model_repository(folder: Path) -> Path:
 
 def build_repository(folder: Path, entries=MODEL_ENTRIES, zero: bool = True, instances: int | None = None) -> Path:
     """The prepared model repository with only `entries` (and the zero model) in `folder`, linked
-    (backend/repository_copy.py); `instances` sets the instance count of every entry (a config change of the
+    (backend/repository/copies.py); `instances` sets the instance count of every entry (a config change of the
     serving story)."""
     from google.protobuf import text_format
     edit = with_instances(instances) if instances else None

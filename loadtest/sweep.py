@@ -337,7 +337,7 @@ def main(argv=None) -> int:
     raw_dir = args.raw_dir or BUILD_DIR / "loadtest" / args.name
     sweep_started = time.monotonic()
     if args.start_server:
-        from fusedresnet.backend.prepare import STAMP_FILE, prepare  # torch: only to write model files
+        from fusedresnet.backend.repository.prepare import STAMP_FILE, prepare  # torch: only to write model files
         if not (MODEL_REPOSITORY / STAMP_FILE).is_file():
             prepare(MODEL_REPOSITORY)
         http_port, grpc_port, metrics_port = free_ports(3)

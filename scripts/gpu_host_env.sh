@@ -8,5 +8,5 @@
 source .gpu-bundle/setup.sh
 export CUPY_CACHE_DIR=/tmp/cupy-cache PYTHONUNBUFFERED=1
 bash scripts/install_offline.sh || return 1
-python3 -m fusedresnet.backend.prepare
+python3 -m fusedresnet.backend.repository.prepare
 python3 -m fusedresnet.backend.ab_router.build || return 1   # the bundle's prebuilt A/B router backend

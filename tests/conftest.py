@@ -12,8 +12,8 @@ import torch
 
 from fusedresnet.backend.images import normalize_uint8, smooth_random_images
 from fusedresnet.backend.network import free_ports
-from fusedresnet.backend.prepare import prepare
-from fusedresnet.backend.prepared_stamp import STAMP_FILE, read_weights_source, seed_of
+from fusedresnet.backend.repository.prepare import prepare
+from fusedresnet.backend.repository.prepared_stamp import STAMP_FILE, read_weights_source, seed_of
 from fusedresnet.backend.resnet.weights import build_resnet18
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import ADMIN_TOKEN_HEADER, GRPC_ADMIN_TOKEN_HEADER, MODEL_REPOSITORY

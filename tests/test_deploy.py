@@ -142,7 +142,7 @@ def test_image_starts_the_launcher_listening_on_all_interfaces():
     subprocess.run(["sh", "-n", str(script)], check=True)
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     started = re.findall(r"python3 -m ([\w.]+)", code)
-    assert started == ["fusedresnet.backend.prepare", "fusedresnet.backend.serve"]
+    assert started == ["fusedresnet.backend.repository.prepare", "fusedresnet.backend.serve"]
     assert re.search(r'^exec python3 -m fusedresnet\.backend\.serve "\$@"$', text, re.M)
     for module in started:
         assert importlib.util.find_spec(module) is not None, module

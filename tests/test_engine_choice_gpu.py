@@ -19,7 +19,7 @@ from fusedresnet.backend.engines.config import EngineConfig
 from fusedresnet.backend.engines.serving import ServingEngine, create_engine
 from fusedresnet.backend.images import smooth_random_images
 from fusedresnet.backend.network import free_ports
-from fusedresnet.backend.prepared_stamp import STAMP_FILE
+from fusedresnet.backend.repository.prepared_stamp import STAMP_FILE
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.client.resnet_client import ResNetClient
 

@@ -37,7 +37,7 @@ from fusedresnet.backend.engines.serving import (
     create_engine,
 )
 from fusedresnet.backend.network import free_ports
-from fusedresnet.backend.prepared_stamp import STAMP_FILE
+from fusedresnet.backend.repository.prepared_stamp import STAMP_FILE
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.client.resnet_client import ResNetClient
 

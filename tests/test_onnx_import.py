@@ -16,9 +16,9 @@ import torch
 
 from fusedresnet.backend.images import normalize_uint8
 from fusedresnet.backend.network import free_ports
-from fusedresnet.backend.prepare import main as prepare_main
-from fusedresnet.backend.prepare import prepare
-from fusedresnet.backend.prepared_stamp import STAMP_FILE
+from fusedresnet.backend.repository.prepare import main as prepare_main
+from fusedresnet.backend.repository.prepare import prepare
+from fusedresnet.backend.repository.prepared_stamp import STAMP_FILE
 from fusedresnet.backend.resnet.onnx_import import OnnxImportError, state_dict_from_onnx
 from fusedresnet.backend.resnet.weights import build_resnet18
 from fusedresnet.backend.serve import TritonServer

@@ -297,6 +297,8 @@ ENGINES_ROOMS = ("cuda_context", "batch_buckets", "config", "fused_cuda", "servi
 TRITON_ADAPTER_ROOMS = ("pinned_shm", "python_model")
 # The A/B router (backend/ab_router/): its parameters, then its build.
 AB_ROUTER_ROOMS = ("config", "build")
+# The model repository's preparation (backend/repository/): the stamp, the copies, the preparation.
+REPOSITORY_ROOMS = ("prepared_stamp", "copies", "prepare")
 # What only the server extra installs (pyproject.toml), and the project's modules that start or build the server.
 SERVER_SIDE_PACKAGES = {"psutil", "torch", "pytriton", "triton_python_backend_utils", "cupy"}
 SERVER_SIDE_MODULES = {f"fusedresnet.backend.{name}" for name in (
@@ -460,6 +462,25 @@ def test_the_ab_routers_rooms_import_only_downward():
         if not within(module, (package, "fusedresnet.client.ab_mode", "fusedresnet.backend.launcher.repository")):
             assert not {other for other in graph[module] if within(other, (package,))}, module
     assert imports((ROOT / "backend" / "ab_router" / "__init__.py").read_text(), package) == []
+
+
+def test_the_repositorys_rooms_import_only_downward():
+    """backend/repository/: the prepared stamp needs nothing of ours and no third-party package (the client's demo reads
+    it); the copies know the stamp and the wire contract, never `prepare`; the preparation sits on top, on the network
+    and its weights (backend/resnet/), and on no engine, launcher or Triton installation. The launcher imports the
+    stamp and the copies, never `prepare` (torch, to write the model files). Its package's __init__ imports nothing."""
+    graph = module_imports()
+    package = "fusedresnet.backend.repository"
+    assert upward_imports(graph, package, REPOSITORY_ROOMS) == []
+    assert graph[f"{package}.prepared_stamp"] == set()
+    assert third_party_at_import(f"{package}.prepared_stamp") <= sys.stdlib_module_names
+    assert graph[f"{package}.copies"] <= {f"{package}.prepared_stamp", "fusedresnet.backend.spec"}
+    allowed = (package, "fusedresnet.backend.resnet", "fusedresnet.backend.spec")
+    assert {other for other in graph[f"{package}.prepare"] if not within(other, allowed)} == set()
+    for module in graph:
+        if within(module, ("fusedresnet.backend.launcher",)):
+            assert f"{package}.prepare" not in graph[module], module
+    assert imports((ROOT / "backend" / "repository" / "__init__.py").read_text(), package) == []
 
 
 def test_the_admin_token_needs_neither_the_triton_installation_nor_the_launcher():

@@ -18,8 +18,9 @@ from fusedresnet.backend.spec import MODEL_REPOSITORY, REPO_ROOT
 # What only the server, the load tests or the GPU need (extras server, loadtest, gpu).
 SERVER_SIDE_PACKAGES = ("torch", "pytriton", "triton_python_backend_utils", "psutil", "locust", "matplotlib",
                         "prometheus_client", "cupy")
-CLIENT_MODULES = ("fusedresnet.backend.spec", "fusedresnet.backend.network", "fusedresnet.backend.prepared_stamp",
-                  "fusedresnet.client.preprocess", "fusedresnet.client.agreement", "fusedresnet.client.resnet_client",
+CLIENT_MODULES = ("fusedresnet.backend.spec", "fusedresnet.backend.network",
+                  "fusedresnet.backend.repository.prepared_stamp", "fusedresnet.client.preprocess",
+                  "fusedresnet.client.agreement", "fusedresnet.client.resnet_client",
                   "fusedresnet.client.classify")
 
 

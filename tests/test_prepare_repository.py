@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from fusedresnet.backend.prepare import main as prepare_main
-from fusedresnet.backend.prepared_stamp import STAMP_FILE
+from fusedresnet.backend.repository.prepare import main as prepare_main
+from fusedresnet.backend.repository.prepared_stamp import STAMP_FILE
 from fusedresnet.backend.spec import (
     FOLDED_PARAMS_FILE,
     MODEL_CUDNN,

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from fusedresnet.backend.network import free_ports
-from fusedresnet.backend.prepare import main as prepare_main
-from fusedresnet.backend.prepare import prepare
-from fusedresnet.backend.prepared_stamp import STAMP_FILE, read_weights_source
+from fusedresnet.backend.repository.prepare import main as prepare_main
+from fusedresnet.backend.repository.prepare import prepare
+from fusedresnet.backend.repository.prepared_stamp import STAMP_FILE, read_weights_source
 from fusedresnet.backend.resnet import pretrained
 from fusedresnet.backend.resnet.weights import build_resnet18
 from fusedresnet.backend.spec import MODEL_REPOSITORY

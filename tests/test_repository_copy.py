@@ -1,4 +1,4 @@
-"""backend/repository_copy.py: the one way the project copies a model repository (the launcher's --instances gpu,
+"""backend/repository/copies.py: the one way the project copies a model repository (the launcher's --instances gpu,
 the perf_analyzer run, the campaigns and tests). Checked on the prepared repository and on a copy of its code
 without its model files (what the serving sequence's --shipped-tree gives): entries kept, configs changed in the
 copy only, everything else linked, prepared files taken from the prepared repository."""
@@ -9,14 +9,14 @@ import shutil
 
 import pytest
 
-from fusedresnet.backend.prepared_stamp import STAMP_FILE
-from fusedresnet.backend.repository_copy import (
+from fusedresnet.backend.repository.copies import (
     both,
     copy_repository,
     with_instances,
     with_instances_divided,
     with_parameters,
 )
+from fusedresnet.backend.repository.prepared_stamp import STAMP_FILE
 from fusedresnet.backend.spec import AB_ROUTER_MODEL, MODEL_CUDNN, MODEL_CUSTOM, SERVED_ENTRIES, model_config
 
 NORMALIZED = f"{MODEL_CUSTOM}_normalized"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..admin_token import DEFAULT_TOKEN_FILE, read_or_create_token
 from ..front_end import FRONT_END_ENV, FRONT_ENDS
-from ..repository_copy import copy_repository, with_instances_divided
+from ..repository.copies import copy_repository, with_instances_divided
 from ..server_error import ServerError
 from ..spec import (
     ADMIN_TOKEN_ENV,

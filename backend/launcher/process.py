@@ -19,7 +19,7 @@ from pathlib import Path
 from ..admin_token import read_or_create_token
 from ..front_end import FRONT_END_ENV, FrontEndChoice, choose_front_end
 from ..network import http_ready
-from ..prepared_stamp import STAMP_FILE
+from ..repository.prepared_stamp import STAMP_FILE
 from ..server_error import ServerError
 from ..spec import (
     AB_DISAGREEMENTS_DIR,
@@ -205,7 +205,7 @@ class TritonServer(Supervision):
         project_models = [model for model in MODELS if Path(self.model_repository, model).is_dir()]
         if project_models and not Path(self.model_repository, STAMP_FILE).is_file():
             raise ServerError(f"{self.model_repository} is not prepared: run `make prepare` "
-                              "(python -m fusedresnet.backend.prepare) first")
+                              "(python -m fusedresnet.backend.repository.prepare) first")
         triton = find_triton()
         self.resolve_front_end(triton)
         backends = private_backend_tree(triton, repository_backends(self.model_repository))

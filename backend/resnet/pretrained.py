@@ -1,6 +1,6 @@
 """torchvision's ImageNet-trained ResNet-18 checkpoint: downloaded once, checked, cached.
 
-    python -m fusedresnet.backend.prepare --weights torchvision     (make prepare WEIGHTS=torchvision)
+    python -m fusedresnet.backend.repository.prepare --weights torchvision     (make prepare WEIGHTS=torchvision)
 
 The file is torchvision's `ResNet18_Weights.IMAGENET1K_V1` (69.758% top-1 on ImageNet). Its
 SHA-256 is pinned here: a download whose digest differs (truncated, tampered, another file)

@@ -5,6 +5,6 @@
 #   python3 -m fusedresnet.backend.serve --host 0.0.0.0 --processes-per-gpu 2 ... -- <tritonserver flags>
 set -eu
 if [ -n "${FUSEDRESNET_WEIGHTS:-}" ]; then
-    python3 -m fusedresnet.backend.prepare --weights "$FUSEDRESNET_WEIGHTS"
+    python3 -m fusedresnet.backend.repository.prepare --weights "$FUSEDRESNET_WEIGHTS"
 fi
 exec python3 -m fusedresnet.backend.serve "$@"

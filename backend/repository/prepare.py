@@ -1,6 +1,6 @@
 """Write the generated files of the model repository (they are gitignored).
 
-    python -m fusedresnet.backend.prepare [--weights torchvision | resnet18-f37072fd.pth | model.onnx]
+    python -m fusedresnet.backend.repository.prepare [--weights torchvision | resnet18-f37072fd.pth | model.onnx]
                                           [--repository DIR]
 
 - resnet18_cudnn/1/resnet18_traced.pt : the baseline as traced TorchScript
@@ -36,13 +36,12 @@ from pathlib import Path
 
 import torch
 
-from .prepared_stamp import STAMP_FILE, make_stamp, seeded_source, write_stamp
-from .resnet.architecture import DEFAULT_SEED
-from .resnet.folding import fold_resnet18
-from .resnet.onnx_import import OnnxImportError
-from .resnet.pretrained import WEIGHTS_TORCHVISION, CheckpointError, fetch
-from .resnet.weights import build_resnet18
-from .spec import (
+from ..resnet.architecture import DEFAULT_SEED
+from ..resnet.folding import fold_resnet18
+from ..resnet.onnx_import import OnnxImportError
+from ..resnet.pretrained import WEIGHTS_TORCHVISION, CheckpointError, fetch
+from ..resnet.weights import build_resnet18
+from ..spec import (
     FOLDED_PARAMS_FILE,
     IMAGE_SIZE,
     LABELS_FILE,
@@ -53,6 +52,7 @@ from .spec import (
     MODEL_REPOSITORY,
     TORCHSCRIPT_FILE,
 )
+from .prepared_stamp import STAMP_FILE, make_stamp, seeded_source, write_stamp
 
 
 class RepositoryError(ValueError):

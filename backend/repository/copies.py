@@ -1,7 +1,8 @@
 """A model repository made from another: some of its entries, their configs changed, everything else linked.
 
-Every copy the project makes goes through `copy_repository`: the launcher's `--instances gpu` (backend/serve.py),
-the perf_analyzer run (loadtest/perf_analyzer.py), the campaigns and the tests (campaigns/serving_sequence.py).
+Every copy the project makes goes through `copy_repository`: the launcher's `--instances gpu`
+(backend/launcher/cli.py), the perf_analyzer run (loadtest/perf_analyzer.py), the campaigns and the tests
+(campaigns/serving_sequence.py).
 
     copy_repository(MODEL_REPOSITORY, folder, entries=("resnet18_custom",), edit=with_instances(8))
 
@@ -24,8 +25,8 @@ import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from ..spec import model_config, network_of
 from .prepared_stamp import STAMP_FILE
-from .spec import model_config, network_of
 
 PREPARED_PATTERNS = ("*.pt", "labels.txt", STAMP_FILE)   # what `prepare` writes into a repository
 
