@@ -50,7 +50,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # NVIDIA_DRIVER_CAPABILITIES: `utility` makes the container toolkit mount nvidia-cuda-mps-control, so the
 # launcher's processes run under CUDA MPS (--mps auto; without it they serve without MPS, said in one line).
 # FUSEDRESNET_FRONT_END=binary: the image's tritonserver is 2.73 itself, current frontends and core alike; the
-# in-process front end (backend/front_end.py) exists for the pip path's 2.51 binary.
+# in-process front end (backend/triton_server/front_end.py) exists for the pip path's 2.51 binary.
 ENV FUSEDRESNET_HOME=/opt/fusedresnet \
     FUSEDRESNET_FRONT_END=binary \
     TRITON_HOME=/opt/fusedresnet/triton \

@@ -27,7 +27,7 @@ endif
 STAMP := model_repository/.prepared.json
 NVIDIA_GPU ?= $(shell { command -v nvidia-smi || test -e /dev/nvidia0 || test -e /proc/driver/nvidia; } >/dev/null 2>&1 && echo yes)
 # Where the tritonfrontend wheel installs (CPython 3.12, glibc 2.38+), `setup` adds it: the launcher then serves through
-# Triton's current frontends in-process (backend/front_end.py). FRONTEND=yes or FRONTEND= overrides the check.
+# Triton's current frontends in-process (backend/triton_server/front_end.py). FRONTEND=yes or FRONTEND= overrides the check.
 FRONTEND ?= $(shell $(PYTHON3) -c 'import os, sys; g = os.confstr("CS_GNU_LIBC_VERSION").split()[-1].split("."); \
 	sys.exit(sys.version_info[:2] != (3, 12) or (int(g[0]), int(g[1])) < (2, 38))' 2>/dev/null && echo yes)
 PYTEST_ARGS ?=
@@ -49,7 +49,7 @@ else
 	$(PY) -m pip install -q -e '.[server,client,loadtest,dev]'
 ifneq ($(strip $(FRONTEND)),)
 	@echo "CPython 3.12 and glibc 2.38+: installing Triton's current frontends (extra frontend, its library alone)"
-	$(PY) -m pip install -q --no-deps "tritonfrontend==$$($(PY) -c 'from fusedresnet.backend.front_end import \
+	$(PY) -m pip install -q --no-deps "tritonfrontend==$$($(PY) -c 'from fusedresnet.backend.triton_server.front_end import \
 	TRITONFRONTEND_VERSION; print(TRITONFRONTEND_VERSION)')"
 endif
 ifneq ($(strip $(NVIDIA_GPU)),)

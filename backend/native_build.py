@@ -1,9 +1,9 @@
-"""The build pattern both of the project's native libraries share (backend/ab_router/build.py, the A/B router's
-Triton backend; backend/frontend_shim_build.py, the in-process front end's shim): one library per source, built
-with the system C++ compiler into `<output>/<digest>/<library>`, where the digest (`source_digest`) covers what it
-is built from; a library built elsewhere (the offline bundle's, for the GPU host, which has no compiler) is used as
-it is from the folder an environment variable names, when its digest matches. The standard library alone: the
-offline bundle builds both with a bare python3.
+"""The build pattern both of the project's native libraries share (backend/ab_router/build.py, the A/B router's Triton
+backend; backend/triton_server/frontend_shim_build.py, the in-process front end's shim): one library per source, built
+with the system C++ compiler into `<output>/<digest>/<library>`, where the digest (`source_digest`) covers what it is
+built from; a library built elsewhere (the offline bundle's, for the GPU host, which has no compiler) is used as it is
+from the folder an environment variable names, when its digest matches. The standard library alone: the offline bundle
+builds both with a bare python3.
 """
 
 from __future__ import annotations

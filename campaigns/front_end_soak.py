@@ -3,9 +3,9 @@
     python -m fusedresnet.campaigns.front_end_soak --seconds 600 --server-cores 0-11 --generator-cores 12-15 \\
         --out build/front_end_soak
 
-One launcher per front end (`--front-ends`, default binary,inprocess: backend/front_end.py), each started as the
-README starts it (its default processes per GPU, under MPS on a GPU), pinned to its share of `--server-cores`, all
-of them soaked at once, so that each front end faces the same minutes. This process, its valid clients and its
+One launcher per front end (`--front-ends`, default binary,inprocess: backend/triton_server/front_end.py), each started
+as the README starts it (its default processes per GPU, under MPS on a GPU), pinned to its share of `--server-cores`,
+all of them soaked at once, so that each front end faces the same minutes. This process, its valid clients and its
 abusive ones run on `--generator-cores`.
 
 Valid traffic, per front end: `--valid-processes` processes of `client_abuse valid` with the project's retries
@@ -261,7 +261,7 @@ def markdown(report: dict) -> str:
 def infer_threads(soak: dict, throughput: list[dict], name: str) -> int:
     """The in-process front end's gRPC infer threads in these reports: a --grpc-infer-thread-count of their
     launcher arguments, else the default of the code that ran (each report's code: this one's, for these results)."""
-    from fusedresnet.backend.inprocess_server import GRPC_INFER_THREADS
+    from fusedresnet.backend.triton_server.inprocess_server import GRPC_INFER_THREADS
 
     given = [soak.get("command", "")] + [report.get("launcher_args", "") for report in throughput
                                          if f"--front-end {name}" in report.get("launcher_args", "")]
@@ -289,8 +289,8 @@ def median_rows(rows: list[dict]) -> list[dict]:
 def front_end_results(soak: dict, throughput: list[dict], notes: list[str]) -> dict:
     """results/front_end.json from this campaign's soak report and campaigns/front_door.py's reports (each run with
     `--launcher-args "--front-end <name> ..."`): per front end its soak and its throughput rows."""
-    from fusedresnet.backend.front_end import TRITONFRONTEND_VERSION
     from fusedresnet.backend.serve import DEFAULT_PROCESSES_PER_GPU
+    from fusedresnet.backend.triton_server.front_end import TRITONFRONTEND_VERSION
 
     changed = [report["command"] for report in throughput if report.get("server_env")]
     if changed:   # a profile's 'before' runs another path: its figures are not the front end's as shipped

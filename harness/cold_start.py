@@ -28,7 +28,7 @@ from ..backend.network import free_ports
 from ..backend.provenance import git_commit
 from ..backend.serve import TritonServer
 from ..backend.spec import DEFAULT_HOST, INPUT_SHAPES, INPUT_UINT8, MODEL_CUSTOM, MODELS
-from ..backend.triton_install import host_gpus
+from ..backend.triton_server.installation import host_gpus
 from ..client.resnet_client import ResNetClient
 from ..kernels.nvrtc_build import CACHE_PREFIX
 

@@ -279,7 +279,7 @@ def pinned_server(repository: Path, token: str, server_cores: set[int], load_cor
     while it runs (perf_analyzer_step runs perf_analyzer under the server's MPS daemon)."""
     from fusedresnet.backend.network import server_ports
     from fusedresnet.backend.serve import DEFAULT_PROCESSES_PER_GPU, ServerGroup
-    from fusedresnet.backend.triton_install import host_gpus
+    from fusedresnet.backend.triton_server.installation import host_gpus
     gpus = len(host_gpus())
     processes = DEFAULT_PROCESSES_PER_GPU if gpus else 1
     http_port, grpc_port, metrics_port = server_ports(processes * max(gpus, 1))

@@ -63,7 +63,7 @@ from fusedresnet.backend.spec import (
     max_batch_size,
     power_of_two_buckets,
 )
-from fusedresnet.backend.triton_install import gpu_present
+from fusedresnet.backend.triton_server.installation import gpu_present
 from fusedresnet.client.preprocess import model_input
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.client.shared_memory import read_admin_token

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The two front ends on a GPU host (results/front_end.md, docs/ROBUSTNESS.md): the in-process one (Triton 2.73's
-# frontends on the 2.51 core, backend/front_end.py) against the tritonserver 2.51 binary.
+# frontends on the 2.51 core, backend/triton_server/front_end.py) against the tritonserver 2.51 binary.
 #   bash scripts/gpu_host_front_end.sh check        # the tests against the in-process front end (about 5 min)
 #   bash scripts/gpu_host_front_end.sh levers       # its settings: processes per GPU x gRPC infer threads and
 #                                                   # allocation pool, custom at 1 and 32 images/request (4 min)
@@ -170,7 +170,7 @@ print(SAMPLE_RATE_HZ, SAMPLE_SECONDS)")
             --log-file "$OUT/flame/${code}_server.log" > "$OUT/flame/${code}_launcher.log" 2>&1 &
         launcher=$!
         for _ in $(seq 240); do grep -q "Triton ready on" "$OUT/flame/${code}_launcher.log" && break; sleep 0.5; done
-        server_pid=$(for pid in $(pgrep -f "fusedresnet.backend.inprocess_server"); do
+        server_pid=$(for pid in $(pgrep -f "fusedresnet.backend.triton_server.inprocess_server"); do
                          readlink "/proc/$pid/exe" | grep -q python && echo "$pid"; done | head -n 1)
         pids=$(python3 -c "from fusedresnet.backend.launcher.stub_processes import python_stubs
 print(','.join(['$server_pid'] + [str(s.pid) for n, s in sorted(python_stubs($server_pid).items())

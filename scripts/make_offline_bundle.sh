@@ -13,9 +13,9 @@
 #   triton.tar.xz   Triton Inference Server from the nvidia-pytriton wheel (server binary, Python
 #                   backend, the stub for the host's Python), laid out as the wheel installs it
 #   frontend.tar.xz the tritonfrontend wheel's files, laid out as it installs (Triton's current gRPC, HTTP and
-#                   metrics frontends: the in-process front end, backend/front_end.py; its Python package and
+#                   metrics frontends: the in-process front end, backend/triton_server/front_end.py; its Python package and
 #                   dependencies are not used, only its library), xz-compressed: a wheel's zip is 3 MB larger
-#   frontend_shim/  the in-process front end's shim built here (backend/frontend_shim_build.py)
+#   frontend_shim/  the in-process front end's shim built here (backend/triton_server/frontend_shim_build.py)
 #   wheels/         tritonclient[grpc,http], locust, prometheus_client, perf-analyzer (Triton's load
 #                   tool), cuda-bindings and cuda-pathfinder, with their dependencies that the host
 #                   lacks (HOST_HAS), for the host's Python (PYTHON_VERSION) on manylinux x86_64
@@ -110,7 +110,7 @@ if [[ ! -s $DEST/triton.tar.xz || ! -f $DEST/triton.version || $(cat "$DEST/trit
   mkdir -p "$TMP/site"
   (cd "$TMP/site" && python3 -m zipfile -e "$TMP"/nvidia_pytriton-*.whl .)
   rm -f "$TMP"/site/nvidia_pytriton.libs/libpython3-*.so*
-  # the host runs the stub of its own Python alone (backend/triton_install.py)
+  # the host runs the stub of its own Python alone (backend/triton_server/installation.py)
   find "$TMP"/site/pytriton/tritonserver/python_backend_stubs -mindepth 1 -maxdepth 1 ! -name "$PYTHON_VERSION" \
        -exec rm -rf {} +
   chmod +x "$TMP"/site/pytriton/tritonserver/bin/tritonserver \
@@ -142,7 +142,7 @@ mkdir -p "$TMP/router/fusedresnet" && ln -s "$ROOT/backend" "$TMP/router/fusedre
 router="$(PYTHONPATH="$TMP/router${PYTHONPATH:+:$PYTHONPATH}" "$router_python" -m fusedresnet.backend.ab_router.build)"
 rm -rf "$DEST/ab_router_backend" && mkdir -p "$DEST/ab_router_backend"
 cp -r "$(dirname "$router")" "$DEST/ab_router_backend/"
-shim="$(PYTHONPATH="$TMP/router${PYTHONPATH:+:$PYTHONPATH}" "$router_python" -m fusedresnet.backend.frontend_shim_build)"
+shim="$(PYTHONPATH="$TMP/router${PYTHONPATH:+:$PYTHONPATH}" "$router_python" -m fusedresnet.backend.triton_server.frontend_shim_build)"
 rm -rf "$DEST/frontend_shim" && mkdir -p "$DEST/frontend_shim"
 cp -r "$(dirname "$shim")" "$DEST/frontend_shim/"
 cp "$ROOT/scripts/offline_bundle_setup.sh" "$DEST/setup.sh"

@@ -8,7 +8,7 @@
 #   LD_LIBRARY_PATH  the server's private libraries
 #   PATH             tritonserver and perf_analyzer on it
 #   FUSEDRESNET_AB_ROUTER_PREBUILT  the A/B router's backend built with the bundle (backend/ab_router/build.py)
-#   FUSEDRESNET_FRONTEND_SHIM_PREBUILT  the in-process front end's shim (backend/frontend_shim_build.py); the
+#   FUSEDRESNET_FRONTEND_SHIM_PREBUILT  the in-process front end's shim (backend/triton_server/frontend_shim_build.py); the
 #                    tritonfrontend wheel's files (frontend.tar.xz) go into $GPU_SITE beside Triton
 _bundle="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 _site="${GPU_SITE:-/tmp/gpu-site}"

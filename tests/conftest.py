@@ -17,7 +17,7 @@ from fusedresnet.backend.repository.prepared_stamp import STAMP_FILE, read_weigh
 from fusedresnet.backend.resnet.weights import build_resnet18
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import ADMIN_TOKEN_HEADER, GRPC_ADMIN_TOKEN_HEADER, MODEL_REPOSITORY
-from fusedresnet.backend.triton_install import gpu_present
+from fusedresnet.backend.triton_server.installation import gpu_present
 from fusedresnet.client.preprocess import preprocess_files, sample_photo_paths
 
 

@@ -58,7 +58,7 @@ from fusedresnet.backend.spec import (
     OUTPUT_ENGINE,
     OUTPUT_LOGITS,
 )
-from fusedresnet.backend.triton_install import ServerError
+from fusedresnet.backend.triton_server.installation import ServerError
 from fusedresnet.client.ab_mode import RouterConfigError, load_router_config, router_config
 from fusedresnet.loadtest.triton_metrics import SUCCESS, ab_delta, scrape
 

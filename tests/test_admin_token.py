@@ -7,7 +7,7 @@ import pytest
 
 from fusedresnet.backend import admin_token
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV
-from fusedresnet.backend.triton_install import ServerError
+from fusedresnet.backend.triton_server.installation import ServerError
 from fusedresnet.client import shared_memory
 
 

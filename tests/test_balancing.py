@@ -32,7 +32,7 @@ import pytest
 from fusedresnet.backend.network import free_ports, port_is_free
 from fusedresnet.backend.serve import TritonServer
 from fusedresnet.backend.spec import MODEL_CUSTOM, NUM_CLASSES
-from fusedresnet.backend.triton_install import find_triton, private_backend_tree
+from fusedresnet.backend.triton_server.installation import find_triton, private_backend_tree
 from fusedresnet.campaigns.serving_sequence import repository_with_instances
 from fusedresnet.client.resnet_client import ResNetClient, check_endpoints, grpc_target
 from fusedresnet.loadtest import triton_metrics

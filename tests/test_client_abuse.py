@@ -31,7 +31,7 @@ from tritonclient.utils import InferenceServerException
 
 from fusedresnet.backend.serve import WEDGED_AFTER_S
 from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, OUTPUT_LOGITS
-from fusedresnet.backend.triton_install import host_gpus
+from fusedresnet.backend.triton_server.installation import host_gpus
 from fusedresnet.campaigns import client_abuse
 from fusedresnet.loadtest.h2load_step import h2load_path
 

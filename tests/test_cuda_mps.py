@@ -10,7 +10,7 @@ import pytest
 
 from fusedresnet.backend import serve
 from fusedresnet.backend.cuda_mps import MPS_CONTROL, MpsError, mps_environment, private_mps
-from fusedresnet.backend.triton_install import find_triton, host_gpus
+from fusedresnet.backend.triton_server.installation import find_triton, host_gpus
 
 
 @pytest.mark.skipif(bool(host_gpus()), reason="a GPU host: --mps would start the daemon")

@@ -198,7 +198,7 @@ def launcher_options() -> set[str]:
 
 @cache
 def tritonserver_help() -> str:
-    from fusedresnet.backend.triton_install import ServerError, find_triton
+    from fusedresnet.backend.triton_server.installation import ServerError, find_triton
     try:
         triton = find_triton()
     except ServerError:

@@ -39,7 +39,7 @@ from fusedresnet.backend.serve import (
     metrics_list_models,
 )
 from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, MODELS, model_config
-from fusedresnet.backend.triton_install import ServerError
+from fusedresnet.backend.triton_server.installation import ServerError
 from fusedresnet.campaigns import client_abuse
 from fusedresnet.campaigns.serving_sequence import repository_with_instances
 from fusedresnet.client.resnet_client import ResNetClient
@@ -352,15 +352,15 @@ def test_processes_starting_together_make_the_private_backend_tree_once(tmp_path
     GPU host with FileExistsError): each gets the same complete tree."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from fusedresnet.backend import triton_install
+    from fusedresnet.backend.triton_server import installation
 
-    monkeypatch.setattr(triton_install, "BUILD_DIR", tmp_path)
-    triton = triton_install.find_triton()
+    monkeypatch.setattr(installation, "BUILD_DIR", tmp_path)
+    triton = installation.find_triton()
     together = threading.Barrier(8)
 
     def start(_):
         together.wait()
-        return triton_install.private_backend_tree(triton)
+        return installation.private_backend_tree(triton)
 
     with ThreadPoolExecutor(8) as pool:
         trees = list(pool.map(start, range(8)))

@@ -1,4 +1,5 @@
-"""Which front end the launcher serves through (backend/front_end.py), and the in-process one's parts that run here.
+"""Which front end the launcher serves through (backend/triton_server/front_end.py), and the in-process one's parts that
+run here.
 
 The in-process front end (Triton 2.73's frontends from the tritonfrontend wheel on the 2.51 core) needs glibc 2.38
 and CPython 3.12: this machine and CI (Debian 12, glibc 2.36, Python 3.11) cannot load it, so here the launcher
@@ -22,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from fusedresnet.backend import front_end, frontend_shim_build, inprocess_server
-from fusedresnet.backend.front_end import TRITONFRONTEND_VERSION, FrontEndChoice, choose_front_end
 from fusedresnet.backend.serve import EXIT_SERVER_DIED, TritonServer
 from fusedresnet.backend.spec import BUILD_DIR, MODEL_CUDNN, MODEL_CUSTOM
-from fusedresnet.backend.triton_install import ServerError, TritonInstallation, find_triton
+from fusedresnet.backend.triton_server import front_end, frontend_shim_build, inprocess_server
+from fusedresnet.backend.triton_server.front_end import TRITONFRONTEND_VERSION, FrontEndChoice, choose_front_end
+from fusedresnet.backend.triton_server.installation import ServerError, TritonInstallation, find_triton
 from fusedresnet.campaigns.serving_sequence import repository_with_instances
 
 ON_OLD_GLIBC = (front_end.glibc_version() or (0, 0)) < front_end.MIN_GLIBC
@@ -79,14 +80,15 @@ def test_each_reason_the_in_process_front_end_cannot_serve_is_said(monkeypatch, 
 
 
 def test_the_in_process_server_takes_the_command_line_the_launcher_builds(tmp_path):
-    """backend/inprocess_server.py parses exactly what TritonServer.command gives it: the admin token's restrictions
-    on both protocols, the shared ports, the Python backend's settings; a flag it does not know is refused."""
+    """backend/triton_server/inprocess_server.py parses exactly what TritonServer.command gives it: the admin token's
+    restrictions on both protocols, the shared ports, the Python backend's settings; a flag it does not know is
+    refused."""
     server = TritonServer(http_port=8100, grpc_port=8101, metrics_port=8102, admin_token="tok", use_gpu=False,
                           shares_ports=True, front_end="inprocess",
                           front_end_choice=FrontEndChoice("inprocess", "test"), client_shared_memory=True)
     triton = TritonInstallation(tmp_path, [])
     command = server.command(triton, tmp_path / "backends")
-    assert command[:3] == [sys.executable, "-m", "fusedresnet.backend.inprocess_server"]
+    assert command[:3] == [sys.executable, "-m", "fusedresnet.backend.triton_server.inprocess_server"]
     args = inprocess_server.build_parser().parse_args(command[3:])
     assert (args.grpc_port, args.http_port, args.metrics_port) == (8101, 8100, 8102)
     assert args.reuse_grpc_port and args.reuse_http_port and args.allow_client_shm
@@ -98,7 +100,7 @@ def test_the_in_process_server_takes_the_command_line_the_launcher_builds(tmp_pa
     # without --client-shared-memory, clients may not register regions
     server.client_shared_memory = False
     assert "--allow-client-shm=false" in server.command(triton, tmp_path / "backends")
-    done = subprocess.run([sys.executable, "-m", "fusedresnet.backend.inprocess_server", *command[3:],
+    done = subprocess.run([sys.executable, "-m", "fusedresnet.backend.triton_server.inprocess_server", *command[3:],
                            "--grpc-use-ssl=true"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "unrecognized arguments: --grpc-use-ssl=true" in done.stderr
     assert "--front-end binary" in done.stderr
@@ -136,7 +138,7 @@ def test_the_shim_builds_and_imports_only_what_the_tritonfrontend_wheel_exports(
     assert len(imported) == 11, sorted(imported)
     exported = symbols(wheel_library(BUILD_DIR / f"tritonfrontend-{TRITONFRONTEND_VERSION}"), "--defined-only")
     assert imported <= exported, sorted(imported - exported)
-    # its C interface, for backend/inprocess_server.py
+    # its C interface, for backend/triton_server/inprocess_server.py
     assert {"fr_grpc_new", "fr_http_new", "fr_metrics_new", "fr_shared_memory_manager_new", "fr_grpc_graceful_stop",
             "fr_trace_manager_new"} <= symbols(shim, "--defined-only")
 
@@ -226,7 +228,7 @@ def soak_report() -> dict:
 def test_the_results_name_the_infer_threads_that_ran_and_the_ratio_at_every_point():
     """front_end_soak results: the in-process front end's gRPC infer threads from the launcher arguments the reports
     ran with (the code's default where none was given), and in-process over binary at each plain-gRPC point."""
-    from fusedresnet.backend.inprocess_server import GRPC_INFER_THREADS
+    from fusedresnet.backend.triton_server.inprocess_server import GRPC_INFER_THREADS
     from fusedresnet.campaigns.front_end_soak import front_end_results, results_markdown
 
     soak = soak_report()

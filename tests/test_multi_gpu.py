@@ -34,7 +34,7 @@ from fusedresnet.backend.spec import (
     TORCHSCRIPT_FILE,
     ZERO_MODEL,
 )
-from fusedresnet.backend.triton_install import ServerError, find_triton, host_gpus
+from fusedresnet.backend.triton_server.installation import ServerError, find_triton, host_gpus
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.client.resnet_client import ResNetClient
 from fusedresnet.loadtest import triton_metrics

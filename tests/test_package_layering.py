@@ -11,7 +11,7 @@
 
 and, inside the packages, the arrows of the server's rooms (issue 47):
 
-    backend.triton_install     finds and prepares Triton: never the A/B router's build (the launcher builds the
+    backend.triton_server      finds and prepares Triton: never the A/B router's build (the launcher builds the
                                router only where its repository serves it, lazily)
     backend.admin_token        the token's resolver, which the clients use too: neither the Triton installation nor
                                the launcher (its error comes from backend.server_error)
@@ -299,12 +299,15 @@ TRITON_ADAPTER_ROOMS = ("pinned_shm", "python_model")
 AB_ROUTER_ROOMS = ("config", "build")
 # The model repository's preparation (backend/repository/): the stamp, the copies, the preparation.
 REPOSITORY_ROOMS = ("prepared_stamp", "copies", "prepare")
+# The Triton server and its front ends (backend/triton_server/): the installation, the in-process front end's shim,
+# the choice of front end, the in-process server.
+TRITON_SERVER_ROOMS = ("installation", "frontend_shim_build", "front_end", "inprocess_server")
 # What only the server extra installs (pyproject.toml), and the project's modules that start or build the server.
 SERVER_SIDE_PACKAGES = {"psutil", "torch", "pytriton", "triton_python_backend_utils", "cupy"}
 SERVER_SIDE_MODULES = {f"fusedresnet.backend.{name}" for name in (
     "serve", "launcher", *(f"launcher.{module}" for module in LAUNCHER_ROOMS),
-    "triton_install", "ab_router.build", "frontend_shim_build", "native_build",
-    "front_end", "inprocess_server", "cuda_mps")}
+    "triton_server", *(f"triton_server.{module}" for module in TRITON_SERVER_ROOMS),
+    "ab_router.build", "native_build", "cuda_mps")}
 
 
 def test_only_what_runs_at_import_counts_without_lazy():
@@ -338,7 +341,7 @@ def test_the_triton_installation_does_not_build_the_router():
     """Finding and preparing Triton (every server start) neither imports nor builds the A/B router's backend: the
     launcher builds it, lazily, where its repository serves the router (launcher.repository_backends)."""
     graph = module_imports()
-    assert "fusedresnet.backend.ab_router.build" not in loaded(graph, "fusedresnet.backend.triton_install")
+    assert "fusedresnet.backend.ab_router.build" not in loaded(graph, "fusedresnet.backend.triton_server.installation")
     assert "fusedresnet.backend.ab_router.build" in graph["fusedresnet.backend.launcher.repository"]   # lazily
     assert "fusedresnet.backend.ab_router.build" not in loaded(import_time_graph(), "fusedresnet.backend.serve")
 
@@ -481,6 +484,26 @@ def test_the_repositorys_rooms_import_only_downward():
         if within(module, ("fusedresnet.backend.launcher",)):
             assert f"{package}.prepare" not in graph[module], module
     assert imports((ROOT / "backend" / "repository" / "__init__.py").read_text(), package) == []
+
+
+def test_the_triton_servers_rooms_import_only_downward():
+    """backend/triton_server/: finding and preparing Triton needs only the launcher's error and the wire contract; the
+    in-process front end's shim is built on the native builds' shared pattern; the choice of front end builds the shim
+    (lazily) to probe it; the in-process server sits on both. Nothing here imports the launcher, which runs the server
+    it finds, nor the A/B router, the repository's preparation or the engines. Its package's __init__ imports
+    nothing."""
+    graph = module_imports()
+    package = "fusedresnet.backend.triton_server"
+    assert upward_imports(graph, package, TRITON_SERVER_ROOMS) == []
+    assert graph[f"{package}.installation"] == {"fusedresnet.backend.server_error", "fusedresnet.backend.spec"}
+    assert graph[f"{package}.frontend_shim_build"] == {"fusedresnet.backend.native_build", "fusedresnet.backend.spec"}
+    assert f"{package}.frontend_shim_build" in graph[f"{package}.front_end"]   # lazily
+    allowed = (package, "fusedresnet.backend.server_error", "fusedresnet.backend.spec",
+               "fusedresnet.backend.native_build")
+    for room in TRITON_SERVER_ROOMS:
+        module = f"{package}.{room}"
+        assert {other for other in graph[module] if not within(other, allowed)} == set(), module
+    assert imports((ROOT / "backend" / "triton_server" / "__init__.py").read_text(), package) == []
 
 
 def test_the_admin_token_needs_neither_the_triton_installation_nor_the_launcher():

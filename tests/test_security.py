@@ -27,7 +27,7 @@ from fusedresnet.backend.spec import (
     RESTRICTED_APIS,
     SERVED_ENTRIES,
 )
-from fusedresnet.backend.triton_install import ServerError, find_triton
+from fusedresnet.backend.triton_server.installation import ServerError, find_triton
 from fusedresnet.campaigns.serving_sequence import repository_with_instances
 
 from robustness_helpers import Launcher, assert_correct, client, infer_image, listening_addresses

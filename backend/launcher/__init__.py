@@ -2,7 +2,7 @@
 
     python -m fusedresnet.backend.serve [--host 127.0.0.1] [--http-port 8000] [--processes-per-gpu 2] ...
 
-Starts the `tritonserver` processes that `triton_install` finds and prepares, with the admin
+Starts the `tritonserver` processes that `triton_server.installation` finds and prepares, with the admin
 token of `admin_token`, and supervises each of them and its Python-backend stubs (`stub_processes`):
 
 - bound to 127.0.0.1 unless --host says otherwise;

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 from ..admin_token import DEFAULT_TOKEN_FILE, read_or_create_token
-from ..front_end import FRONT_END_ENV, FRONT_ENDS
 from ..repository.copies import copy_repository, with_instances_divided
 from ..server_error import ServerError
 from ..spec import (
@@ -24,7 +23,8 @@ from ..spec import (
     DEFAULT_METRICS_PORT,
     MODEL_REPOSITORY,
 )
-from ..triton_install import (
+from ..triton_server.front_end import FRONT_END_ENV, FRONT_ENDS
+from ..triton_server.installation import (
     host_gpus,
 )
 from .group import ServerGroup
@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "tritonserver binary (CUDA regions do not register through the in-process frontends; "
                              "with --front-end inprocess: system regions only)")
     parser.add_argument("triton_args", nargs="*", help="extra server flags, after -- (the in-process front end takes "
-                                                       "the tritonserver flags that backend/inprocess_server.py lists)")
+                                                       "the tritonserver flags that "
+                                                       "backend/triton_server/inprocess_server.py lists)")
     return parser
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from ..admin_token import read_or_create_token
 from ..cuda_mps import MpsError, private_mps
-from ..front_end import FrontEndChoice
 from ..network import port_is_free
 from ..server_error import ServerError
-from ..triton_install import (
+from ..triton_server.front_end import FrontEndChoice
+from ..triton_server.installation import (
     find_triton,
     host_gpus,
 )
@@ -133,8 +133,8 @@ class ServerGroup:
             thread.join()
 
     def choose_front_end(self, requested: str, client_shared_memory: bool = False) -> FrontEndChoice:
-        """Serve through the front end that --front-end `requested` gives here (backend/front_end.py), said in one
-        line; a ServerError where `inprocess` was asked for and cannot serve."""
+        """Serve through the front end that --front-end `requested` gives here (backend/triton_server/front_end.py),
+        said in one line; a ServerError where `inprocess` was asked for and cannot serve."""
         self.first.front_end, self.first.client_shared_memory = requested, client_shared_memory
         choice = self.first.resolve_front_end(find_triton())
         for server in self.servers:

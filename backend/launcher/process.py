@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..admin_token import read_or_create_token
-from ..front_end import FRONT_END_ENV, FrontEndChoice, choose_front_end
 from ..network import http_ready
 from ..repository.prepared_stamp import STAMP_FILE
 from ..server_error import ServerError
@@ -36,7 +35,8 @@ from ..spec import (
     PACKAGE_ROOT,
     RESTRICTED_APIS,
 )
-from ..triton_install import (
+from ..triton_server.front_end import FRONT_END_ENV, FrontEndChoice, choose_front_end
+from ..triton_server.installation import (
     TritonInstallation,
     core_library_dir,
     find_triton,
@@ -78,7 +78,7 @@ class TritonServer(Supervision):
     shares_ports: bool = False         # gRPC and HTTP ports shared with other processes (SO_REUSEPORT)
     label: str = ""                    # the process's name in a group, prefixed to its log lines ("gpu0.p1")
     # The front end asked for (--front-end: auto, inprocess, binary; $FUSEDRESNET_FRONT_END, else auto) and the one
-    # it serves through, decided at its first start (backend/front_end.py).
+    # it serves through, decided at its first start (backend/triton_server/front_end.py).
     front_end: str = field(default_factory=lambda: os.environ.get(FRONT_END_ENV, "auto"))
     front_end_choice: FrontEndChoice | None = None
     client_shared_memory: bool = False  # clients may register shared-memory regions (in-process: off by default)
@@ -112,7 +112,7 @@ class TritonServer(Supervision):
     def command(self, triton: TritonInstallation, backends: Path) -> list[str]:
         restricted = ",".join(RESTRICTED_APIS)
         if self.inprocess:
-            executable = [sys.executable, "-m", "fusedresnet.backend.inprocess_server",
+            executable = [sys.executable, "-m", "fusedresnet.backend.triton_server.inprocess_server",
                           f"--allow-client-shm={str(self.client_shared_memory).lower()}"]
         else:
             executable = [str(triton.binary)]   # Triton 2.51 lets every client register regions (with the token)

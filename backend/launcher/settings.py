@@ -29,7 +29,7 @@ READY_LINE, READY_AGAIN_LINE = "fusedresnet: Triton ready on", "fusedresnet: Tri
 # "Signal (N) received." (as its SIGINT/SIGTERM handler does for 2 and 15, which are not crashes), and an
 # assertion of its gRPC frontend "ASSERTION FAILED" before it aborts. Seen at once, a crash is handled at
 # once, where waiting for the exit can take seconds (the backtrace) or forever (a hang in the handler).
-# The in-process front end (backend/inprocess_server.py) crashes with Python's fatal-error report instead.
+# The in-process front end (backend/triton_server/inprocess_server.py) crashes with Python's fatal-error report instead.
 CRASH_LINE = re.compile(rb"Signal \((4|6|7|8|11)\) received|ASSERTION FAILED|"
                         rb"Fatal Python error: (Segmentation fault|Aborted|Bus error|Floating point exception|"
                         rb"Illegal instruction)")

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .server_error import ServerError  # raised here, and imported from here by the launcher, tests and tools
-from .spec import BUILD_DIR
+from ..server_error import ServerError  # raised here, and imported from here by the launcher, tests and tools
+from ..spec import BUILD_DIR
 
 
 @dataclass

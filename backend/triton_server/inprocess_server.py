@@ -1,17 +1,18 @@
 """One Triton server process: the Triton 2.51 core (nvidia-pytriton's libtritonserver) behind Triton's current gRPC,
 HTTP and metrics frontends (the tritonfrontend 2.73.0 wheel's library), in this one Python process.
 
-    python -m fusedresnet.backend.inprocess_server --model-repository=... --grpc-port=8001 ...   (tritonserver's flags)
+    python -m fusedresnet.backend.triton_server.inprocess_server --model-repository=... --grpc-port=8001 ...
+        (tritonserver's flags)
 
-The launcher (backend/serve.py) starts it where backend/front_end.py finds that it loads, with the command line it
-gives the tritonserver binary: the flags below are that binary's, with its meanings, and a flag this process does not
-know is refused (exit status 2; the binary takes it: --front-end binary). Its process is named `tritonserver`, so
-whatever finds the server's process by name finds this one.
+The launcher (backend/serve.py) starts it where backend/triton_server/front_end.py finds that it loads, with the command
+line it gives the tritonserver binary: the flags below are that binary's, with its meanings, and a flag this process
+does not know is refused (exit status 2; the binary takes it: --front-end binary). Its process is named `tritonserver`,
+so whatever finds the server's process by name finds this one.
 
 The core is made through Triton's C API (ctypes, the r24.10 signatures of backend/ab_router/ab_router_backend/include);
-the frontends through backend/frontend_shim (the admin token's restrictions on every frontend; a client shared-memory
-manager, whose registrations --allow-client-shm=true allows). On SIGTERM or SIGINT it stops as the binary does: the
-HTTP and gRPC frontends stop taking calls and drain those in flight, the core waits out what remains of
+the frontends through backend/triton_server/frontend_shim (the admin token's restrictions on every frontend; a client
+shared-memory manager, whose registrations --allow-client-shm=true allows). On SIGTERM or SIGINT it stops as the binary
+does: the HTTP and gRPC frontends stop taking calls and drain those in flight, the core waits out what remains of
 --exit-timeout-secs, then the gRPC and metrics frontends stop. A crash prints Python's fatal-error report (the
 launcher's crash line).
 """

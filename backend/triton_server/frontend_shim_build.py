@@ -1,6 +1,7 @@
-"""Build the in-process front end's shim (backend/frontend_shim/frontend_shim.cc): Triton's current gRPC, HTTP and
-metrics frontends, from the tritonfrontend wheel's library, given the admin token's restrictions and a client
-shared-memory manager, which that wheel's Python options cannot pass (backend/inprocess_server.py uses it).
+"""Build the in-process front end's shim (backend/triton_server/frontend_shim/frontend_shim.cc): Triton's current gRPC,
+HTTP and metrics frontends, from the tritonfrontend wheel's library, given the admin token's restrictions and a client
+shared-memory manager, which that wheel's Python options cannot pass (backend/triton_server/inprocess_server.py uses
+it).
 
 It compiles with the system C++ compiler and nothing else: against the frontend classes' declarations of Triton
 2.73.0 (frontend_shim/include/triton_server, upstream's restricted_features.h verbatim, with its licence) and
@@ -9,7 +10,7 @@ per source into build/frontend_shim/<digest>/ (backend/native_build.py, the patt
 offline bundle brings one built here for the GPU host
 ($FUSEDRESNET_FRONTEND_SHIM_PREBUILT), as it does the A/B router.
 
-    python -m fusedresnet.backend.frontend_shim_build      # build (or find) it, print its path
+    python -m fusedresnet.backend.triton_server.frontend_shim_build      # build (or find) it, print its path
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .native_build import find_or_build, source_digest
-from .spec import BUILD_DIR
+from ..native_build import find_or_build, source_digest
+from ..spec import BUILD_DIR
 
 SOURCE_DIR = Path(__file__).resolve().parent / "frontend_shim"
 SOURCE = SOURCE_DIR / "frontend_shim.cc"
-INCLUDE_DIRS = (SOURCE_DIR / "include", Path(__file__).resolve().parent / "ab_router" / "ab_router_backend" / "include")
+# Triton's C API headers are those the A/B router compiles against (one copy of r24.10, in the router's folder).
+INCLUDE_DIRS = (SOURCE_DIR / "include",
+                Path(__file__).resolve().parent.parent / "ab_router" / "ab_router_backend" / "include")
 HEADERS = (SOURCE_DIR / "include" / "triton_server" / "frontend_abi.h",
            SOURCE_DIR / "include" / "triton_server" / "restricted_features.h",
            INCLUDE_DIRS[1] / "triton" / "core" / "tritonserver.h")

@@ -1,9 +1,9 @@
 """Which front end the launcher's Triton processes serve through, and why.
 
 - `inprocess`: the Triton 2.51 core behind Triton 2.73.0's gRPC, HTTP and metrics frontends, in one Python process
-  (backend/inprocess_server.py). Those frontends carry upstream's fixes of the cancellation races that crash the
-  2.51 binary when clients abandon calls (docs/ROBUSTNESS.md). They come from the `tritonfrontend` 2.73.0 wheel,
-  built for CPython 3.12 and glibc 2.38 or later (manylinux_2_39).
+  (backend/triton_server/inprocess_server.py). Those frontends carry upstream's fixes of the cancellation races that
+  crash the 2.51 binary when clients abandon calls (docs/ROBUSTNESS.md). They come from the `tritonfrontend` 2.73.0
+  wheel, built for CPython 3.12 and glibc 2.38 or later (manylinux_2_39).
 - `binary`: the tritonserver 2.51 binary of the nvidia-pytriton wheel, everywhere else.
 
 `--front-end auto` (the default) takes the in-process one wherever it loads: this Python has the wheel at the
@@ -25,7 +25,7 @@ from pathlib import Path
 
 FRONT_ENDS = ("auto", "inprocess", "binary")
 FRONT_END_ENV = "FUSEDRESNET_FRONT_END"   # the default of --front-end, and of every server the code starts
-TRITONFRONTEND_VERSION = "2.73.0"   # the release whose classes backend/frontend_shim declares
+TRITONFRONTEND_VERSION = "2.73.0"   # the release whose classes backend/triton_server/frontend_shim declares
 MIN_GLIBC = (2, 38)                 # the wheel is manylinux_2_39; its C++ runtime needs GLIBCXX_3.4.32
 PROBE_TIMEOUT_S = 120.0
 # Loads the wheel's library (and through it the 2.51 core) and the shim, every symbol bound at once.
