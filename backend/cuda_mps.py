@@ -3,7 +3,7 @@
 Each model instance of the Python backend is a process with its own CUDA context, and a GPU
 time-slices the contexts of several processes. Under MPS their kernels share the GPU instead:
 the custom model over CUDA shared memory serves 90.5k img/s at 32 images per request under MPS
-against 60.3k without (H100, 2026-11-26, results/loadtest_ab.md).
+against 60.3k without (H100, results/loadtest_ab.md).
 
 `private_mps(folder)` starts `nvidia-cuda-mps-control -d` with its pipe and log directories under
 `folder` (so it neither needs nor disturbs a host-wide daemon) and yields the environment that

@@ -104,7 +104,7 @@ SETTLE_S = 120.0          # after the soak, at most this long for a restart unde
 
 
 # The valid processes' numerical thread pools at one thread each. With the default (a BLAS thread per core of
-# the host) 8 processes on 8 load cores each spun ~100% of a core for 10 requests/s (H100 host, 2026-11-26:
+# the host) 8 processes on 8 load cores each spun ~100% of a core for 10 requests/s (H100 host:
 # valid clients at 790% of 8 cores, 2.4k img/s, the server's cores at 50-85% of one).
 ONE_THREAD_PER_POOL = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 

@@ -17,7 +17,7 @@ core, the Python backend; within the frontend and the core, a stack through a re
 (RESPONSE_MARKERS) is the response. A stage's share of a process kind's samples times that kind's CPU per image
 measured without the profiler (front_door's thread pools) gives its µs of CPU per image. py-spy cannot do this:
 it samples only threads that hold a Python state (none of Triton's), and its pauses crashed the server
-(results/front_end_logs/2026-12-02T0820/flame_attempts/).
+(results/serving_cost.md, its notes).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ NEAR_TIE_FACTOR = 3.0
 
 # Served logits against the float32 reference: fp16 weights (custom) or fp16 compute (GPU)
 # keep the relative L2 error under 1e-2 over a set of images and under 5e-2 for every single
-# image (worst measured on the H100, 2026-11-22: 2.2e-2, fp16 cuDNN, a white-noise image).
+# image (worst measured on the H100: 2.2e-2, fp16 cuDNN, a white-noise image).
 # One image's logits answered on another image's row would be off by O(1).
 SET_REL_L2_TOLERANCE = 1e-2
 IMAGE_REL_L2_TOLERANCE = 5e-2

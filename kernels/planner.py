@@ -142,10 +142,10 @@ def plan_default(m: int, k: int, k_tiles: int, r: int, sms: int, path: str) -> C
 
 
 # The conv3x3_patch_wgmma tiles `untuned_plan` picks from: one tile of BM 128 from batch 8 up, the fastest
-# at 128 and 256 and within 5% of pwg128g2s4v2 at 8 and 32 (8.5 and 23.9 us), on the H100 (the dev run
-# of 2026-11-24 01:27 UTC, layer1.0.conv2 with its residual, pwg128g2s4v1 against pwg128g2s4 / pwg256g2s3:
+# at 128 and 256 and within 5% of pwg128g2s4v2 at 8 and 32 (8.5 and 23.9 us), on the H100 (a dev run,
+# kernels/NOTES.md outcome 43: layer1.0.conv2 with its residual, pwg128g2s4v1 against pwg128g2s4 / pwg256g2s3:
 # N=8 8.9 / 9.3 / 10.4 us, N=32 25.1 / 27.0 / 30.0, N=128 77.1 / 83.1 / 93.6, N=256 149.6 / 161.4 / 187.8;
-# N=1 (27 tiles of 128 for 132 SMs): pwg64g1s4 5.3 us, every other tile >= 6.4 in the run of 01:12 UTC).
+# N=1 (27 tiles of 128 for 132 SMs): pwg64g1s4 5.3 us, every other tile >= 6.4).
 UNTUNED_PATCH_WGMMA = (PatchWgmmaConfig(128, 2, 4, PatchEpilogue.VEC16_STORES), PatchWgmmaConfig(64, 1, 4))
 
 

@@ -101,7 +101,7 @@ CSV_COLUMNS = {
 }
 # One measurement of a fixed number of requests per step (--request-count), after a warm-up of a fifth of them.
 # perf_analyzer's default, windows repeated until three agree, never ended at 64 one-image requests in flight on
-# the H100 host (2026-11-26: 93 s at 11.6k img/s, synchronous or asynchronous calls, custom and zero model alike),
+# the H100 host (93 s at 11.6k img/s, synchronous or asynchronous calls, custom and zero model alike),
 # and the windows' count differs between steps. The count aims at about 5 s per step at the rates measured there.
 REQUESTS_PER_IN_FLIGHT = 1000        # requests per request in flight, for one image per request
 MIN_REQUESTS = 3000

@@ -4,7 +4,7 @@
 #      connections, slow/cut HTTP bodies, keep-alive abuse; the h2load storms skip: no h2load there)
 #      and the SIGABRT tests of tests/test_faults.py                                      (about 3 min)
 #   2. a 10-minute soak (campaigns/abuse_soak.py): valid traffic at >= half the measured peak
-#      (38.7k img/s at 32 images/request on an H100, 2026-11-25) mixed with
+#      (38.7k img/s at 32 images/request on an H100) mixed with
 #      abandonment, deadline and RST_STREAM cycles; nothing valid lost (the valid clients retry
 #      UNAVAILABLE up to 60 s, as the project's clients do), memory flat per server process after
 #      its warm-up, every crash recovered by the launcher; the server on cores 0-9, the 8 valid

@@ -38,7 +38,7 @@ PYTHON_VERSION="${PYTHON_VERSION:-3.12}"
 # The packages the bundle brings, by name; their versions and extras come from pyproject.toml.
 BUNDLED=(tritonclient locust prometheus_client perf-analyzer cuda-bindings cuda-pathfinder)
 # The host's PyTorch 2.11 (CUDA 13) brings cuda-bindings and cuda-pathfinder: the engine launched with programmatic
-# dependent launch there (it needs cuda.bindings) from a bundle without them (2026-12-02); bundled, their 12 MB
+# dependent launch there (it needs cuda.bindings) from a bundle without them; bundled, their 12 MB
 # took a fresh clone's bundle (61 MB) with the checkout past the 64 MiB a call carries. HOST_HAS=... brings them back.
 HOST_HAS="${HOST_HAS:-^(numpy|grpcio|protobuf|psutil|pytest|pluggy|iniconfig|packaging|attrs|aiohttp|aiosignal|frozenlist|multidict|yarl|propcache|aiohappyeyeballs|jinja2|markupsafe|werkzeug|click|requests|urllib3|idna|certifi|charset_normalizer|typing_extensions|pygments|ml_dtypes|msgpack|h11|cuda_bindings|cuda_pathfinder)-}"
 

@@ -2,7 +2,7 @@
 
 A restarted server's time goes to its stubs (results/recovery.md): each starts, imports torch (1-3 s of CPU,
 with 8 stubs starting at once) and only then makes its CUDA context, and the GPU driver makes the contexts of
-a process's stubs one after another (2 s for 8 stubs on the H200, 2026-11-28, results/front_door.md). Started
+a process's stubs one after another (2 s for 8 stubs on the H200, results/front_door.md). Started
 before `import torch`, `start()` makes the context in a thread of its own through the driver API (ctypes on
 libcuda.so.1; a foreign call releases the GIL), so the driver's work overlaps the imports; torch and CuPy then
 find the device's primary context, the one the CUDA runtime uses, already there. `wait()` joins that thread.

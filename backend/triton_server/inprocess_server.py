@@ -39,8 +39,8 @@ HTTP_THREADS, METRICS_THREADS = 8, 1
 GRPC_INFER_THREADS, GRPC_ALLOCATION_POOL = 4, 64
 GRPC_KEEPALIVE_TIME_MS, GRPC_KEEPALIVE_TIMEOUT_MS = 7_200_000, 20_000
 # gRPC's own I/O: the wheel's gRPC serves through its EventEngine threads by default; these experiments, off, give
-# back the completion-queue polling that the 2.51 binary's gRPC does. Measured on the H200 (2026-12-02,
-# results/front_end_logs/front_end_lever_grpc_polling.md): custom at 32 images/request 54.0k against 45.5k img/s,
+# back the completion-queue polling that the 2.51 binary's gRPC does. Measured on the H200
+# (results/front_end_logs/front_end_lever_grpc_polling.md): custom at 32 images/request 54.0k against 45.5k img/s,
 # the server's CPU 183 against 221 µs per image. A GRPC_EXPERIMENTS of the server's environment wins.
 GRPC_EXPERIMENTS_ENV = "GRPC_EXPERIMENTS"
 GRPC_POLLING_EXPERIMENTS = "-event_engine_listener,-event_engine_for_all_other_endpoints,-event_engine_callback_cq"
