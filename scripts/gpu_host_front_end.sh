@@ -17,7 +17,9 @@
 #   bash scripts/gpu_host_front_end.sh flame        # perf's stacks and flame graphs of an in-process server and
 #                                                   # its custom stubs under h2load, 32 then 1 image/request,
 #                                                   # before and after the stubs' levers (about 3 min; carry
-#                                                   # .perf/perf.tar.xz only: the host unpacks it)
+#                                                   # .perf/perf.tar.xz only: the host unpacks it);
+#                                                   # FLAME_FRONT_ENDS="inprocess binary" records the binary too
+#                                                   # ($OUT/flame_binary), FLAME_CODES="after" only as shipped
 #   bash scripts/gpu_host_front_end.sh levers,throughput,check   # several, one after the other
 #   bash scripts/gpu_host_front_end.sh soak SECONDS [LAUNCHER ARGS]  # both at once, each beside abusive clients of
 #                                                   # every kind, each launcher as the README starts it (plus ARGS)
@@ -159,49 +161,59 @@ flame)
     # campaigns/flame_stages.py collapse writes the stacks per process kind and their flame graphs (.svg)
     if ! command -v perf > /dev/null; then echo "no perf: carry .perf" | tee -a "$OUT/$task.log"; status=1; continue; fi
     export FUSEDRESNET_ADMIN_TOKEN="${FUSEDRESNET_ADMIN_TOKEN:-$(python3 -c 'import secrets; print(secrets.token_hex(24))')}"
-    mkdir -p "$OUT/flame"
-    # the rate and window campaigns/flame_stages.py divides by: defined there once
-    read -r rate_hz window_s < <(python3 -c "from fusedresnet.campaigns.flame_stages import SAMPLE_RATE_HZ, SAMPLE_SECONDS
+    # FLAME_FRONT_ENDS (default inprocess; "inprocess binary" also records the 2.51 binary's server, into
+    # $OUT/flame_binary) and FLAME_CODES (default "before after") choose what is recorded
+    for front_end in ${FLAME_FRONT_ENDS:-inprocess}; do
+        flame_dir="$OUT/flame"
+        [[ $front_end == inprocess ]] || flame_dir="$OUT/flame_$front_end"
+        mkdir -p "$flame_dir"
+        # the rate and window campaigns/flame_stages.py divides by: defined there once
+        read -r rate_hz window_s < <(python3 -c "from fusedresnet.campaigns.flame_stages import SAMPLE_RATE_HZ, SAMPLE_SECONDS
 print(SAMPLE_RATE_HZ, SAMPLE_SECONDS)")
-    for code in before after; do
-        server_env=(PYTHONPERFSUPPORT=1)
-        [[ $code == before ]] && server_env+=(FUSEDRESNET_HOST_INPUT=staging FUSEDRESNET_GPU_WAIT=spin)
-        env "${server_env[@]}" taskset -c "$SERVER_CORES" python3 -m fusedresnet.backend.serve --front-end inprocess \
-            --log-file "$OUT/flame/${code}_server.log" > "$OUT/flame/${code}_launcher.log" 2>&1 &
-        launcher=$!
-        for _ in $(seq 240); do grep -q "Triton ready on" "$OUT/flame/${code}_launcher.log" && break; sleep 0.5; done
-        server_pid=$(for pid in $(pgrep -f "fusedresnet.backend.triton_server.inprocess_server"); do
-                         readlink "/proc/$pid/exe" | grep -q python && echo "$pid"; done | head -n 1)
-        pids=$(python3 -c "from fusedresnet.backend.launcher.stub_processes import python_stubs
+        for code in ${FLAME_CODES:-before after}; do
+            server_env=(PYTHONPERFSUPPORT=1)
+            [[ $code == before ]] && server_env+=(FUSEDRESNET_HOST_INPUT=staging FUSEDRESNET_GPU_WAIT=spin)
+            env "${server_env[@]}" taskset -c "$SERVER_CORES" python3 -m fusedresnet.backend.serve --front-end "$front_end" \
+                --log-file "$flame_dir/${code}_server.log" > "$flame_dir/${code}_launcher.log" 2>&1 &
+            launcher=$!
+            for _ in $(seq 240); do grep -q "Triton ready on" "$flame_dir/${code}_launcher.log" && break; sleep 0.5; done
+            if [[ $front_end == inprocess ]]; then
+                server_pid=$(for pid in $(pgrep -f "fusedresnet.backend.triton_server.inprocess_server"); do
+                                 readlink "/proc/$pid/exe" | grep -q python && echo "$pid"; done | head -n 1)
+            else
+                server_pid=$(pgrep -x tritonserver | head -n 1)
+            fi
+            pids=$(python3 -c "from fusedresnet.backend.launcher.stub_processes import python_stubs
 print(','.join(['$server_pid'] + [str(s.pid) for n, s in sorted(python_stubs($server_pid).items())
                                   if n.startswith('resnet18_custom_')]))")
-        echo "$code: in-process server and its custom stubs: $pids" | tee -a "$OUT/$task.log"
-        if [[ -z $server_pid || $pids != *,* ]]; then
-            echo "$code: no ready in-process server or no custom stub: nothing recorded" | tee -a "$OUT/$task.log"
-            status=1; kill -INT "$launcher"; wait "$launcher"; continue
-        fi
-        for images in 32 1; do
-            taskset -c "$GENERATOR_CORES" python3 -m fusedresnet.loadtest.h2load_step --model resnet18_custom \
-                --images-per-request "$images" --connections 64 --streams $((images == 1 ? 8 : 1)) --seconds 20 \
-                > "$OUT/flame/${code}_h2load_$images.json" 2>> "$OUT/$task.log" &
-            generator=$!
-            sleep 6
-            if ! taskset -c "$GENERATOR_CORES" perf record -F "$rate_hz" --call-graph dwarf,16384 -p "$pids" \
-                    -o "/tmp/flame_${code}_$images.data" -- sleep "$window_s" >> "$OUT/$task.log" 2>&1 \
-                    || [[ ! -s /tmp/flame_${code}_$images.data ]]; then
-                echo "$code, $images image(s)/request: perf recorded nothing (see above)" | tee -a "$OUT/$task.log"
-                status=1
+            echo "$front_end, $code: the server process and its custom stubs: $pids" | tee -a "$OUT/$task.log"
+            if [[ -z $server_pid || $pids != *,* ]]; then
+                echo "$front_end, $code: no ready server or no custom stub: nothing recorded" | tee -a "$OUT/$task.log"
+                status=1; kill -INT "$launcher"; wait "$launcher"; continue
             fi
-            wait "$generator"
-            tail -c 300 "$OUT/flame/${code}_h2load_$images.json" | tee -a "$OUT/$task.log"
-        done
-        kill -INT "$launcher"; wait "$launcher"
-        for images in 32 1; do   # after the server: perf script reads the processes' perf-<pid>.map files
-            taskset -c "$GENERATOR_CORES" perf script --no-inline -F comm,pid,tid,ip,sym,dso \
-                -i "/tmp/flame_${code}_$images.data" 2>> "$OUT/$task.log" | gzip > "/tmp/flame_${code}_$images.txt.gz"
-            python3 -m fusedresnet.campaigns.flame_stages collapse "/tmp/flame_${code}_$images.txt.gz" --code "$code" \
-                --images "$images" --server-pid "$server_pid" --out "$OUT/flame" 2>&1 | tee -a "$OUT/$task.log"
-            status=$((status | PIPESTATUS[0]))
+            for images in 32 1; do
+                taskset -c "$GENERATOR_CORES" python3 -m fusedresnet.loadtest.h2load_step --model resnet18_custom \
+                    --images-per-request "$images" --connections 64 --streams $((images == 1 ? 8 : 1)) --seconds 20 \
+                    > "$flame_dir/${code}_h2load_$images.json" 2>> "$OUT/$task.log" &
+                generator=$!
+                sleep 6
+                if ! taskset -c "$GENERATOR_CORES" perf record -F "$rate_hz" --call-graph dwarf,16384 -p "$pids" \
+                        -o "/tmp/flame_${code}_$images.data" -- sleep "$window_s" >> "$OUT/$task.log" 2>&1 \
+                        || [[ ! -s /tmp/flame_${code}_$images.data ]]; then
+                    echo "$code, $images image(s)/request: perf recorded nothing (see above)" | tee -a "$OUT/$task.log"
+                    status=1
+                fi
+                wait "$generator"
+                tail -c 300 "$flame_dir/${code}_h2load_$images.json" | tee -a "$OUT/$task.log"
+            done
+            kill -INT "$launcher"; wait "$launcher"
+            for images in 32 1; do   # after the server: perf script reads the processes' perf-<pid>.map files
+                taskset -c "$GENERATOR_CORES" perf script --no-inline -F comm,pid,tid,ip,sym,dso \
+                    -i "/tmp/flame_${code}_$images.data" 2>> "$OUT/$task.log" | gzip > "/tmp/flame_${code}_$images.txt.gz"
+                python3 -m fusedresnet.campaigns.flame_stages collapse "/tmp/flame_${code}_$images.txt.gz" --code "$code" \
+                    --images "$images" --server-pid "$server_pid" --out "$flame_dir" 2>&1 | tee -a "$OUT/$task.log"
+                status=$((status | PIPESTATUS[0]))
+            done
         done
     done
     ;;
