@@ -26,7 +26,7 @@ import numpy as np
 
 from ..backend.network import free_ports
 from ..backend.provenance import git_commit
-from ..backend.serve import TritonServer
+from ..backend.serve import DEFAULT_READY_TIMEOUT_S, TritonServer
 from ..backend.spec import DEFAULT_HOST, INPUT_SHAPES, INPUT_UINT8, MODEL_CUSTOM, MODELS
 from ..backend.triton_server.installation import host_gpus
 from ..client.resnet_client import ResNetClient
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "results" / "cold_start.json")
     parser.add_argument("--cache-dir", type=Path, help="the kernel cache to start from (default: a new empty folder;"
                                                         " it must be empty)")
-    parser.add_argument("--ready-timeout", type=float, default=300.0)
+    parser.add_argument("--ready-timeout", type=float, default=DEFAULT_READY_TIMEOUT_S)
     args = parser.parse_args(argv)
     gpus = host_gpus()
     cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="fusedresnet-cold-start-"))

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fusedresnet.backend.network import free_ports
-from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, INPUT_UINT8, MODEL_ENTRIES, served_model
+from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, DEFAULT_HOST, INPUT_UINT8, MODEL_ENTRIES, served_model
 from fusedresnet.client.preprocess import INPUT_FORMATS
 from fusedresnet.client.resnet_client import PROTOCOLS
 from fusedresnet.client.shared_memory import SHARED_MEMORY_KINDS
@@ -159,7 +159,7 @@ def locust_command(step: Step, endpoints: Endpoints, settings: SweepSettings, st
     processes = settings.processes_for(step)
     if processes > 1:
         port = free_ports(1)[0]
-        command += ["--processes", str(processes), "--master-bind-host", "127.0.0.1",
+        command += ["--processes", str(processes), "--master-bind-host", DEFAULT_HOST,
                     "--master-bind-port", str(port), "--master-port", str(port)]
     return command
 

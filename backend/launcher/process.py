@@ -34,6 +34,7 @@ from ..spec import (
     MODELS,
     PACKAGE_ROOT,
     RESTRICTED_APIS,
+    metrics_url,
 )
 from ..triton_server.front_end import FRONT_END_ENV, FrontEndChoice, choose_front_end
 from ..triton_server.installation import (
@@ -104,10 +105,10 @@ class TritonServer(Supervision):
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self._client_host()}:{self.metrics_port}/metrics"
+        return metrics_url(self._client_host(), self.metrics_port)
 
     def _client_host(self) -> str:
-        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return DEFAULT_HOST if self.host in ("0.0.0.0", "::", "") else self.host
 
     def command(self, triton: TritonInstallation, backends: Path) -> list[str]:
         restricted = ",".join(RESTRICTED_APIS)
