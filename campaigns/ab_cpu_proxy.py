@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from fusedresnet.backend.network import free_ports
-from fusedresnet.backend.serve import TritonServer
+from fusedresnet.backend.serve import ServerSettings, launch
 from fusedresnet.backend.spec import AB_ROUTER_MODEL, DEFAULT_HOST, MODEL_REPOSITORY, ZERO_MODEL
 from fusedresnet.loadtest import grpc_flood
 from fusedresnet.loadtest.perf_analyzer import add_zero_model
@@ -76,9 +76,9 @@ def main(argv=None) -> int:
         for mode in args.modes.split(","):
             repository = proxy_repository(Path(scratch) / mode, mode, args.router_instances)
             http_port, grpc_port, metrics_port = free_ports(3)
-            server = TritonServer(repository, DEFAULT_HOST, http_port, grpc_port, metrics_port,
-                                  log_file=log_dir / f"ab_proxy_{mode}.log")
-            with server:
+            settings = ServerSettings(repository, DEFAULT_HOST, http_port, grpc_port, metrics_port, processes_per_gpu=1,
+                                      log_file=log_dir / f"ab_proxy_{mode}.log", mps="off")
+            with launch(settings) as server:
                 for index, (images, in_flight) in enumerate(cases):
                     steps = {}
                     for target in (("direct", "router") if index % 2 == 0 else ("router", "direct")):

@@ -31,7 +31,7 @@ from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.report_format import number, table
 from fusedresnet.backend.repository.copies import both, copy_repository, with_instances, with_parameters
-from fusedresnet.backend.serve import TritonServer
+from fusedresnet.backend.serve import ServerGroup, ServerSettings, launch
 from fusedresnet.backend.spec import (
     AB_ROUTER_MODEL,
     BUILD_DIR,
@@ -53,7 +53,7 @@ TARGET_SHADOW_EXTRA_P50_MS = 0.5                   # one image, one request in f
 TARGET_SPLIT_THROUGHPUT_SHARE = 0.90               # 32 images per request
 
 
-def flood(model: str, server: TritonServer, images: int, in_flight: int, args) -> dict:
+def flood(model: str, server: ServerGroup, images: int, in_flight: int, args) -> dict:
     return grpc_flood.run_step(model, server.grpc_url, server.metrics_url, in_flight, images,
                                processes=min(in_flight, args.processes), warmup_s=args.warmup_s,
                                measure_s=args.measure_s)
@@ -68,7 +68,7 @@ def repository_in_mode(mode: str, folder: Path, router_instances: int | None = N
     return copy_repository(MODEL_REPOSITORY, folder, entries=SERVED_ENTRIES, edit=edit)
 
 
-def measure_mode(server: TritonServer, mode: str, args, order_start: int) -> tuple[list[dict], dict | None]:
+def measure_mode(server: ServerGroup, mode: str, args, order_start: int) -> tuple[list[dict], dict | None]:
     """Direct and router steps of every case in `mode`; the rows, and the router's counts over all its steps."""
     parameters = router_config(server.http_url)
     if parameters["mode"] != mode:
@@ -206,18 +206,21 @@ def main(argv=None) -> int:
             repository = repository_in_mode(mode, Path(scratch) / mode, args.router_instances)
             for attempt in range(2):
                 http_port, grpc_port, metrics_port = free_ports(3)
-                server = TritonServer(repository, DEFAULT_HOST, http_port, grpc_port, metrics_port,
-                                      log_file=args.out / f"ab_live_server_{mode}_{attempt}.log")
+                settings = ServerSettings(repository, DEFAULT_HOST, http_port, grpc_port, metrics_port,
+                                          processes_per_gpu=1, mps="off",
+                                          log_file=args.out / f"ab_live_server_{mode}_{attempt}.log")
+                server = None
                 try:
-                    with server:
+                    with launch(settings) as server:
                         results["router_parameters"] = {k: v for k, v in router_config(server.http_url).items()
                                                         if k != "mode"}
                         rows, agreement = measure_mode(server, mode, args, index)
                     break
                 except (OSError, RuntimeError) as error:   # the server died under a step: once more, afresh
+                    server_exit = server.first.process.returncode if server is not None else None
                     results["restarts"].append({"mode": mode, "attempt": attempt, "error": str(error)[:300],
-                                                "server_exit": server.process and server.process.returncode})
-                    print(f"{mode}: the step failed ({error}); server exit {server.process.returncode}", flush=True)
+                                                "server_exit": server_exit})
+                    print(f"{mode}: the step failed ({error}); server exit {server_exit}", flush=True)
                     if attempt:
                         raise
             results["modes"] += rows

@@ -30,7 +30,7 @@ import numpy as np
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.report_format import table, write_json_and_markdown
-from fusedresnet.backend.serve import TritonServer, exit_cause, grpc_ready
+from fusedresnet.backend.serve import ServerSettings, TritonServer, exit_cause, grpc_ready, launch
 from fusedresnet.backend.spec import INPUT_SHAPES, INPUT_UINT8, ZERO_MODEL
 from fusedresnet.campaigns.client_abuse import abandon, infer_request
 from fusedresnet.loadtest.perf_analyzer import zero_model_repository
@@ -60,11 +60,12 @@ def run_candidate(name: str, flags: list[str], rounds: int, in_flight: int, hold
     request = [infer_request(ZERO_MODEL, np.zeros((1, *INPUT_SHAPES[INPUT_UINT8]), np.uint8))]
     http_port, grpc_port, metrics_port = free_ports(3)
     slug = re.sub(r"\W+", "_", name).strip("_")
-    server = TritonServer(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                          admin_token=admin_token, log_file=log_dir / f"{slug}.log", extra_args=flags)
+    settings = ServerSettings(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                              processes_per_gpu=1, admin_token=admin_token, log_file=log_dir / f"{slug}.log",
+                              triton_args=flags, mps="off")
     crashes, answered, abandoned, sent = [], 0, 0, 0
     started = time.monotonic()
-    server.start()
+    server = launch(settings).first     # restarted here, by hand, after each crash
     try:
         for round_index in range(rounds):
             outcome = abandon(server.grpc_url, request, 1, in_flight, hold_s)[0]

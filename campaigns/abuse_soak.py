@@ -71,13 +71,13 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from fusedresnet.backend.launcher import LaunchedServer, metrics_url_of, parse_settings
 from fusedresnet.backend.launcher.stub_processes import python_stubs, tritonserver_of, tritonservers_of
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.report_format import table, write_json_and_markdown
 from fusedresnet.backend.serve import READY_AGAIN_LINE, grpc_ready, shm_prefix_of, shm_region_paths
 from fusedresnet.backend.spec import INPUT_SHAPES, INPUT_UINT8, MODEL_CUSTOM
 from fusedresnet.campaigns import client_abuse
-from fusedresnet.campaigns.launched_server import LaunchedServer, metrics_url_of
 from fusedresnet.loadtest import triton_metrics
 from fusedresnet.loadtest.measurements import cpu_list, cpu_text, gpu_memory_used_mib
 from fusedresnet.loadtest.perf_analyzer import default_load_cores
@@ -484,8 +484,10 @@ def main(argv=None) -> int:
                      f"{sorted(all_cores)}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="abuse_soak_", dir=args.out.parent))
-    server = LaunchedServer(work / "launcher.out", log_file=work / "server.log", admin_token=secrets.token_urlsafe(24),
-                            args=args.launcher_args, cores=server_cores)   # the launcher, tritonserver, its stubs
+    settings = parse_settings(list(args.launcher_args)).replace(log_file=work / "server.log",
+                                                                admin_token=secrets.token_urlsafe(24))
+    # the launcher, tritonserver and its stubs on the server's cores
+    server = LaunchedServer(settings, work / "launcher.out", cores=server_cores)
     server.start(ready_timeout_s=None)
     os.sched_setaffinity(0, load_cores)            # this process (the abuse loop) and the valid processes
     try:

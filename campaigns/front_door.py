@@ -36,11 +36,11 @@ from pathlib import Path
 
 import psutil
 
+from fusedresnet.backend.launcher import DEFAULT_READY_TIMEOUT_S, LaunchedServer, parse_settings
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.report_format import table, write_json_and_markdown
 from fusedresnet.backend.serve import READY_AGAIN_LINE, metrics_list_models
 from fusedresnet.backend.spec import MODEL_CUDNN, MODEL_CUSTOM, STARTUP_PHASES_TEXT, ZERO_MODEL
-from fusedresnet.campaigns.launched_server import DEFAULT_READY_TIMEOUT_S, LaunchedServer
 from fusedresnet.loadtest.grpc_flood import run_step
 from fusedresnet.loadtest.h2load_step import run_h2load_step
 from fusedresnet.loadtest.measurements import cpu_list, cpu_text, tree_thread_cpu_seconds
@@ -76,9 +76,12 @@ class Layout(LaunchedServer):
 
     def __init__(self, processes: int, mps: bool, gpu: str, repository: Path, server_cores: list[int], work: Path,
                  launcher_args: list[str] = (), env: dict | None = None):
-        super().__init__(work / f"launcher-n{processes}{'-mps' if mps else ''}.out", repository=repository,
-                         admin_token=secrets.token_urlsafe(24), processes=processes, gpus=gpu or None,
-                         args=["--mps", "on" if mps else "off", *launcher_args], cores=server_cores, env=env)
+        # the layout first: launcher_args may override it
+        settings = parse_settings(["--model-repository", str(repository), *(["--gpus", gpu] if gpu else []),
+                                   "--processes-per-gpu", str(processes), "--mps", "on" if mps else "off",
+                                   *launcher_args]).replace(admin_token=secrets.token_urlsafe(24))
+        super().__init__(settings, work / f"launcher-n{processes}{'-mps' if mps else ''}.out", cores=server_cores,
+                         env=env)
         self.processes, self.mps = processes, mps
         self.start(DEFAULT_READY_TIMEOUT_S)
 

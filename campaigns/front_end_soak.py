@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fusedresnet.backend.launcher import LaunchedServer, parse_settings
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.report_format import table, write_json_and_markdown
 from fusedresnet.backend.serve import grpc_ready
@@ -58,7 +59,6 @@ from fusedresnet.campaigns.abuse_soak import (
     port_answers,
     started_with_output,
 )
-from fusedresnet.campaigns.launched_server import LaunchedServer
 from fusedresnet.loadtest.h2load_step import h2load_path
 from fusedresnet.loadtest.measurements import cpu_list, cpu_text
 from fusedresnet.loadtest.raw_grpc import MODEL_INFER, grpc_frame
@@ -163,9 +163,9 @@ class FrontEndUnderAbuse:
     def __init__(self, name: str, cores: list[int], work: Path, args):
         self.name, self.work, self.args = name, work / name, args
         self.work.mkdir(parents=True)
-        self.server = LaunchedServer(self.work / "launcher.out", log_file=self.work / "server.log",
-                                     admin_token=secrets.token_urlsafe(24), cores=cores,
-                                     args=["--front-end", name, *args.launcher_args])
+        settings = parse_settings(["--front-end", name, *args.launcher_args]).replace(
+            log_file=self.work / "server.log", admin_token=secrets.token_urlsafe(24))
+        self.server = LaunchedServer(settings, self.work / "launcher.out", cores=cores)
         self.valid: list[tuple[bool, subprocess.Popen]] = []
         self.cycles: list[dict] = []
         self.unanswered_samples = 0

@@ -51,11 +51,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fusedresnet.backend.launcher import LaunchedServer
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.report_format import number, table
 from fusedresnet.backend.spec import MODEL_CUSTOM, MODEL_REPOSITORY, ZERO_MODEL, model_config
 from fusedresnet.backend.triton_server.installation import host_gpus
-from fusedresnet.campaigns.launched_server import LaunchedServer
 from fusedresnet.campaigns.serving_sequence import repository_with_instances, start_server
 from fusedresnet.loadtest.image_pool import DEFAULT_POOL_SIZE, build_image_pool, save_image_pool
 from fusedresnet.loadtest.measurements import cpu_list, cpu_text

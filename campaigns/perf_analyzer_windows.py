@@ -35,10 +35,10 @@ import threading
 import time
 from pathlib import Path
 
+from fusedresnet.backend.launcher import LaunchedServer, ServerSettings, metrics_url_of
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.report_format import table, write_json_and_markdown
 from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, MODEL_CUDNN, MODEL_CUSTOM
-from fusedresnet.campaigns.launched_server import LaunchedServer, metrics_url_of
 from fusedresnet.loadtest import triton_metrics
 from fusedresnet.loadtest.measurements import cpu_list, cpu_text
 from fusedresnet.loadtest.perf_analyzer import binary_path, build_repository, command, parse_csv, token_header
@@ -175,8 +175,9 @@ def main(argv=None) -> int:
         "server_cores": cpu_text(server_cores), "generator_cores": cpu_text(generator_cores),
         "command": "python -m fusedresnet.campaigns.perf_analyzer_windows " + " ".join(argv or sys.argv[1:]),
         "runs": []}
-    server = LaunchedServer(work / "launcher.out", repository=repository, admin_token=token,
-                            processes=args.processes, gpus=args.gpu or None, cores=server_cores)
+    settings = ServerSettings(model_repository=repository, admin_token=token, processes_per_gpu=args.processes,
+                              gpus=args.gpu or None)
+    server = LaunchedServer(settings, work / "launcher.out", cores=server_cores)
     server.start()
     relaxed = ["--measurement-interval", str(args.relaxed_window_ms),
                "--stability-percentage", str(args.relaxed_stability)]

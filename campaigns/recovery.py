@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 
 from fusedresnet.backend.engines.cuda_context import EARLY_CONTEXT_ENV
+from fusedresnet.backend.launcher import DEFAULT_READY_TIMEOUT_S, LaunchedServer, parse_settings
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.report_format import table, write_json_and_markdown
 from fusedresnet.backend.spec import MODEL_REPOSITORY
 from fusedresnet.campaigns.front_door import RECOVERY_TARGET_S, recovery
-from fusedresnet.campaigns.launched_server import DEFAULT_READY_TIMEOUT_S, LaunchedServer
 from fusedresnet.loadtest.measurements import cpu_list, cpu_text
 from fusedresnet.loadtest.sweep import describe_device
 
@@ -47,10 +47,12 @@ def on_off(text: str) -> list[bool]:
 
 def measure_variant(mps: bool, early_context: bool, args, work: Path) -> dict:
     name = f"mps-{'on' if mps else 'off'}-early-{'on' if early_context else 'off'}"
-    server = LaunchedServer(work / f"{name}.out", log_file=work / f"{name}.log", admin_token=secrets.token_urlsafe(24),
-                            repository=args.repository, processes=args.processes, gpus=args.gpu or None,
-                            args=["--mps", "on" if mps else "off", *shlex.split(args.launcher_args)],
-                            cores=cpu_list(args.server_cores),
+    # the campaign's choices first: launcher_args may override them
+    settings = parse_settings(["--model-repository", str(args.repository), *(["--gpus", args.gpu] if args.gpu else []),
+                               *(["--processes-per-gpu", str(args.processes)] if args.processes else []),
+                               "--mps", "on" if mps else "off", *shlex.split(args.launcher_args)])
+    settings = settings.replace(log_file=work / f"{name}.log", admin_token=secrets.token_urlsafe(24))
+    server = LaunchedServer(settings, work / f"{name}.out", cores=cpu_list(args.server_cores),
                             env={EARLY_CONTEXT_ENV: "1" if early_context else "0"})
     server.start(DEFAULT_READY_TIMEOUT_S)
     kills = []

@@ -38,6 +38,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fusedresnet.backend.launcher import DEFAULT_READY_TIMEOUT_S, LaunchedServer, ServerSettings
 from fusedresnet.backend.repository.copies import both, copy_repository, with_instances
 from fusedresnet.backend.serve import READY_LINE
 from fusedresnet.backend.spec import (
@@ -47,7 +48,6 @@ from fusedresnet.backend.spec import (
     MODELS,
     model_config,
 )
-from fusedresnet.campaigns.launched_server import DEFAULT_READY_TIMEOUT_S, LaunchedServer
 from fusedresnet.loadtest import grpc_flood
 from fusedresnet.loadtest.sweep import describe_device
 
@@ -110,10 +110,10 @@ def start_server(repository: Path, token_file: Path, log_file: Path, env: dict |
                  gpus: str | None = None, cores=None, ready_line: str | None = READY_LINE) -> LaunchedServer:
     """The launcher for one configuration (--no-restart: a crash is a failed measurement), ready; its output
     beside `log_file` (.out). `ready_line`: None for earlier code (--shipped-tree) that may print none."""
-    return LaunchedServer(log_file.with_suffix(".out"), log_file=log_file, repository=repository, gpus=gpus, env=env,
-                          cwd=cwd, cores=cores, ready_line=ready_line,
-                          args=["--admin-token-file", str(token_file), "--no-restart",
-                                "--ready-timeout", str(DEFAULT_READY_TIMEOUT_S)]).start(DEFAULT_READY_TIMEOUT_S)
+    settings = ServerSettings(model_repository=repository, gpus=gpus, log_file=log_file, admin_token_file=token_file,
+                              restart=False)
+    return LaunchedServer(settings, log_file.with_suffix(".out"), env=env, cwd=cwd, cores=cores,
+                          ready_line=ready_line).start(DEFAULT_READY_TIMEOUT_S)
 
 
 def measure(configuration: Configuration, loads: list[Load], models: list[str], tree: Path, shipped: Path | None,

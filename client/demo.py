@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     if args.url:
         return run_demo(args.url)
     try:   # the launcher, only where the demo starts its own server: it needs the `server` extra (psutil, Triton)
-        from fusedresnet.backend.serve import ServerError, TritonServer
+        from fusedresnet.backend.serve import ServerError, ServerSettings, launch
     except ModuleNotFoundError as error:
         if (error.name or "").startswith("fusedresnet"):
             raise
@@ -88,12 +88,13 @@ def main(argv=None) -> int:
     if not all(port_is_free(p) for p in ports):
         ports = free_ports(3)
     log_file = BUILD_DIR / "demo-server.log"
-    server = TritonServer(http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2], log_file=log_file)
+    settings = ServerSettings(http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2], processes_per_gpu=1,
+                              log_file=log_file, mps="off")
     print(f"starting Triton with both models; server log in {log_file} ...", flush=True)
     try:
-        with server:
+        with launch(settings) as server:
             print(f"ready: gRPC {server.grpc_url}, HTTP {server.http_url} "
-                  f"({'GPU' if server.use_gpu else 'CPU only'})")
+                  f"({'GPU' if server.first.use_gpu else 'CPU only'})")
             return run_demo(server.grpc_url)
     except ServerError as error:
         print(f"demo: {error}", file=sys.stderr)

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..backend.network import free_ports
 from ..backend.provenance import git_commit
-from ..backend.serve import DEFAULT_READY_TIMEOUT_S, TritonServer
+from ..backend.serve import DEFAULT_READY_TIMEOUT_S, ServerSettings, launch
 from ..backend.spec import DEFAULT_HOST, INPUT_SHAPES, INPUT_UINT8, MODEL_CUSTOM, MODELS
 from ..backend.triton_server.installation import host_gpus
 from ..client.resnet_client import ResNetClient
@@ -41,10 +41,10 @@ def start_once(cache_dir: Path, log: Path, ready_timeout_s: float) -> dict:
     instances' load lines."""
     os.environ["CUPY_CACHE_DIR"] = str(cache_dir)   # the server's environment, hence every model instance's
     http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonServer(host=DEFAULT_HOST, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                          log_file=log)
+    settings = ServerSettings(host=DEFAULT_HOST, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                              processes_per_gpu=1, log_file=log, ready_timeout_s=ready_timeout_s, mps="off")
     started = time.monotonic()
-    server.start(ready_timeout_s)
+    server = launch(settings)
     try:
         ready_s = time.monotonic() - started
         images = np.random.default_rng(0).integers(0, 256, (1, *INPUT_SHAPES[INPUT_UINT8]), dtype=np.uint8)

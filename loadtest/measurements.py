@@ -68,21 +68,6 @@ def gpu_memory_used_mib() -> float | None:
     return sum(values) if out.returncode == 0 and values else None
 
 
-def tree_cpu_seconds(root: psutil.Process) -> tuple[float, float]:
-    """CPU seconds (user + system) of `root` and all its descendants, and of the tritonserver among them;
-    processes that ended meanwhile count as nothing, and a root that ended as (0, 0)."""
-    total = triton = 0.0
-    with contextlib.suppress(psutil.Error):
-        for process in [root, *root.children(recursive=True)]:
-            with contextlib.suppress(psutil.Error):
-                times = process.cpu_times()
-                seconds = times.user + times.system
-                total += seconds
-                if process.name() == "tritonserver":
-                    triton += seconds
-    return total, triton
-
-
 def thread_group(process_name: str, thread_name: str) -> str:
     """A thread's place in a server's tree: its process's name and its own with a trailing index dropped
     ("tritonserver/grpc_global_tim", "triton_python_b/pb_stub" and "tritonserver/resnet18_custom_"): threads

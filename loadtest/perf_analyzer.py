@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from fusedresnet.backend.launcher.stub_processes import tree_cpu_seconds
 from fusedresnet.backend.provenance import git_commit
 from fusedresnet.backend.repository.copies import copy_repository, with_instances
 from fusedresnet.backend.spec import (
@@ -67,7 +68,7 @@ from fusedresnet.backend.spec import (
     served_model,
 )
 from fusedresnet.loadtest import report, triton_metrics
-from fusedresnet.loadtest.measurements import cpu_list, cpu_text, tree_cpu_seconds
+from fusedresnet.loadtest.measurements import cpu_list, cpu_text
 from fusedresnet.loadtest.step import Series
 from fusedresnet.loadtest.sweep import describe_device
 
@@ -278,22 +279,20 @@ def pinned_server(repository: Path, token: str, server_cores: set[int], load_cor
     --mps auto), its processes on `server_cores`; this process and the load generators it starts on `load_cores`
     while it runs (perf_analyzer_step runs perf_analyzer under the server's MPS daemon)."""
     from fusedresnet.backend.network import server_ports
-    from fusedresnet.backend.serve import DEFAULT_PROCESSES_PER_GPU, ServerGroup
+    from fusedresnet.backend.serve import DEFAULT_PROCESSES_PER_GPU, ServerSettings, launch
     from fusedresnet.backend.triton_server.installation import host_gpus
     gpus = len(host_gpus())
     processes = DEFAULT_PROCESSES_PER_GPU if gpus else 1
     http_port, grpc_port, metrics_port = server_ports(processes * max(gpus, 1))
-    group = ServerGroup.plan(processes, None, bool(gpus), metrics_port, log_file=log_file,
-                             model_repository=repository, http_port=http_port, grpc_port=grpc_port, admin_token=token)
-    with contextlib.ExitStack() as resources:
-        group.use_mps("auto", BUILD_DIR / "perf_analyzer_mps", resources)
-        os.sched_setaffinity(0, server_cores)      # inherited by tritonserver and the stubs it starts at load
-        try:
-            with group:
-                os.sched_setaffinity(0, load_cores)
-                yield group
-        finally:
-            os.sched_setaffinity(0, server_cores | load_cores)
+    settings = ServerSettings(repository, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                              processes_per_gpu=processes, admin_token=token, log_file=log_file)
+    os.sched_setaffinity(0, server_cores)      # inherited by tritonserver and the stubs it starts at load
+    try:
+        with launch(settings) as group:
+            os.sched_setaffinity(0, load_cores)
+            yield group
+    finally:
+        os.sched_setaffinity(0, server_cores | load_cores)
 
 
 # ------------------------------------------------------------------------------------------------ steps

@@ -48,7 +48,7 @@ from tritonclient.utils import InferenceServerException
 
 from fusedresnet.backend.network import free_ports, http_ready
 from fusedresnet.backend.provenance import git_commit
-from fusedresnet.backend.serve import TritonServer
+from fusedresnet.backend.serve import ServerSettings, launch
 from fusedresnet.backend.spec import (
     AB_ROUTER_MODEL,
     BUILD_DIR,
@@ -341,8 +341,9 @@ def main(argv=None) -> int:
         if not (MODEL_REPOSITORY / STAMP_FILE).is_file():
             prepare(MODEL_REPOSITORY)
         http_port, grpc_port, metrics_port = free_ports(3)
-        server = TritonServer(host=DEFAULT_HOST, http_port=http_port, grpc_port=grpc_port,
-                              metrics_port=metrics_port, log_file=raw_dir / "server.log")
+        server = launch(ServerSettings(host=DEFAULT_HOST, http_port=http_port, grpc_port=grpc_port,
+                                       metrics_port=metrics_port, processes_per_gpu=1, log_file=raw_dir / "server.log",
+                                       mps="off"))
     else:
         server = contextlib.nullcontext()
     with server:
@@ -352,7 +353,7 @@ def main(argv=None) -> int:
             endpoints = Endpoints(f"{args.host}:{args.grpc_port}", f"{args.host}:{args.http_port}",
                                   f"http://{args.host}:{args.metrics_port}/metrics")
             wait_until_ready(endpoints.http_url)
-        admin_token = server.admin_token if args.start_server else read_admin_token(args.admin_token_file)
+        admin_token = server.first.admin_token if args.start_server else read_admin_token(args.admin_token_file)
         results = run_sweep(args, endpoints, command, admin_token)
     results["duration_s"] = round(time.monotonic() - sweep_started, 1)
     written = report.write_report(results, args.out, args.name)

@@ -15,7 +15,7 @@ from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.repository.prepare import prepare
 from fusedresnet.backend.repository.prepared_stamp import STAMP_FILE, read_weights_source, seed_of
 from fusedresnet.backend.resnet.weights import build_resnet18
-from fusedresnet.backend.serve import TritonServer
+from fusedresnet.backend.serve import ServerSettings, launch
 from fusedresnet.backend.spec import ADMIN_TOKEN_HEADER, GRPC_ADMIN_TOKEN_HEADER, MODEL_REPOSITORY
 from fusedresnet.backend.triton_server.installation import gpu_present
 from fusedresnet.client.preprocess import preprocess_files, sample_photo_paths
@@ -88,7 +88,7 @@ def triton_server(prepared_repository, admin_token, tmp_path_factory):
     shared-memory tests register regions with it)."""
     log = tmp_path_factory.mktemp("triton") / "server.log"
     http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonServer(prepared_repository, "127.0.0.1", http_port, grpc_port, metrics_port,
-                          admin_token=admin_token, log_file=log, client_shared_memory=True)
-    with server:
-        yield server
+    settings = ServerSettings(prepared_repository, "127.0.0.1", http_port, grpc_port, metrics_port, processes_per_gpu=1,
+                              admin_token=admin_token, log_file=log, client_shared_memory=True, mps="off")
+    with launch(settings) as group:
+        yield group.first     # the tests read its process, log file and GPU use

@@ -28,9 +28,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from fusedresnet.backend.launcher import LaunchedServer, metrics_url_of, parse_settings  # noqa: F401  (the tests' import)
 from fusedresnet.backend.launcher.stub_processes import python_stubs
 from fusedresnet.backend.spec import INPUT_UINT8, OUTPUT_LOGITS
-from fusedresnet.campaigns.launched_server import LaunchedServer, metrics_url_of  # noqa: F401  (the tests' import)
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.loadtest import triton_metrics
 
@@ -283,9 +283,9 @@ class Launcher(LaunchedServer):
 
     def __init__(self, log_dir: Path, admin_token: str | None, exit_timeout_s: int = 30, extra_args=(),
                  processes: int = 1):
-        super().__init__(Path(log_dir) / "launcher.out", log_file=Path(log_dir) / "server.log",
-                         admin_token=admin_token, processes=processes, args=extra_args,
-                         exit_timeout_s=exit_timeout_s)
+        settings = parse_settings(["--processes-per-gpu", str(processes), "--exit-timeout", str(exit_timeout_s),
+                                   *extra_args]).replace(log_file=Path(log_dir) / "server.log", admin_token=admin_token)
+        super().__init__(settings, Path(log_dir) / "launcher.out", stop_timeout_s=exit_timeout_s + 30)
 
 
 # ---------------------------------------------------------------- recorded figures

@@ -37,7 +37,7 @@ import tritonclient.grpc as grpcclient
 
 from fusedresnet.backend.ab_router.config import sticky_share
 from fusedresnet.backend.network import free_ports
-from fusedresnet.backend.serve import TritonServer
+from fusedresnet.backend.serve import ServerSettings, launch
 from fusedresnet.backend.spec import (
     AB_COMPARED_METRIC,
     AB_DISAGREEING_METRIC,
@@ -273,11 +273,11 @@ def ab_server(admin_token, tmp_path_factory):
     http_port, grpc_port, metrics_port = free_ports(3)
     # A refused reload stays among Triton's live models ("Found 5 live models" at exit, all unloaded): a short
     # exit timeout, or every run waits out the default 30 s.
-    server = TritonServer(repository, "127.0.0.1", http_port, grpc_port, metrics_port, admin_token=admin_token,
-                          log_file=scratch / "server.log", exit_timeout_s=3,
-                          extra_args=["--model-control-mode=explicit", "--load-model=*"])
-    with server:
-        yield server
+    settings = ServerSettings(repository, "127.0.0.1", http_port, grpc_port, metrics_port, processes_per_gpu=1,
+                              admin_token=admin_token, log_file=scratch / "server.log", exit_timeout_s=3, mps="off",
+                              triton_args=["--model-control-mode=explicit", "--load-model=*"])
+    with launch(settings) as group:
+        yield group.first     # the tests read its process
 
 
 def reload_router(server, token: str, **parameters):
@@ -473,10 +473,11 @@ def test_bad_router_parameters_fail_the_load_with_the_parameter_named(admin_toke
         (entry / "1").mkdir(parents=True)
         (entry / "config.pbtxt").write_text(shipped + pbtxt_parameters(parameters) + "\n")
     http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonServer(tmp_path / "models", "127.0.0.1", http_port, grpc_port, metrics_port, admin_token=admin_token,
-                          log_file=tmp_path / "server.log", exit_timeout_s=3)
+    settings = ServerSettings(tmp_path / "models", "127.0.0.1", http_port, grpc_port, metrics_port,
+                              processes_per_gpu=1, admin_token=admin_token, log_file=tmp_path / "server.log",
+                              exit_timeout_s=3, ready_timeout_s=120, mps="off")
     with pytest.raises(ServerError, match="exited"):
-        server.start(ready_timeout_s=120)
+        launch(settings)
     log = (tmp_path / "server.log").read_text()
     for index, (_, named) in enumerate(BAD_PARAMETERS):
         failed = [line for line in log.splitlines() if f"failed to load 'bad_router_{index}'" in line]

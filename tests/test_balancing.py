@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from fusedresnet.backend.network import free_ports, port_is_free
-from fusedresnet.backend.serve import TritonServer
+from fusedresnet.backend.serve import ServerSettings, launch
 from fusedresnet.backend.spec import MODEL_CUSTOM, NUM_CLASSES
 from fusedresnet.backend.triton_server.installation import find_triton, private_backend_tree
 from fusedresnet.campaigns.serving_sequence import repository_with_instances
@@ -77,21 +77,21 @@ def same_free_ports(count: int) -> list[int]:
 def servers(one_instance_repository, admin_token, tmp_path_factory):
     logs = tmp_path_factory.mktemp("balancing-logs")
     http_port, grpc_port, metrics_port = same_free_ports(3)
-    started = [TritonServer(one_instance_repository, host, http_port, grpc_port, metrics_port,
-                            admin_token=admin_token, log_file=logs / f"server-{host}.log",
-                            extra_args=[f"--grpc-max-connection-age={CONNECTION_AGE_MS}",
-                                        f"--grpc-max-connection-age-grace={CONNECTION_AGE_GRACE_MS}"])
-               for host in HOSTS]
-    errors = []
+    settings = [ServerSettings(one_instance_repository, host, http_port, grpc_port, metrics_port, processes_per_gpu=1,
+                               admin_token=admin_token, log_file=logs / f"server-{host}.log", mps="off",
+                               triton_args=[f"--grpc-max-connection-age={CONNECTION_AGE_MS}",
+                                            f"--grpc-max-connection-age-grace={CONNECTION_AGE_GRACE_MS}"])
+                for host in HOSTS]
+    started, errors = [None] * len(settings), []   # in the order of HOSTS
 
-    def start(server):
+    def start(index: int):
         try:
-            server.start()
+            started[index] = launch(settings[index])
         except Exception as error:  # reported below, after both have had their chance
             errors.append(error)
 
     private_backend_tree(find_triton())   # the backend copy both servers use, made once, before they start together
-    threads = [threading.Thread(target=start, args=(s,)) for s in started]
+    threads = [threading.Thread(target=start, args=(index,)) for index in range(len(settings))]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -102,7 +102,8 @@ def servers(one_instance_repository, admin_token, tmp_path_factory):
         yield started
     finally:
         for server in started:
-            server.stop()
+            if server is not None:
+                server.stop()
 
 
 def nginx_config(upstreams: list[str], listen: str, scratch: Path) -> str:
@@ -243,8 +244,8 @@ def test_killing_one_server_fails_no_request(servers, nginx, varied_images):
             lambda now: min(now[0].values()) >= BEFORE_KILL_ANSWERS and now[1] > victim_at_start, LOAD_DEADLINE_S)
         assert victim_before > victim_at_start, "the second server took no requests of the load before it was killed"
         assert min(before_kill.values()) >= BEFORE_KILL_ANSWERS, f"the load had not started everywhere: {before_kill}"
-        os.killpg(victim.process.pid, signal.SIGKILL)
-        victim.process.wait()
+        os.killpg(victim.first.process.pid, signal.SIGKILL)
+        victim.first.process.wait()
         killed_at = time.monotonic()
         survivor_at_kill, at_kill = counts([survivor])[0], answered_now()
         # then every thread is answered again and again, by the survivor alone

@@ -20,7 +20,7 @@ from fusedresnet.backend.engines.serving import ServingEngine, create_engine
 from fusedresnet.backend.images import smooth_random_images
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.repository.prepared_stamp import STAMP_FILE
-from fusedresnet.backend.serve import TritonServer
+from fusedresnet.backend.serve import ServerSettings, launch
 from fusedresnet.client.resnet_client import ResNetClient
 
 pytestmark = pytest.mark.gpu
@@ -36,8 +36,9 @@ def test_gpu_instance_without_cupy_refuses_to_load_unless_the_config_opts_in_to_
     model_copy(source, repository, "custom_torch", {"engine": "torch"})
     log = tmp_path / "server.log"
     http_port, grpc_port, metrics_port = free_ports(3)
-    with TritonServer(repository, "127.0.0.1", http_port, grpc_port, metrics_port, admin_token=admin_token,
-                      log_file=log, extra_args=["--exit-on-error=false", "--strict-readiness=false"]) as server:
+    with launch(ServerSettings(repository, "127.0.0.1", http_port, grpc_port, metrics_port, processes_per_gpu=1,
+                               admin_token=admin_token, log_file=log, mps="off",
+                               triton_args=["--exit-on-error=false", "--strict-readiness=false"])) as server:
         with ResNetClient("custom_torch", "grpc", server.grpc_url) as client:
             assert client.classify(smooth_random_images(2, seed=3).numpy()).engine == "torch-folded-cuda-fp32"
             assert not client.client.is_model_ready("custom_auto")

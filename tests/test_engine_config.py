@@ -38,7 +38,7 @@ from fusedresnet.backend.engines.serving import (
 )
 from fusedresnet.backend.network import free_ports
 from fusedresnet.backend.repository.prepared_stamp import STAMP_FILE
-from fusedresnet.backend.serve import TritonServer
+from fusedresnet.backend.serve import ServerSettings, launch
 from fusedresnet.client.resnet_client import ResNetClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -251,8 +251,9 @@ def test_real_server_without_cupy_serves_the_cpu_path_and_refuses_bad_configs_at
     log = tmp_path / "server.log"
     http_port, grpc_port, metrics_port = free_ports(3)
     # Not exiting on a model's load error, ready with the models that loaded: one server for the three.
-    with TritonServer(repository, "127.0.0.1", http_port, grpc_port, metrics_port, admin_token=admin_token,
-                      log_file=log, extra_args=["--exit-on-error=false", "--strict-readiness=false"]) as server:
+    with launch(ServerSettings(repository, "127.0.0.1", http_port, grpc_port, metrics_port, processes_per_gpu=1,
+                               admin_token=admin_token, log_file=log, mps="off",
+                               triton_args=["--exit-on-error=false", "--strict-readiness=false"])) as server:
         with ResNetClient("custom_auto", "grpc", server.grpc_url) as client:
             result = client.classify(torch.randint(0, 256, (2, 224, 224, 3), dtype=torch.uint8).numpy())
             assert result.engine == "torch-folded-cpu-fp32"

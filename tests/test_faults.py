@@ -27,7 +27,14 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from fusedresnet.backend.network import free_ports
-from fusedresnet.backend.serve import EXIT_SERVER_DIED, EXIT_STUB_DIED, READY_AGAIN_LINE, WEDGED_AFTER_S, TritonServer
+from fusedresnet.backend.serve import (
+    EXIT_SERVER_DIED,
+    EXIT_STUB_DIED,
+    READY_AGAIN_LINE,
+    WEDGED_AFTER_S,
+    ServerSettings,
+    launch,
+)
 from fusedresnet.backend.spec import INPUT_UINT8, MODELS, OUTPUT_LOGITS
 from fusedresnet.campaigns.serving_sequence import repository_with_instances
 
@@ -251,8 +258,9 @@ def test_server_stopped_under_load_answers_every_request_and_exits_within_the_ex
     images = varied_images[:8]
     reference = reference_logits(images)
     http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonServer(repository, admin_token=admin_token, http_port=http_port, grpc_port=grpc_port,
-                          metrics_port=metrics_port, log_file=tmp_path / "server.log", exit_timeout_s=exit_timeout_s)
+    settings = ServerSettings(repository, admin_token=admin_token, http_port=http_port, grpc_port=grpc_port,
+                              metrics_port=metrics_port, processes_per_gpu=1, log_file=tmp_path / "server.log",
+                              exit_timeout_s=exit_timeout_s, mps="off")
     answers: dict[int, tuple[float, object]] = {}  # index -> (when answered, logits or error)
     lock = threading.Lock()
 
@@ -263,7 +271,8 @@ def test_server_stopped_under_load_answers_every_request_and_exits_within_the_ex
                 answers[index] = (time.monotonic(), outcome)
         return callback
 
-    with server:
+    with launch(settings) as group:
+        server = group.first     # its process, its stubs' shared-memory regions, its own stop
         triton = grpcclient.InferenceServerClient(server.grpc_url)
         tensors = []
         for i in range(len(images)):

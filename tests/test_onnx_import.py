@@ -21,7 +21,7 @@ from fusedresnet.backend.repository.prepare import prepare
 from fusedresnet.backend.repository.prepared_stamp import STAMP_FILE
 from fusedresnet.backend.resnet.onnx_import import OnnxImportError, state_dict_from_onnx
 from fusedresnet.backend.resnet.weights import build_resnet18
-from fusedresnet.backend.serve import TritonServer
+from fusedresnet.backend.serve import ServerSettings, launch
 from fusedresnet.backend.spec import MODEL_CUSTOM, MODEL_REPOSITORY, MODELS, TORCHSCRIPT_FILE
 from fusedresnet.client.agreement import IMAGE_REL_L2_TOLERANCE, SET_REL_L2_TOLERANCE, compare_logits
 from fusedresnet.client.resnet_client import ResNetClient
@@ -174,8 +174,8 @@ def onnx_server(onnx_files, admin_token, tmp_path_factory):
     repository = repository_copy(folder)
     prepare_main(["--weights", str(onnx_files["folded"]), "--repository", str(repository)])
     http_port, grpc_port, metrics_port = free_ports(3)
-    with TritonServer(repository, "127.0.0.1", http_port, grpc_port, metrics_port, admin_token=admin_token,
-                      log_file=folder / "server.log") as server:
+    with launch(ServerSettings(repository, "127.0.0.1", http_port, grpc_port, metrics_port, processes_per_gpu=1,
+                               admin_token=admin_token, log_file=folder / "server.log", mps="off")) as server:
         yield server
 
 

@@ -289,7 +289,8 @@ def third_party_at_import(module: str) -> set[str]:
 
 
 # The launcher's modules (backend/launcher/), lowest first: each imports only modules before it in this order.
-LAUNCHER_ROOMS = ("settings", "stub_processes", "health", "repository", "supervisor", "process", "group", "cli")
+LAUNCHER_ROOMS = ("settings", "stub_processes", "health", "repository", "supervisor", "process", "group", "launch",
+                  "cli", "subprocess_server")
 # The network and its weights (backend/resnet/), the engines that run it (backend/engines/) and the Triton adapter
 # that serves them from a Python-backend stub (backend/triton_adapter/), the same way.
 RESNET_ROOMS = ("pretrained", "architecture", "folding", "onnx_import", "weights")
@@ -349,7 +350,8 @@ def test_the_triton_installation_does_not_build_the_router():
 def test_the_launchers_rooms_import_only_downward():
     """backend/launcher/: settings, health and repository know no process; finding a server's Python-backend stubs
     (stub_processes, which the campaigns and tests use too) needs nothing of ours; the supervision of a process knows
-    neither the process class nor the group; the command line sits on top; backend/serve.py only re-exports."""
+    neither the process class nor the group; launch (the settings and the one start) sits on the group, the command
+    line on launch, the command in a subprocess (LaunchedServer) on top; backend/serve.py only re-exports."""
     graph = module_imports()
     assert upward_imports(graph, "fusedresnet.backend.launcher", LAUNCHER_ROOMS) == []
     assert graph["fusedresnet.backend.launcher.stub_processes"] == set()

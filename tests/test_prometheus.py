@@ -31,7 +31,7 @@ import yaml
 from triton_versions import flags_for_pip_triton
 
 from fusedresnet.backend.network import free_ports, port_is_free
-from fusedresnet.backend.serve import TritonServer
+from fusedresnet.backend.serve import ServerSettings, launch
 from fusedresnet.backend.spec import AB_ROUTER_MODEL, MODEL_CUDNN, MODEL_CUSTOM
 from fusedresnet.campaigns.serving_sequence import repository_with_instances
 from fusedresnet.client.resnet_client import ResNetClient
@@ -94,10 +94,11 @@ def monitored_server(prepared_repository, admin_token, tmp_path_factory):
     repository = repository_with_instances(prepared_repository, 1, scratch / "models",
                                            entries=(MODEL_CUSTOM, MODEL_CUDNN, AB_ROUTER_MODEL))
     http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonServer(repository, "127.0.0.1", http_port, grpc_port, metrics_port, admin_token=admin_token,
-                          log_file=scratch / "server.log", extra_args=deployment_triton_args())
-    with server:
-        yield server
+    settings = ServerSettings(repository, "127.0.0.1", http_port, grpc_port, metrics_port, processes_per_gpu=1,
+                              admin_token=admin_token, log_file=scratch / "server.log", mps="off",
+                              triton_args=deployment_triton_args())
+    with launch(settings) as group:
+        yield group.first     # the tests read its GPU use
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from fusedresnet.backend.network import free_ports
-from fusedresnet.backend.serve import TritonServer
+from fusedresnet.backend.serve import ServerSettings, launch
 from fusedresnet.backend.spec import (
     INPUT_FP32,
     INPUT_SHAPES,
@@ -171,10 +171,10 @@ def batching_server(prepared_repository, admin_token, tmp_path_factory):
     repository = repository_with_instances(prepared_repository, BATCHING_INSTANCES, folder / "model_repository",
                                            queue_delay_us=BATCHING_QUEUE_DELAY_US, entries=MODELS)
     http_port, grpc_port, metrics_port = free_ports(3)
-    server = TritonServer(repository, "127.0.0.1", http_port, grpc_port, metrics_port,
-                          admin_token=admin_token, log_file=folder / "server.log")
-    with server:
-        yield server
+    settings = ServerSettings(repository, "127.0.0.1", http_port, grpc_port, metrics_port, processes_per_gpu=1,
+                              admin_token=admin_token, log_file=folder / "server.log", mps="off")
+    with launch(settings) as group:
+        yield group
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -44,19 +44,27 @@ token of `admin_token`, and supervises each of them and its Python-backend stubs
   status EXIT_STUB_DIED (3) or EXIT_SERVER_DIED (4), leaving the restart to an orchestrator;
   past the restart limit it exits with the same statuses.
 
+One way to start a server, in three forms that take the same settings (ServerSettings: one field per option
+above, the command line's defaults) and give the same handles (http_url, grpc_url, metrics_url):
+
+    python -m fusedresnet.backend.serve ...                       from a shell (parsed into ServerSettings)
+    with launch(ServerSettings(http_port=..., log_file=...)) as group:   from Python: started, ready, stopped at exit
+    LaunchedServer(settings, output_file).start()                 the command in a subprocess (settings.cli_args())
+
 The launcher's modules: settings (defaults, exit statuses, the lines it prints), stub_processes (a server's
 Python-backend stubs and a launcher's tritonservers, found with psutil; the campaigns and tests use it too), health
 (readiness and liveness probes), repository (the entries and backends a repository names), process (one
 tritonserver: TritonServer), supervisor (its failures and restarts), group (the processes on shared ports:
-ServerGroup), cli (the command line). What a program needs is importable from here, and from backend/serve.py,
-the one way to start a server: `python -m fusedresnet.backend.serve` from a shell, `TritonServer` / `ServerGroup`
-from Python.
+ServerGroup), launch (ServerSettings and launch), cli (the command line), subprocess_server (LaunchedServer).
+What a program needs is importable from here, and from backend/serve.py; TritonServer and ServerGroup are the
+launcher's parts, which a program reaches through the group launch gives (group.first: its first TritonServer).
 """
 
 from ..server_error import ServerError
-from .cli import build_parser, gpu_list, main, positive_int
+from .cli import build_parser, gpu_list, main, parse_settings, positive_int
 from .group import ServerGroup
 from .health import exit_cause, grpc_ready, metrics_list_models
+from .launch import ServerSettings, launch
 from .process import TritonServer
 from .repository import repository_backends, repository_models
 from .settings import (
@@ -76,11 +84,13 @@ from .settings import (
     shm_prefix_of,
     shm_region_paths,
 )
+from .subprocess_server import LaunchedServer, metrics_url_of
 
 __all__ = [
     "CRASH_LINE", "CRASH_LOOP_S", "DEFAULT_PROCESSES_PER_GPU", "DEFAULT_READY_TIMEOUT_S", "EXIT_SERVER_DIED",
     "EXIT_STUB_DIED", "INSTANCES_PER", "MAX_RESTARTS", "MPS_CHOICES", "READY_AGAIN_LINE", "READY_LINE",
-    "SHM_PREFIX_OPTION", "WEDGED_AFTER_S", "ServerError", "ServerGroup", "TritonServer", "build_parser", "exit_cause",
-    "gpu_list", "grpc_ready", "main", "metrics_list_models", "positive_int", "repository_backends",
-    "repository_models", "shm_prefix_of", "shm_region_paths",
+    "SHM_PREFIX_OPTION", "WEDGED_AFTER_S", "LaunchedServer", "ServerError", "ServerGroup", "ServerSettings",
+    "TritonServer", "build_parser", "exit_cause", "gpu_list", "grpc_ready", "launch", "main", "metrics_list_models",
+    "metrics_url_of", "parse_settings", "positive_int", "repository_backends", "repository_models", "shm_prefix_of",
+    "shm_region_paths",
 ]

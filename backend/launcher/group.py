@@ -8,7 +8,7 @@ import contextlib
 import queue
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..admin_token import read_or_create_token
@@ -31,9 +31,11 @@ from .settings import (
 class ServerGroup:
     """The launcher's tritonserver processes: `processes_per_gpu` on each GPU (that many on a host without
     one), all on the same gRPC and HTTP ports when there are several, each with its own metrics port
-    (metrics_port + its index). Started together, supervised one by one, stopped together."""
+    (metrics_port + its index). Started together, supervised one by one, stopped together, with what they use
+    (`resources`: the CUDA MPS daemon of use_mps), closed on stop."""
 
     servers: list[TritonServer]
+    resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     @classmethod
     def plan(cls, processes_per_gpu: int, gpus: str | None, use_gpu: bool, metrics_port: int,
@@ -131,6 +133,7 @@ class ServerGroup:
             thread.start()
         for thread in threads:
             thread.join()
+        self.resources.close()
 
     def choose_front_end(self, requested: str, client_shared_memory: bool = False) -> FrontEndChoice:
         """Serve through the front end that --front-end `requested` gives here (backend/triton_server/front_end.py),
@@ -143,17 +146,17 @@ class ServerGroup:
         print(choice.line(), file=sys.stderr, flush=True)
         return choice
 
-    def use_mps(self, choice: str, folder: Path, resources: contextlib.ExitStack):
+    def use_mps(self, choice: str, folder: Path, resources: contextlib.ExitStack | None = None):
         """Put the processes under a private CUDA MPS daemon (its pipes under `folder`, stopped when `resources`
-        closes) as --mps `choice` says: on (ServerError where it cannot run), auto (on a GPU host, where the daemon
-        starts; else a line says why not), off."""
+        closes: by default the group's own, on stop) as --mps `choice` says: on (ServerError where it cannot run),
+        auto (on a GPU host, where the daemon starts; else a line says why not), off."""
         use_gpu = self.first.use_gpu
         if choice == "off" or (choice == "auto" and not use_gpu):
             return
         if not use_gpu:
             raise ServerError("--mps: no GPU on this host (CUDA MPS shares a GPU among processes)")
         try:
-            environment = resources.enter_context(private_mps(folder))
+            environment = (self.resources if resources is None else resources).enter_context(private_mps(folder))
         except MpsError as error:
             if choice == "on":
                 raise ServerError(f"--mps: {error}") from error
@@ -163,7 +166,7 @@ class ServerGroup:
             server.mps_environment = environment
 
     def __enter__(self):
-        return self.start()
+        return self.start() if self.first.process is None else self   # launch() gives it started
 
     def __exit__(self, *exc):
         self.stop()

@@ -9,6 +9,7 @@ the one argument of its command line that has that form.
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import psutil
@@ -58,3 +59,18 @@ def python_stubs(server_pid: int) -> dict[str, psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return stubs
+
+
+def tree_cpu_seconds(root: psutil.Process) -> tuple[float, float]:
+    """CPU seconds (user + system) of `root` and all its descendants, and of the tritonserver among them;
+    processes that ended meanwhile count as nothing, and a root that ended as (0, 0)."""
+    total = triton = 0.0
+    with contextlib.suppress(psutil.Error):
+        for process in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                times = process.cpu_times()
+                seconds = times.user + times.system
+                total += seconds
+                if process.name() == SERVER_BINARY:
+                    triton += seconds
+    return total, triton

@@ -1,5 +1,6 @@
-"""The launcher (`python -m fusedresnet.backend.serve`) in a subprocess, as a user runs it: one way to start a
-server for every campaign and for the tests that need the launcher itself (its restarts, its processes).
+"""The launcher (`python -m fusedresnet.backend.serve`) in a subprocess, as a user runs it (LaunchedServer): the
+command-line form of `launch(settings)`, its arguments `settings.cli_args()`; what the campaigns and the tests that
+need the launcher itself (its restarts, its processes, its exit statuses) start.
 
 Free loopback ports (HTTP, gRPC, and a run of consecutive metrics ports, one per tritonserver process of
 --processes-per-gpu), the admin token in the environment (or the launcher's own resolution), the launcher's
@@ -18,16 +19,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
 
-from fusedresnet.backend.launcher.stub_processes import SERVER_BINARY, live_children, python_stubs, tritonserver_of
-from fusedresnet.backend.network import http_ready, server_ports
-from fusedresnet.backend.serve import DEFAULT_READY_TIMEOUT_S, READY_LINE
-from fusedresnet.backend.spec import ADMIN_TOKEN_ENV, DEFAULT_HOST, metrics_url
-from fusedresnet.loadtest.measurements import tree_cpu_seconds
+from ..network import http_ready, server_ports
+from ..spec import ADMIN_TOKEN_ENV, DEFAULT_HOST, metrics_url
+from .launch import ServerSettings
+from .settings import DEFAULT_READY_TIMEOUT_S, READY_LINE
+from .stub_processes import SERVER_BINARY, live_children, python_stubs, tree_cpu_seconds, tritonserver_of
 
 
 def metrics_url_of(port: int) -> str:
@@ -35,35 +36,42 @@ def metrics_url_of(port: int) -> str:
 
 
 class LaunchedServer:
-    """`python -m fusedresnet.backend.serve` in a subprocess of its own session on free loopback ports.
+    """`python -m fusedresnet.backend.serve *settings.cli_args()` in a subprocess of its own session, on free
+    loopback ports (they replace the settings' ports).
 
-    admin_token: put in the launcher's environment ($FUSEDRESNET_ADMIN_TOKEN); None: the variable is removed and
-    the launcher resolves the token itself (`--admin-token-file` in `args`, or build/admin-token).
-    processes: --processes-per-gpu (None: the launcher's default); that many metrics ports are reserved per GPU
-    named in `gpus` (one when none is named). The metrics ports of a server that runs more processes than
-    reserved are read from its ready line. cores: the launcher's CPU affinity. exit_timeout_s: --exit-timeout,
-    and how long stop() waits beyond 30 s (default stop wait: `stop_timeout_s`). ready_line: what the launcher
-    prints when ready (None: HTTP alone tells, for a launcher of earlier code)."""
+    settings.admin_token: put in the launcher's environment ($FUSEDRESNET_ADMIN_TOKEN); None: the variable is
+    removed and the launcher resolves the token itself (settings.admin_token_file, or build/admin-token).
+    settings.processes_per_gpu (None: the launcher's default) metrics ports are reserved per GPU named in
+    settings.gpus (one when none is named). The metrics ports of a server that runs more processes than reserved
+    are read from its ready line. settings.log_file: Triton's log (None: beside output_file, .log).
+    What only a subprocess has: output_file (the launcher's own output), env (added to this process's), cwd,
+    cores (the launcher's CPU affinity), stop_timeout_s (how long stop() waits for the launcher before SIGKILL;
+    default settings.exit_timeout_s + 60), ready_line (what the launcher prints when ready; None: HTTP alone
+    tells, for a launcher of earlier code)."""
 
-    def __init__(self, output_file: Path, *, log_file: Path | None = None, admin_token: str | None = None,
-                 repository: Path | None = None, processes: int | None = None, gpus: str | None = None,
-                 args: Sequence[str] = (), env: dict | None = None, cwd: Path | None = None,
-                 cores: Iterable[int] | None = None, exit_timeout_s: int | None = None, stop_timeout_s: float = 90.0,
+    def __init__(self, settings: ServerSettings, output_file: Path, *, env: dict | None = None,
+                 cwd: Path | None = None, cores: Iterable[int] | None = None, stop_timeout_s: float | None = None,
                  ready_line: str | None = READY_LINE):
         self.output_file = Path(output_file)
-        self.log_file = Path(log_file) if log_file else self.output_file.with_suffix(".log")
-        self.admin_token, self.exit_timeout_s = admin_token, exit_timeout_s
-        self.gpus, self.env, self.cwd, self.ready_line = gpus, dict(env or {}), cwd, ready_line
+        self.env, self.cwd, self.ready_line = dict(env or {}), cwd, ready_line
         self.cores = sorted(cores) if cores is not None else None
-        self.stop_timeout_s = stop_timeout_s if exit_timeout_s is None else exit_timeout_s + 30
-        reserved = (processes or 1) * (len(gpus.split(",")) if gpus else 1)
-        self.http_port, self.grpc_port, self.metrics_port = server_ports(reserved)
-        self.metrics_ports = [self.metrics_port + i for i in range(reserved)]
-        self.repository, self.processes, self.args = repository, processes, list(args)
+        gpus = settings.gpus
+        reserved = (settings.processes_per_gpu or 1) * (len(gpus.split(",")) if gpus else 1)
+        http_port, grpc_port, metrics_port = server_ports(reserved)
+        self.settings = settings.replace(http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
+                                         log_file=Path(settings.log_file or self.output_file.with_suffix(".log")))
+        self.stop_timeout_s = stop_timeout_s if stop_timeout_s is not None else settings.exit_timeout_s + 60
+        self.metrics_ports = [metrics_port + i for i in range(reserved)]
         self.process: subprocess.Popen | None = None
         self.started: float | None = None     # time.monotonic() at the launcher's start
         self.ready_s: float | None = None     # its start to ready
 
+    http_port = property(lambda self: self.settings.http_port)
+    grpc_port = property(lambda self: self.settings.grpc_port)
+    metrics_port = property(lambda self: self.settings.metrics_port)
+    log_file = property(lambda self: self.settings.log_file)
+    admin_token = property(lambda self: self.settings.admin_token)
+    exit_timeout_s = property(lambda self: self.settings.exit_timeout_s)
     http_url = property(lambda self: f"{DEFAULT_HOST}:{self.http_port}")
     grpc_url = property(lambda self: f"{DEFAULT_HOST}:{self.grpc_port}")
     url = grpc_url
@@ -71,15 +79,8 @@ class LaunchedServer:
     metrics_url = property(lambda self: ",".join(metrics_url_of(port) for port in self.metrics_ports))
 
     def command(self) -> list[str]:
-        """The launcher's command line, from the ports as they are now."""
-        return [sys.executable, "-m", "fusedresnet.backend.serve",
-                *(["--model-repository", str(self.repository)] if self.repository else []),
-                *(["--gpus", self.gpus] if self.gpus else []),
-                *(["--processes-per-gpu", str(self.processes)] if self.processes else []),
-                "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-                "--metrics-port", str(self.metrics_port), "--log-file", str(self.log_file),
-                *(["--exit-timeout", str(self.exit_timeout_s)] if self.exit_timeout_s is not None else []),
-                *self.args]
+        """The launcher's command line: its settings' arguments."""
+        return [sys.executable, "-m", "fusedresnet.backend.serve", *self.settings.cli_args()]
 
     def start(self, ready_timeout_s: float | None = DEFAULT_READY_TIMEOUT_S) -> LaunchedServer:
         """Start the launcher; with a timeout, wait until it is ready (else stop it and raise RuntimeError)."""
