@@ -247,7 +247,7 @@ def test_abandonment_storm_beside_valid_clients_loses_no_valid_call(launcher, im
 def test_launcher_refuses_ports_another_server_holds(launcher, tmp_path, admin_token):
     """SO_REUSEPORT would let a second launcher join the first one's port group: it refuses instead."""
     second = Launcher(tmp_path, admin_token, processes=PROCESSES)
-    second.http_port, second.grpc_port = launcher.http_port, launcher.grpc_port
+    second.settings = second.settings.replace(http_port=launcher.http_port, grpc_port=launcher.grpc_port)
     with pytest.raises(RuntimeError, match="already in use"):
         second.start(ready_timeout_s=60)
     assert Path(second.output_file).read_text().count("already in use") == 1
