@@ -78,8 +78,11 @@ check)
     status=$((status | PIPESTATUS[0]))
     ;;
 levers)
-    # processes per GPU under MPS with the frontends' defaults, then more gRPC infer threads and a larger pool
-    for setting in "threads2:" "threads4:-- --grpc-infer-thread-count=4 --grpc-infer-allocation-pool-size=64"; do
+    # processes per GPU under MPS with the 2.73 frontend's own gRPC infer threads and pool (2 and 8), then the in-process
+    # server's defaults (4 and 64, backend/triton_server/inprocess_server.py): both passed explicitly, so that the two
+    # settings differ whatever the defaults are
+    for setting in "threads2:-- --grpc-infer-thread-count=2 --grpc-infer-allocation-pool-size=8" \
+                   "threads4:-- --grpc-infer-thread-count=4 --grpc-infer-allocation-pool-size=64"; do
         front_door "lever_${setting%%:*}" --processes "${PROCESSES:-1,2}" --mps on --models resnet18_custom \
             --series h2load:1:none:512,h2load:32:none:64 --no-generator-check --no-recovery \
             --launcher-args "--front-end inprocess ${setting#*:}"
