@@ -253,11 +253,12 @@ class TritonServer(Supervision):
                 sink.close()
 
     def is_ready(self) -> bool:
-        """Ready: for a process of its own ports, Triton's readiness on them; for one that shares them, its
-        models loaded and its endpoints up, read from its own metrics port (metrics_list_models)."""
-        if self.shares_ports:
-            return metrics_list_models(self.metrics_url, self.models)
-        return http_ready(self.http_url)
+        """Ready: its models loaded and its endpoints up, read from its own metrics port (metrics_list_models:
+        Triton starts its metrics service last, so a caller told "ready" can read the metrics too); for a process
+        of its own ports, Triton's readiness on them as well."""
+        if not metrics_list_models(self.metrics_url, self.models):
+            return False
+        return self.shares_ports or http_ready(self.http_url)
 
     def wait_ready(self, timeout_s: float):
         deadline = time.monotonic() + timeout_s
