@@ -253,12 +253,13 @@ class TritonServer(Supervision):
                 sink.close()
 
     def is_ready(self) -> bool:
-        """Ready: its models loaded and its endpoints up, read from its own metrics port (metrics_list_models:
-        Triton starts its metrics service last, so a caller told "ready" can read the metrics too); for a process
-        of its own ports, Triton's readiness on them as well."""
-        if not metrics_list_models(self.metrics_url, self.models):
-            return False
-        return self.shares_ports or http_ready(self.http_url)
+        """Ready: for a process that shares its ports, its models loaded and its endpoints up, read from its own
+        metrics port (metrics_list_models); for a process of its own ports, Triton's readiness on them (which
+        honours --strict-readiness) and its metrics service answering: Triton starts that last, so a caller told
+        "ready" can read the metrics at once."""
+        if self.shares_ports:
+            return metrics_list_models(self.metrics_url, self.models)
+        return http_ready(self.http_url) and metrics_list_models(self.metrics_url, [])
 
     def wait_ready(self, timeout_s: float):
         deadline = time.monotonic() + timeout_s
