@@ -4,6 +4,9 @@
 #   bash scripts/gpu_host_front_end.sh check        # the tests against the in-process front end (about 5 min)
 #   bash scripts/gpu_host_front_end.sh levers       # its settings: processes per GPU x gRPC infer threads and
 #                                                   # allocation pool, custom at 1 and 32 images/request (4 min)
+#   bash scripts/gpu_host_front_end.sh processes    # both, each at PROCESSES per GPU (default 2,3) under MPS, custom
+#                                                   # at 1 and 32 images/request over gRPC, binary, in-process,
+#                                                   # in-process, binary (about 5 min)
 #   bash scripts/gpu_host_front_end.sh throughput   # both: custom, cuDNN, zero at 1 and 32 images/request over
 #                                                   # gRPC and HTTP, and CUDA shared memory at 32, in
 #                                                   # THROUGHPUT_ROUNDS rounds (default 2, about 6 min each: past
@@ -28,7 +31,7 @@
 # Writes $OUT (default build/gpu-host): device.txt, <task>.log, front_end_*.json/.md, logs.tgz.
 set -uo pipefail
 OUT="${OUT:-build/gpu-host}"
-tasks="${1:?check, levers, throughput or soak (several: comma-separated)}"
+tasks="${1:?check, levers, processes, throughput, profile, flame or soak (several: comma-separated)}"
 # shellcheck source=scripts/gpu_host_prologue.sh
 source scripts/gpu_host_prologue.sh
 SERVER_CORES="${SERVER_CORES:-0-11}" GENERATOR_CORES="${GENERATOR_CORES:-12-15}"
@@ -86,6 +89,16 @@ levers)
         front_door "lever_${setting%%:*}" --processes "${PROCESSES:-1,2}" --mps on --models resnet18_custom \
             --series h2load:1:none:512,h2load:32:none:64 --no-generator-check --no-recovery \
             --launcher-args "--front-end inprocess ${setting#*:}"
+        status=$((status | $?))
+    done
+    ;;
+processes)
+    # issue 45's "processes per GPU: throughput decides", both front ends in one run; each front end twice, first and
+    # last in turn (binary, in-process, in-process, binary), so that neither always meets the host first
+    for run in binary_a inprocess_a inprocess_b binary_b; do
+        front_door "processes_$run" --processes "${PROCESSES:-2,3}" --mps on --models resnet18_custom \
+            --series h2load:1:none:512,h2load:32:none:64 --no-generator-check --no-recovery \
+            --launcher-args "--front-end ${run%_*}"
         status=$((status | $?))
     done
     ;;
@@ -227,7 +240,7 @@ soak)
     status=$((status | PIPESTATUS[0]))
     ;;
 *)
-    echo "unknown task $task: check, levers, throughput or soak" >&2
+    echo "unknown task $task: check, levers, processes, throughput, profile, flame or soak" >&2
     exit 2
     ;;
 esac
