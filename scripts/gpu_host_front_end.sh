@@ -31,7 +31,8 @@
 # Writes $OUT (default build/gpu-host): device.txt, <task>.log, front_end_*.json/.md, logs.tgz.
 set -uo pipefail
 OUT="${OUT:-build/gpu-host}"
-tasks="${1:?check, levers, processes, throughput, profile, flame or soak (several: comma-separated)}"
+TASKS="check, levers, processes, throughput, profile, flame or soak"
+tasks="${1:?$TASKS (several: comma-separated)}"
 # shellcheck source=scripts/gpu_host_prologue.sh
 source scripts/gpu_host_prologue.sh
 SERVER_CORES="${SERVER_CORES:-0-11}" GENERATOR_CORES="${GENERATOR_CORES:-12-15}"
@@ -240,7 +241,7 @@ soak)
     status=$((status | PIPESTATUS[0]))
     ;;
 *)
-    echo "unknown task $task: check, levers, processes, throughput, profile, flame or soak" >&2
+    echo "unknown task $task: $TASKS" >&2
     exit 2
     ;;
 esac
